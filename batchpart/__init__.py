@@ -1,0 +1,1 @@
+"""batchpart: make XLA FFI calls shard like native JAX ops."""

@@ -1,0 +1,350 @@
+#include "partition/planner.h"
+
+#include <algorithm>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "partition/device_axes.h"
+
+namespace batchpart::partition {
+namespace {
+
+using Tag = Axis::Tag;
+
+std::string ShapeToString(const Shape& shape) {
+  std::ostringstream out;
+  out << "(";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << (shape.size() == 1 ? ",)" : ")");
+  return out.str();
+}
+
+[[noreturn]] void Invalid(const std::string& what, size_t index,
+                          const std::string& message) {
+  throw std::invalid_argument(what + " " + std::to_string(index) + ": " + message);
+}
+
+void ValidateSharding(const Sharding& sharding, const Shape& shape,
+                      const std::string& what, size_t index) {
+  if (sharding.kind == Sharding::Kind::kMaximal && sharding.devices.size() != 1) {
+    Invalid(what, index, "a maximal sharding names exactly one device");
+  }
+  if (sharding.kind != Sharding::Kind::kTiled) return;
+  if (sharding.tile_dims.size() != shape.size()) {
+    Invalid(what, index, "sharding has " + std::to_string(sharding.tile_dims.size()) +
+                             " tile dims for an array of shape " + ShapeToString(shape));
+  }
+  if (sharding.subgroup_dims.size() != sharding.subgroup_kinds.size()) {
+    Invalid(what, index, "subgroup dims and subgroup kinds differ in number");
+  }
+  for (int64_t t : sharding.tile_dims) {
+    if (t < 1) Invalid(what, index, "tile counts must be positive");
+  }
+  for (int64_t t : sharding.subgroup_dims) {
+    if (t < 1) Invalid(what, index, "subgroup sizes must be positive");
+  }
+  if (static_cast<int64_t>(sharding.devices.size()) != sharding.NumTiles()) {
+    Invalid(what, index, "device list has " + std::to_string(sharding.devices.size()) +
+                             " entries for " + std::to_string(sharding.NumTiles()) +
+                             " tiles");
+  }
+  std::unordered_set<int64_t> seen;
+  for (int64_t d : sharding.devices) {
+    if (d < 0 || !seen.insert(d).second) {
+      Invalid(what, index, "device list must hold distinct non-negative ids");
+    }
+  }
+}
+
+void ValidateArrays(const std::vector<Shape>& shapes, const std::vector<int>& batch_ranks,
+                    const std::vector<Sharding>& shardings, bool shardings_optional,
+                    const std::string& what) {
+  if (batch_ranks.size() != shapes.size()) {
+    throw std::invalid_argument("one batch rank per " + what + " is required");
+  }
+  if (!(shardings.size() == shapes.size() || (shardings_optional && shardings.empty()))) {
+    throw std::invalid_argument("one sharding per " + what + " is required");
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (int64_t d : shapes[i]) {
+      if (d < 0) Invalid(what, i, "negative dimension in " + ShapeToString(shapes[i]));
+    }
+    if (batch_ranks[i] < 0 || batch_ranks[i] > static_cast<int>(shapes[i].size())) {
+      Invalid(what, i, "batch rank " + std::to_string(batch_ranks[i]) +
+                           " does not fit shape " + ShapeToString(shapes[i]));
+    }
+    if (!shardings.empty()) ValidateSharding(shardings[i], shapes[i], what, i);
+  }
+}
+
+// Whether batch dim `i` of the batch shape is a real (not broadcast) dim of
+// an array with `batch_rank` batch dims.
+bool HasBatchDim(const Shape& shape, int batch_rank, const Shape& batch_shape, int i) {
+  const int m = i - (static_cast<int>(batch_shape.size()) - batch_rank);
+  if (m < 0) return false;
+  return !(shape[m] == 1 && batch_shape[i] != 1);
+}
+
+// One way to shard the batch, read off one array's sharding.
+struct Candidate {
+  DeviceAxes axes;
+  int64_t batch_tiles = 1;
+};
+
+// Position of the first axis satisfying `pred`, or -1.
+template <typename Pred>
+int FindAxis(const DeviceAxes& axes, Pred pred) {
+  for (int pos = 0; pos < static_cast<int>(axes.axes().size()); ++pos) {
+    if (pred(axes.axes()[pos])) return pos;
+  }
+  return -1;
+}
+
+// The largest factor of `size` (> 1) that some batch dim of this array can
+// still absorb evenly, with that dim.
+std::optional<std::pair<int64_t, int>> Placement(const DeviceAxes& axes, int64_t size,
+                                                 const Shape& shape, int batch_rank,
+                                                 const Shape& batch_shape) {
+  for (int64_t f = size; f > 1; --f) {
+    if (size % f != 0) continue;
+    for (int i = 0; i < static_cast<int>(batch_shape.size()); ++i) {
+      if (!HasBatchDim(shape, batch_rank, batch_shape, i)) continue;
+      if (batch_shape[i] % (axes.TagProduct(Tag::kBatch, i) * f) == 0) {
+        return std::make_pair(f, i);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Moves each axis that tiles a core dim onto a batch dim whose size it (or
+// a factor of it) divides; what does not fit is replicated.
+void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
+             const Shape& batch_shape, bool rebatch) {
+  // Batch axes on broadcast dims of this array only tile padding.
+  for (int pos; (pos = FindAxis(axes, [&](const Axis& a) {
+                   return a.tag == Tag::kBatch &&
+                          !HasBatchDim(shape, batch_rank, batch_shape, a.index);
+                 })) >= 0;) {
+    axes.Retag(pos, Tag::kReplicated, 0);
+  }
+  for (int pos; (pos = FindAxis(axes, [](const Axis& a) { return a.tag == Tag::kCore; })) >= 0;) {
+    const int64_t size = axes.axes()[pos].size;
+    const auto placement =
+        rebatch && size > 1 ? Placement(axes, size, shape, batch_rank, batch_shape)
+                            : std::nullopt;
+    if (!placement) {
+      axes.Retag(pos, Tag::kReplicated, 0);
+      continue;
+    }
+    const auto [factor, dim] = *placement;
+    // The rest of a split axis stays a core axis for the next round.
+    if (factor < size) axes.Split(pos, factor);
+    axes.Retag(pos, Tag::kBatch, dim);
+  }
+}
+
+std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape,
+                                       int batch_rank, const Shape& batch_shape,
+                                       bool rebatch) {
+  if (sharding.kind != Sharding::Kind::kTiled) return std::nullopt;
+  const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
+  Candidate candidate{DeviceAxes::FromSharding(sharding, batch_rank, offset)};
+  Rebatch(candidate.axes, shape, batch_rank, batch_shape, rebatch);
+  for (const Axis& axis : candidate.axes.axes()) {
+    if (axis.tag == Tag::kBatch) candidate.batch_tiles *= axis.size;
+  }
+  return candidate;
+}
+
+// The plan's sharding for one array, read off the chosen batch sharding.
+Sharding ShardingFor(const DeviceAxes& plan, const Shape& shape, int batch_rank,
+                     const Shape& batch_shape) {
+  const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
+  return plan.ToSharding(static_cast<int>(shape.size()), [&](const Axis& axis) {
+    switch (axis.tag) {
+      case Tag::kBatch:
+        return HasBatchDim(shape, batch_rank, batch_shape, axis.index)
+                   ? axis.index - offset
+                   : DeviceAxes::kToReplicated;
+      case Tag::kManual:
+        return DeviceAxes::kToManual;
+      default:
+        return DeviceAxes::kToReplicated;
+    }
+  });
+}
+
+Shape LocalShape(const Shape& shape, const Sharding& sharding) {
+  if (sharding.kind != Sharding::Kind::kTiled) return shape;
+  Shape local = shape;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int64_t t = sharding.tile_dims[d];
+    local[d] = (shape[d] + t - 1) / t;
+  }
+  return local;
+}
+
+bool IsManual(const Sharding& sharding) {
+  return sharding.kind == Sharding::Kind::kManual;
+}
+
+Plan PassThrough(const Problem& problem, const Shape& batch_shape) {
+  Plan plan;
+  plan.passthrough = true;
+  plan.batch_shape = batch_shape;
+  plan.batch_tiles.assign(batch_shape.size(), 1);
+  plan.operand_shardings = problem.operand_shardings;
+  plan.operand_local_shapes = problem.operand_shapes;
+  plan.result_local_shapes = problem.result_shapes;
+  Sharding manual;
+  manual.kind = Sharding::Kind::kManual;
+  plan.result_shardings.assign(problem.result_shapes.size(), manual);
+  return plan;
+}
+
+}  // namespace
+
+int64_t Sharding::NumTiles() const {
+  int64_t n = 1;
+  for (int64_t t : tile_dims) n *= t;
+  for (int64_t t : subgroup_dims) n *= t;
+  return n;
+}
+
+std::string Sharding::ToString() const {
+  std::ostringstream out;
+  switch (kind) {
+    case Kind::kReplicated:
+      return "{replicated}";
+    case Kind::kManual:
+      return "{manual}";
+    case Kind::kMaximal:
+      return "{maximal device=" + std::to_string(devices.empty() ? -1 : devices[0]) + "}";
+    case Kind::kTiled:
+      break;
+  }
+  out << "{devices=[";
+  for (size_t i = 0; i < tile_dims.size(); ++i) out << (i ? "," : "") << tile_dims[i];
+  for (int64_t s : subgroup_dims) out << "," << s;
+  out << "]";
+  for (size_t i = 0; i < devices.size(); ++i) out << (i ? "," : "") << devices[i];
+  for (Subgroup kind : subgroup_kinds) {
+    out << (kind == Subgroup::kManual ? " manual" : " replicated");
+  }
+  out << "}";
+  return out.str();
+}
+
+Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
+                          const std::vector<int>& batch_ranks) {
+  int rank = 0;
+  for (int r : batch_ranks) rank = std::max(rank, r);
+  Shape out(rank, 1);
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const int offset = rank - batch_ranks[k];
+    for (int m = 0; m < batch_ranks[k]; ++m) {
+      const int64_t size = shapes[k][m];
+      int64_t& target = out[offset + m];
+      if (size == target || size == 1) continue;
+      if (target == 1) {
+        target = size;
+        continue;
+      }
+      std::vector<int64_t> batch(shapes[k].begin(), shapes[k].begin() + batch_ranks[k]);
+      Invalid("operand", k, "batch shape " + ShapeToString(batch) +
+                                " does not broadcast with the other operands' (size " +
+                                std::to_string(size) + " against " +
+                                std::to_string(target) + ")");
+    }
+  }
+  return out;
+}
+
+Plan MakePlan(const Problem& problem) {
+  ValidateArrays(problem.operand_shapes, problem.operand_batch_ranks,
+                 problem.operand_shardings, false, "operand");
+  ValidateArrays(problem.result_shapes, problem.result_batch_ranks,
+                 problem.result_shardings, true, "result");
+  const Shape batch_shape =
+      BroadcastBatchShape(problem.operand_shapes, problem.operand_batch_ranks);
+  const int rank_b = static_cast<int>(batch_shape.size());
+  for (size_t r = 0; r < problem.result_shapes.size(); ++r) {
+    const int b = problem.result_batch_ranks[r];
+    if (b > rank_b ||
+        !std::equal(problem.result_shapes[r].begin(), problem.result_shapes[r].begin() + b,
+                    batch_shape.end() - b)) {
+      Invalid("result", r, "shape " + ShapeToString(problem.result_shapes[r]) +
+                               " does not start with the batch shape " +
+                               ShapeToString(batch_shape));
+    }
+  }
+
+  if (std::any_of(problem.operand_shardings.begin(), problem.operand_shardings.end(),
+                  IsManual) ||
+      std::any_of(problem.result_shardings.begin(), problem.result_shardings.end(),
+                  IsManual)) {
+    return PassThrough(problem, batch_shape);
+  }
+
+  // Operands first, so that a tie keeps the operands where they are.
+  std::optional<Candidate> best;
+  int64_t num_devices = -1;
+  auto consider = [&](const Sharding& sharding, const Shape& shape, int batch_rank) {
+    if (sharding.kind == Sharding::Kind::kTiled) {
+      if (num_devices >= 0 && num_devices != sharding.NumTiles()) {
+        throw std::invalid_argument("shardings span different numbers of devices: " +
+                                    std::to_string(num_devices) + " and " +
+                                    std::to_string(sharding.NumTiles()));
+      }
+      num_devices = sharding.NumTiles();
+    }
+    auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, problem.rebatch);
+    if (candidate && (!best || candidate->batch_tiles > best->batch_tiles)) {
+      best = std::move(candidate);
+    }
+  };
+  for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
+    consider(problem.operand_shardings[k], problem.operand_shapes[k],
+             problem.operand_batch_ranks[k]);
+  }
+  for (size_t r = 0; r < problem.result_shardings.size(); ++r) {
+    consider(problem.result_shardings[r], problem.result_shapes[r],
+             problem.result_batch_ranks[r]);
+  }
+
+  Plan plan;
+  plan.batch_shape = batch_shape;
+  plan.batch_tiles.assign(rank_b, 1);
+  if (!best) {
+    // Nothing is tiled: every device runs the whole batch (XLA's default).
+    plan.operand_shardings.assign(problem.operand_shapes.size(), Sharding::Replicated());
+    plan.result_shardings.assign(problem.result_shapes.size(), Sharding::Replicated());
+    plan.operand_local_shapes = problem.operand_shapes;
+    plan.result_local_shapes = problem.result_shapes;
+    plan.replication = std::max<int64_t>(num_devices, 1);
+    return plan;
+  }
+  for (int i = 0; i < rank_b; ++i) {
+    plan.batch_tiles[i] = best->axes.TagProduct(Tag::kBatch, i);
+  }
+  plan.replication = best->axes.TagProduct(Tag::kReplicated, 0);
+  auto shard = [&](const Shape& shape, int batch_rank, std::vector<Sharding>& shardings,
+                   std::vector<Shape>& local_shapes) {
+    shardings.push_back(ShardingFor(best->axes, shape, batch_rank, batch_shape));
+    local_shapes.push_back(LocalShape(shape, shardings.back()));
+  };
+  for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
+    shard(problem.operand_shapes[k], problem.operand_batch_ranks[k], plan.operand_shardings,
+          plan.operand_local_shapes);
+  }
+  for (size_t r = 0; r < problem.result_shapes.size(); ++r) {
+    shard(problem.result_shapes[r], problem.result_batch_ranks[r], plan.result_shardings,
+          plan.result_local_shapes);
+  }
+  return plan;
+}
+
+}  // namespace batchpart::partition

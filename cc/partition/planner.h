@@ -1,0 +1,75 @@
+// The batchpart partition planner.
+//
+// Pure C++17: it knows nothing of XLA or Python. Given the shapes of a
+// batch-partitionable call's operands and results, how many leading dims of
+// each are batch dims, and the shardings XLA proposes, it decides how every
+// operand and result must be sharded so that each device runs the kernel on
+// its own slice of the batch (DESIGN.md, "Partitioning semantics").
+#ifndef BATCHPART_PARTITION_PLANNER_H_
+#define BATCHPART_PARTITION_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchpart::partition {
+
+using Shape = std::vector<int64_t>;
+
+// A plain mirror of XLA's HloSharding for one array (never a tuple).
+struct Sharding {
+  enum class Kind { kReplicated, kTiled, kManual, kMaximal };
+  enum class Subgroup { kReplicated, kManual };
+
+  Kind kind = Kind::kReplicated;
+  // kTiled: one tile count per array dim, then trailing subgroup dims.
+  std::vector<int64_t> tile_dims;
+  std::vector<int64_t> subgroup_dims;
+  std::vector<Subgroup> subgroup_kinds;
+  // Row-major over tile_dims ++ subgroup_dims (kTiled), or the one device
+  // (kMaximal).
+  std::vector<int64_t> devices;
+
+  static Sharding Replicated() { return Sharding{}; }
+  int64_t NumTiles() const;  // product of tile_dims and subgroup_dims
+  std::string ToString() const;
+};
+
+struct Problem {
+  std::vector<Shape> operand_shapes;
+  std::vector<int> operand_batch_ranks;  // leading dims that are batch dims
+  std::vector<Sharding> operand_shardings;
+  std::vector<Shape> result_shapes;
+  std::vector<int> result_batch_ranks;
+  // Shardings XLA proposes for the results (Shardy's propagation result);
+  // empty when there is none. A hint, never a constraint.
+  std::vector<Sharding> result_shardings;
+  // Move mesh axes that tile core dims onto batch dims (DESIGN.md rule 2).
+  bool rebatch = true;
+};
+
+struct Plan {
+  std::vector<Sharding> operand_shardings;
+  std::vector<Sharding> result_shardings;
+  std::vector<Shape> operand_local_shapes;
+  std::vector<Shape> result_local_shapes;
+  Shape batch_shape;                // broadcast batch shape (global)
+  std::vector<int64_t> batch_tiles;  // tiles per batch dim of batch_shape
+  // Devices that compute each batch element (1 = no redundant work).
+  int64_t replication = 1;
+  // Manual sharding: shardings and shapes pass through untouched.
+  bool passthrough = false;
+};
+
+// Broadcast (NumPy rules, right-aligned) of the operands' batch shapes.
+// Throws std::invalid_argument naming the operand that does not broadcast.
+Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
+                          const std::vector<int>& batch_ranks);
+
+// Throws std::invalid_argument on inconsistent input (ranks, shardings that
+// do not match their arrays, device lists that are not permutations).
+Plan MakePlan(const Problem& problem);
+
+}  // namespace batchpart::partition
+
+#endif  // BATCHPART_PARTITION_PLANNER_H_

@@ -1,0 +1,223 @@
+// Small FFI kernels used by batchpart's own tests and demo.
+//
+// Each one checks its buffers' shapes and returns an FFI error (never
+// aborts), and adds the number of batch elements it processed to a counter
+// so that tests can prove no device redoes another's work.
+#include "testing/test_kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/batch_broadcast.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace batchpart::testing {
+namespace {
+
+std::atomic<int64_t> g_batch_elements{0};
+
+int64_t Product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i) n *= dims[i];
+  return n;
+}
+
+std::string DimsToString(ffi::Span<const int64_t> dims) {
+  std::string out = "(";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return out + (dims.size() == 1 ? ",)" : ")");
+}
+
+ffi::Error ShapeError(const char* kernel, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string(kernel) + ": " + message);
+}
+
+bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// ---- softmax: (n) -> (n), () ------------------------------------------------
+
+template <typename T>
+void Softmax(const T* x, T* y, T* lse, int64_t batch, int64_t n) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* row = x + b * n;
+    T* out = y + b * n;
+    T max = n ? row[0] : T(0);
+    for (int64_t j = 1; j < n; ++j) max = std::max(max, row[j]);
+    T sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (out[j] = std::exp(row[j] - max));
+    for (int64_t j = 0; j < n; ++j) out[j] /= sum;
+    lse[b] = max + std::log(sum);
+  }
+}
+
+ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                       ffi::Result<ffi::AnyBuffer> lse) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0) return ShapeError("softmax", "input must have rank >= 1");
+  if (!SameDims(y->dimensions(), dims) ||
+      !SameDims(lse->dimensions(), dims.first(dims.size() - 1))) {
+    return ShapeError("softmax", "result shapes do not match input " + DimsToString(dims));
+  }
+  const int64_t n = dims.back();
+  const int64_t batch = Product(dims, 0, dims.size() - 1);
+  switch (x.element_type()) {
+    case ffi::F32:
+      Softmax(x.typed_data<float>(), y->typed_data<float>(), lse->typed_data<float>(), batch, n);
+      break;
+    case ffi::F64:
+      Softmax(x.typed_data<double>(), y->typed_data<double>(), lse->typed_data<double>(), batch,
+              n);
+      break;
+    default:
+      return ShapeError("softmax", "unsupported dtype (float32 and float64 only)");
+  }
+  g_batch_elements += batch;
+  return ffi::Error::Success();
+}
+
+// ---- matvec: (m,n),(n) -> (m), y = alpha * A x, broadcast batch -------------
+
+template <typename T>
+void Matvec(const T* a, const T* x, T* y, const BatchBroadcast& a_index,
+            const BatchBroadcast& x_index, int64_t batch, int64_t m, int64_t n, double alpha) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* ab = a + a_index(b) * m * n;
+    const T* xb = x + x_index(b) * n;
+    for (int64_t i = 0; i < m; ++i) {
+      T acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += ab[i * n + j] * xb[j];
+      y[b * m + i] = static_cast<T>(alpha) * acc;
+    }
+  }
+}
+
+ffi::Error MatvecImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                      double alpha) {
+  const auto a_dims = a.dimensions(), x_dims = x.dimensions(), y_dims = y->dimensions();
+  if (a_dims.size() < 2 || x_dims.size() == 0 || y_dims.size() == 0) {
+    return ShapeError("matvec", "operands need ranks >= 2 and >= 1");
+  }
+  const int64_t m = a_dims[a_dims.size() - 2], n = a_dims.back();
+  if (x_dims.back() != n || y_dims.back() != m) {
+    return ShapeError("matvec", "core dims disagree: A " + DimsToString(a_dims) + ", x " +
+                                    DimsToString(x_dims) + ", y " + DimsToString(y_dims));
+  }
+  const auto out_batch = y_dims.first(y_dims.size() - 1);
+  const auto a_batch = a_dims.first(a_dims.size() - 2);
+  const auto x_batch = x_dims.first(x_dims.size() - 1);
+  if (!BatchBroadcast::Broadcasts(out_batch, a_batch) ||
+      !BatchBroadcast::Broadcasts(out_batch, x_batch)) {
+    return ShapeError("matvec", "batch shapes do not broadcast to " + DimsToString(out_batch));
+  }
+  if (a.element_type() != x.element_type() || a.element_type() != y->element_type()) {
+    return ShapeError("matvec", "operands and result must share one dtype");
+  }
+  const BatchBroadcast a_index(out_batch, a_batch), x_index(out_batch, x_batch);
+  const int64_t batch = Product(out_batch, 0, out_batch.size());
+  switch (a.element_type()) {
+    case ffi::F32:
+      Matvec(a.typed_data<float>(), x.typed_data<float>(), y->typed_data<float>(), a_index,
+             x_index, batch, m, n, alpha);
+      break;
+    case ffi::F64:
+      Matvec(a.typed_data<double>(), x.typed_data<double>(), y->typed_data<double>(), a_index,
+             x_index, batch, m, n, alpha);
+      break;
+    default:
+      return ShapeError("matvec", "unsupported dtype (float32 and float64 only)");
+  }
+  g_batch_elements += batch;
+  return ffi::Error::Success();
+}
+
+// ---- axpy: (n),(n) -> (n), out = alpha * x + y; out may alias y ------------
+
+template <typename T>
+void Axpy(const T* x, const T* y, T* out, int64_t size, double alpha) {
+  for (int64_t i = 0; i < size; ++i) out[i] = static_cast<T>(alpha) * x[i] + y[i];
+}
+
+ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
+                    double alpha) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0 || !SameDims(y.dimensions(), dims) || !SameDims(out->dimensions(), dims)) {
+    return ShapeError("axpy", "x, y and the result must share one shape of rank >= 1");
+  }
+  const int64_t size = Product(dims, 0, dims.size());
+  switch (x.element_type()) {
+    case ffi::F32:
+      Axpy(x.typed_data<float>(), y.typed_data<float>(), out->typed_data<float>(), size, alpha);
+      break;
+    case ffi::F64:
+      Axpy(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), size,
+           alpha);
+      break;
+    default:
+      return ShapeError("axpy", "unsupported dtype (float32 and float64 only)");
+  }
+  g_batch_elements += Product(dims, 0, dims.size() - 1);
+  return ffi::Error::Success();
+}
+
+// ---- copy_bytes: (m,n) -> (m,n), copies memory as laid out -----------------
+// With a column-major operand layout and a row-major result layout the
+// result is the transpose: a test that layouts survive partitioning.
+
+ffi::Error CopyBytesImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  const auto dims = x.dimensions();
+  if (dims.size() < 2 || !SameDims(y->dimensions(), dims) ||
+      x.element_type() != y->element_type()) {
+    return ShapeError("copy_bytes", "result must match the input's shape and dtype");
+  }
+  if (x.size_bytes()) std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  g_batch_elements += Product(dims, 0, dims.size() - 2);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmax, SoftmaxImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMatvec, MatvecImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<double>("alpha"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAxpy, AxpyImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<double>("alpha"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyBytes, CopyBytesImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+std::vector<std::pair<std::string, void*>> Handlers() {
+  return {
+      {"softmax", reinterpret_cast<void*>(kSoftmax)},
+      {"matvec", reinterpret_cast<void*>(kMatvec)},
+      {"axpy", reinterpret_cast<void*>(kAxpy)},
+      {"copy_bytes", reinterpret_cast<void*>(kCopyBytes)},
+  };
+}
+
+int64_t BatchElementsProcessed() { return g_batch_elements.load(); }
+void ResetBatchElementsProcessed() { g_batch_elements = 0; }
+
+}  // namespace batchpart::testing
