@@ -110,11 +110,12 @@ void DeviceAxes::Retag(int pos, Axis::Tag tag, int index) {
 
 Sharding DeviceAxes::ToSharding(int rank,
                                 const std::function<int(const Axis&)>& slot) const {
-  // Slot order: data dims 0..rank-1, then replicated, then manual.
+  // Slot order: data dims 0..rank-1, then manual, then replicated (XLA's
+  // canonical order of subgroup types).
   auto order = [&](const Axis& axis) {
     const int s = slot(axis);
-    if (s == kToReplicated) return rank;
-    if (s == kToManual) return rank + 1;
+    if (s == kToManual) return rank;
+    if (s == kToReplicated) return rank + 1;
     return s;
   };
   std::vector<int> perm(axes_.size());
@@ -134,22 +135,22 @@ Sharding DeviceAxes::ToSharding(int rank,
     if (o < rank) {
       out.tile_dims[o] *= axis.size;
     } else if (o == rank) {
-      replicated *= axis.size;
-    } else {
       manual *= axis.size;
+    } else {
+      replicated *= axis.size;
     }
   }
   const bool all_replicated =
       manual == 1 && std::all_of(out.tile_dims.begin(), out.tile_dims.end(),
                                  [](int64_t t) { return t == 1; });
   if (all_replicated) return Sharding::Replicated();
-  if (replicated > 1) {
-    out.subgroup_dims.push_back(replicated);
-    out.subgroup_kinds.push_back(Sharding::Subgroup::kReplicated);
-  }
   if (manual > 1) {
     out.subgroup_dims.push_back(manual);
     out.subgroup_kinds.push_back(Sharding::Subgroup::kManual);
+  }
+  if (replicated > 1) {
+    out.subgroup_dims.push_back(replicated);
+    out.subgroup_kinds.push_back(Sharding::Subgroup::kReplicated);
   }
   out.devices = Transpose(devices_, dims, perm);
   return out;

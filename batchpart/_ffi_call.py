@@ -1,0 +1,151 @@
+"""``batchpart.ffi_call``: ``jax.ffi.ffi_call`` with declared batch dims."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from batchpart import _jax_adapter as adapter
+from batchpart import _primitive
+from batchpart._signature import (
+    parse_signature, spec_from_num_batch_dims, spec_from_signature)
+
+
+def ffi_call(
+    target_name: str,
+    result_shape_dtypes,
+    *,
+    num_batch_dims: int | None = None,
+    signature: str | None = None,
+    has_side_effect: bool = False,
+    input_layouts: Sequence | None = None,
+    output_layouts=None,
+    input_output_aliases: dict[int, int] | None = None,
+) -> Callable[..., Any]:
+  """Calls an XLA FFI target whose leading dims are independent problems.
+
+  Same calling convention as :func:`jax.ffi.ffi_call`. Under ``jax.jit`` with
+  sharded inputs, a target marked batch partitionable (see
+  :func:`batchpart.register_ffi_target`) runs on each device's own slice of the
+  batch: no all-gather in front of it and no work done twice.
+
+  Args:
+    target_name: the name of a registered XLA FFI target.
+    result_shape_dtypes: an object with ``shape`` and ``dtype`` (e.g.
+      ``jax.ShapeDtypeStruct``), or a sequence of them, giving the results'
+      global shapes.
+    num_batch_dims: the first ``num_batch_dims`` dims of every operand and
+      result are batch dims and must be equal across them.
+    signature: a gufunc signature such as ``"(m,n),(n)->(m)"`` naming each
+      operand's and result's core dims; every operand's leading dims are batch
+      dims, broadcast NumPy-style across operands (a size-1 or missing batch
+      dim is broadcast without being materialised, so the kernel must accept
+      it); results get the broadcast batch shape. Exactly one of
+      ``num_batch_dims`` and ``signature`` is required.
+    has_side_effect: keep the call even when its results are unused.
+    input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
+      order, as in :func:`jax.ffi.ffi_call`.
+    output_layouts: the same for the results.
+    input_output_aliases: ``{operand index: result index}`` pairs whose
+      buffers the kernel may share.
+
+  Returns:
+    A function taking the operands as positional arrays and the FFI
+    attributes as keyword arguments, returning one array or a sequence of
+    arrays like ``result_shape_dtypes``.
+
+  Raises:
+    ValueError: if both or neither of ``num_batch_dims`` and ``signature`` are
+      given, or (when called) if the operands and results do not fit them. The
+      message names the target and the offending argument.
+  """
+  if (num_batch_dims is None) == (signature is None):
+    raise ValueError(
+        f"batchpart.ffi_call('{target_name}'): pass exactly one of num_batch_dims "
+        f"and signature (got num_batch_dims={num_batch_dims!r}, "
+        f"signature={signature!r}).")
+  parsed = None if signature is None else parse_signature(signature,
+                                                          target_name=target_name)
+  multiple_results = isinstance(result_shape_dtypes, Sequence)
+  results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
+  result_avals = adapter.result_avals_from_shape_dtypes(results)
+  if any(r is adapter.abstract_token for r in result_avals):
+    raise ValueError(f"batchpart.ffi_call('{target_name}'): token results are not "
+                     "supported; use jax.ffi.ffi_call for ordered effects.")
+  out_layouts = output_layouts if multiple_results else (output_layouts,)
+  if output_layouts is None:
+    out_layouts = None
+
+  def call(*args, **attributes):
+    in_avals = [adapter.typeof(x) for x in args]
+    operand_shapes = [tuple(a.shape) for a in in_avals]
+    result_shapes = [tuple(r.shape) for r in result_avals]
+    if parsed is None:
+      spec = spec_from_num_batch_dims(target_name, num_batch_dims, operand_shapes,
+                                      result_shapes)
+    else:
+      spec = spec_from_signature(target_name, parsed, operand_shapes, result_shapes)
+    static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
+    static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
+    aliases = _static_aliases(target_name, input_output_aliases, in_avals,
+                              result_avals, static_in, static_out)
+    args = adapter.auto_insert_reshard(*args)
+    outs = _primitive.bind(
+        *args,
+        target_name=target_name,
+        result_avals=tuple(result_avals),
+        operand_core_ranks=spec.operand_core_ranks,
+        result_core_ranks=spec.result_core_ranks,
+        has_side_effect=bool(has_side_effect),
+        input_layouts=static_in,
+        output_layouts=static_out,
+        input_output_aliases=aliases,
+        custom_call_api_version=4,
+        legacy_backend_config=None,
+        attributes=adapter.wrap_kwargs_hashable(attributes),
+    )
+    if multiple_results:
+      return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)
+    return outs[0]
+
+  return call
+
+
+def _static_layouts(target_name, what, layouts, avals):
+  if layouts is None:
+    return tuple(adapter.convert_layout_for_lowering(a) for a in avals)
+  if len(layouts) != len(avals):
+    raise ValueError(
+        f"batchpart.ffi_call('{target_name}'): {len(layouts)} {what} layouts for "
+        f"{len(avals)} {what}s.")
+  for i, (layout, aval) in enumerate(zip(layouts, avals)):
+    if layout is not None and not hasattr(layout, "major_to_minor"):
+      if sorted(int(d) for d in layout) != list(range(len(aval.shape))):
+        raise ValueError(
+            f"batchpart.ffi_call('{target_name}'): {what} layout {i} {tuple(layout)} "
+            f"is not a permutation of the dims of shape {tuple(aval.shape)}.")
+  return tuple(tuple(l) for l in adapter.convert_layouts_for_ffi_call(avals, layouts))
+
+
+def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
+                    static_out) -> tuple[tuple[int, int], ...]:
+  out = []
+  for i, o in sorted((aliases or {}).items()):
+    i, o = int(i), int(o)
+    if not 0 <= i < len(in_avals) or not 0 <= o < len(result_avals):
+      raise ValueError(
+          f"batchpart.ffi_call('{target_name}'): input_output_aliases maps operand "
+          f"{i} to result {o}, outside {len(in_avals)} operands and "
+          f"{len(result_avals)} results.")
+    if not adapter.check_compatible_avals(in_avals[i], result_avals[o]):
+      raise ValueError(
+          f"batchpart.ffi_call('{target_name}'): input_output_aliases maps operand "
+          f"{i} ({in_avals[i].str_short()}) to result {o} "
+          f"({result_avals[o].str_short()}); aliased buffers need one shape and dtype.")
+    if static_in[i] != static_out[o]:
+      raise ValueError(
+          f"batchpart.ffi_call('{target_name}'): input_output_aliases maps operand "
+          f"{i} to result {o} but their layouts differ ({static_in[i]} vs "
+          f"{static_out[o]}).")
+    out.append((i, o))
+  return tuple(out)

@@ -1,0 +1,161 @@
+"""XLA's custom-call partitioner callbacks for batch-partitionable targets.
+
+XLA hands the callbacks the global shapes, the shardings it proposes and the
+call's backend config, but not the frontend attributes: what is batch and
+what is core comes from the record each lowering leaves here, keyed by the
+target and the global operand and result types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+
+import numpy as np
+
+from batchpart import _core
+from batchpart import _jax_adapter as adapter
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+  """What the per-shard module must restate about one lowered call."""
+  operand_batch_ranks: tuple[int, ...]
+  result_batch_ranks: tuple[int, ...]
+  operand_layouts: tuple[tuple[int, ...], ...]
+  result_layouts: tuple[tuple[int, ...], ...]
+  aliases: tuple[tuple[int, int], ...]
+  has_side_effect: bool
+  api_version: int
+
+
+_lock = threading.Lock()
+_records: dict[tuple, set[CallRecord]] = {}
+
+
+def _types_key(shapes_and_dtypes) -> tuple:
+  return tuple((tuple(int(d) for d in s), np.dtype(t).name) for s, t in shapes_and_dtypes)
+
+
+def record_call(target_name: str, operand_types, result_types, record: CallRecord):
+  key = (target_name, _types_key(operand_types), _types_key(result_types))
+  with _lock:
+    _records.setdefault(key, set()).add(record)
+
+
+def _lookup(target_name: str, operand_types, result_types) -> CallRecord:
+  key = (target_name, _types_key(operand_types), _types_key(result_types))
+  with _lock:
+    found = list(_records.get(key, ()))
+  if not found:
+    raise RuntimeError(
+        f"batchpart: XLA asked to partition a call to '{target_name}' with operand "
+        f"types {key[1]} and result types {key[2]}, but no such call was lowered "
+        "through batchpart in this process. Lower the program with batchpart "
+        "imported (calls deserialized from elsewhere are not described).")
+  if len(found) == 1:
+    return found[0]
+  # Two call sites with identical types but different batch dims: the fewest
+  # batch dims is right for both (extra dims are kept whole).
+  return min(found, key=lambda r: sum(r.operand_batch_ranks) + sum(r.result_batch_ranks))
+
+
+def _shape_types(shapes):
+  return [(s.dimensions(), s.numpy_dtype()) for s in shapes]
+
+
+def _plan(record: CallRecord, arg_shapes, arg_shardings, result_shapes,
+          result_shardings) -> _core.Plan:
+  problem = _core.Problem()
+  problem.operand_shapes = [list(s.dimensions()) for s in arg_shapes]
+  problem.operand_batch_ranks = list(record.operand_batch_ranks)
+  problem.operand_shardings = [
+      adapter.to_planner_sharding(h, len(s.dimensions()))
+      for h, s in zip(arg_shardings, arg_shapes)]
+  problem.result_shapes = [list(s.dimensions()) for s in result_shapes]
+  problem.result_batch_ranks = list(record.result_batch_ranks)
+  if result_shardings is not None:
+    problem.result_shardings = [
+        adapter.to_planner_sharding(h, len(s.dimensions()))
+        for h, s in zip(result_shardings, result_shapes)]
+  return _core.make_plan(problem)
+
+
+def _partition(target_name, arg_shapes, arg_shardings, result_shape,
+               result_sharding, backend_config):
+  result_shapes = adapter.array_shapes(result_shape)
+  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes))
+  plan = _plan(record, arg_shapes, arg_shardings, result_shapes,
+               adapter.element_shardings(result_sharding, result_shape))
+  module = adapter.build_shard_module(
+      target_name,
+      operand_shapes=plan.operand_local_shapes,
+      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
+      result_shapes=plan.result_local_shapes,
+      result_dtypes=[s.numpy_dtype() for s in result_shapes],
+      backend_config=backend_config,
+      api_version=record.api_version,
+      has_side_effect=record.has_side_effect,
+      operand_layouts=record.operand_layouts,
+      result_layouts=record.result_layouts,
+      aliases=record.aliases,
+  )
+  if plan.passthrough:
+    return module, list(arg_shardings), result_sharding
+  operand_shardings = [adapter.from_planner_sharding(s) for s in plan.operand_shardings]
+  result_shardings = [adapter.from_planner_sharding(s) for s in plan.result_shardings]
+  return module, operand_shardings, adapter.pack_result_sharding(
+      result_shape, result_shardings)
+
+
+def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
+                                  result_shape, backend_config):
+  del backend_config
+  result_shapes = adapter.array_shapes(result_shape)
+  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes))
+  plan = _plan(record, arg_shapes, arg_shardings, result_shapes, None)
+  if plan.passthrough:
+    return adapter.pack_result_sharding(
+        result_shape, [adapter.HloSharding.manual()] * len(result_shapes))
+  return adapter.pack_result_sharding(
+      result_shape, [adapter.from_planner_sharding(s) for s in plan.result_shardings])
+
+
+def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_config):
+  """The sharding to give the call when its users want `user_sharding`: the
+  users' batch sharding, with core dims whole."""
+  del backend_config
+  result_shapes = adapter.array_shapes(result_shape)
+  result_key = _types_key(_shape_types(result_shapes))
+  with _lock:
+    candidates = [(key, recs) for key, recs in _records.items()
+                  if key[0] == target_name and key[2] == result_key]
+  if len(candidates) != 1 or len(candidates[0][1]) != 1:
+    return user_sharding  # ambiguous: partition() will fix what it must
+  (_, operand_key), (record,) = candidates[0][0][:2], candidates[0][1]
+  problem = _core.Problem()
+  problem.operand_shapes = [list(s) for s, _ in operand_key]
+  problem.operand_batch_ranks = list(record.operand_batch_ranks)
+  problem.operand_shardings = [_core.Sharding() for _ in operand_key]
+  problem.result_shapes = [list(s.dimensions()) for s in result_shapes]
+  problem.result_batch_ranks = list(record.result_batch_ranks)
+  problem.result_shardings = [
+      adapter.to_planner_sharding(h, len(s.dimensions()))
+      for h, s in zip(adapter.element_shardings(user_sharding, result_shape),
+                      result_shapes)]
+  plan = _core.make_plan(problem)
+  if plan.passthrough:
+    return user_sharding
+  return adapter.pack_result_sharding(
+      result_shape, [adapter.from_planner_sharding(s) for s in plan.result_shardings])
+
+
+def register(target_name: str) -> None:
+  adapter.register_partitioner(
+      target_name,
+      propagate_user_sharding=functools.partial(_propagate_user_sharding, target_name),
+      partition=functools.partial(_partition, target_name),
+      infer_sharding_from_operands=functools.partial(
+          _infer_sharding_from_operands, target_name),
+  )

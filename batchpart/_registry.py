@@ -1,0 +1,92 @@
+"""FFI target registration and the batch-partitionable target set."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import jax
+
+from batchpart import _jax_adapter as adapter
+
+_lock = threading.RLock()
+_handlers: dict[tuple[str, str], object] = {}
+_batch_partitionable: set[str] = set()
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+
+
+def _handler_identity(handler):
+  """What makes two handlers the same: the function pointer a capsule holds
+  (two capsules may wrap one function), recursively for handler bundles."""
+  if isinstance(handler, dict):
+    return tuple(sorted((k, _handler_identity(v)) for k, v in handler.items()))
+  if type(handler).__name__ == "PyCapsule":
+    return ("capsule", _capsule_pointer(handler, _capsule_name(handler)))
+  return ("object", id(handler))
+
+
+def register_ffi_target(name: str, handler, *, platform: str = "cpu",
+                        api_version: int = 1) -> None:
+  """Registers an FFI handler with XLA and marks the target batch partitionable.
+
+  Args:
+    name: the target name that ``batchpart.ffi_call`` and ``jax.ffi.ffi_call``
+      will use.
+    handler: a PyCapsule wrapping an ``XLA_FFI_Handler*`` (or, for
+      ``api_version=0``, a legacy custom-call function), or a dict of such
+      capsules for multi-stage handlers, as ``jax.ffi.register_ffi_target``
+      accepts.
+    platform: the XLA platform, e.g. ``"cpu"`` or ``"CUDA"``.
+    api_version: 1 for the typed FFI (the default), 0 for the legacy API.
+
+  Raises:
+    ValueError: if ``name`` is already registered on ``platform`` with a
+      different handler. Registering the same handler again does nothing.
+  """
+  if not isinstance(name, str) or not name:
+    raise TypeError(f"batchpart.register_ffi_target: name must be a non-empty "
+                    f"str, got {name!r}.")
+  key = (name, platform.lower())
+  identity = _handler_identity(handler)
+  with _lock:
+    if key in _handlers:
+      if _handlers[key] != identity:
+        raise ValueError(
+            f"batchpart.register_ffi_target: FFI target '{name}' is already "
+            f"registered on platform '{platform}' with a different handler. "
+            "Target names are process-global; pick another name.")
+    else:
+      jax.ffi.register_ffi_target(name, handler, platform=platform,
+                                  api_version=api_version)
+      _handlers[key] = identity
+    mark_batch_partitionable(name)
+
+
+def mark_batch_partitionable(name: str) -> None:
+  """Marks an FFI target (registered by anyone) as batch partitionable.
+
+  Calls to ``name`` made through ``batchpart.ffi_call`` (or inside a
+  ``batchpart.batch_partitionable`` wrapper) are then partitioned by
+  batchpart under both Shardy and GSPMD. Idempotent.
+  """
+  if not isinstance(name, str) or not name:
+    raise TypeError(f"batchpart.mark_batch_partitionable: name must be a "
+                    f"non-empty str, got {name!r}.")
+  from batchpart import _partitioner  # the callbacks need the planner
+  with _lock:
+    if name in _batch_partitionable:
+      return
+    _partitioner.register(name)
+    _batch_partitionable.add(name)
+
+
+def is_batch_partitionable(name: str) -> bool:
+  """Whether ``name`` has been marked batch partitionable by batchpart."""
+  with _lock:
+    return name in _batch_partitionable
