@@ -150,6 +150,26 @@ def _tensor_type(shape, dtype) -> ir.Type:
   return ir.RankedTensorType.get(list(shape), mlir.dtype_to_ir_type(np.dtype(dtype)))
 
 
+def canonical_backend_config(config) -> str:
+  """The backend config as MLIR prints it, so that the attributes a lowering
+  emits and the bytes XLA hands a partitioner callback compare equal."""
+  text = (config.decode() if isinstance(config, bytes) else str(config)).strip()
+  if not text:
+    return "{}"
+  if not text.startswith("{"):
+    return text  # a legacy (api_version < 4) opaque string
+  with mlir.make_ir_context():
+    return str(ir.Attribute.parse(text))
+
+
+def backend_config_text(backend_config) -> str:
+  """What XLA will print for a lowering's backend config (call it while
+  lowering: the attributes live in the lowering's MLIR context)."""
+  if isinstance(backend_config, dict):
+    return canonical_backend_config(str(ir.DictAttr.get(backend_config)))
+  return canonical_backend_config(backend_config)
+
+
 def _parse_backend_config(config: bytes, api_version: int):
   text = config.decode() if isinstance(config, bytes) else str(config)
   if api_version < 4:

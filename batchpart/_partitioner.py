@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import warnings
 
 import numpy as np
 
@@ -31,34 +32,52 @@ class CallRecord:
 
 
 _lock = threading.Lock()
-_records: dict[tuple, set[CallRecord]] = {}
+# (target, operand types, result types, backend config) -> records, oldest
+# first. A dict keeps insertion order; re-recording moves a record last.
+_records: dict[tuple, dict[CallRecord, None]] = {}
 
 
 def _types_key(shapes_and_dtypes) -> tuple:
   return tuple((tuple(int(d) for d in s), np.dtype(t).name) for s, t in shapes_and_dtypes)
 
 
-def record_call(target_name: str, operand_types, result_types, record: CallRecord):
-  key = (target_name, _types_key(operand_types), _types_key(result_types))
+def record_call(target_name: str, operand_types, result_types, backend_config: str,
+                record: CallRecord):
+  key = (target_name, _types_key(operand_types), _types_key(result_types),
+         backend_config)
   with _lock:
-    _records.setdefault(key, set()).add(record)
+    records = _records.setdefault(key, {})
+    records.pop(record, None)
+    records[record] = None
 
 
-def _lookup(target_name: str, operand_types, result_types) -> CallRecord:
-  key = (target_name, _types_key(operand_types), _types_key(result_types))
+def _lookup(target_name: str, operand_types, result_types, backend_config) -> CallRecord:
+  key = (target_name, _types_key(operand_types), _types_key(result_types),
+         adapter.canonical_backend_config(backend_config))
   with _lock:
     found = list(_records.get(key, ()))
   if not found:
     raise RuntimeError(
         f"batchpart: XLA asked to partition a call to '{target_name}' with operand "
-        f"types {key[1]} and result types {key[2]}, but no such call was lowered "
-        "through batchpart in this process. Lower the program with batchpart "
-        "imported (calls deserialized from elsewhere are not described).")
+        f"types {key[1]}, result types {key[2]} and attributes {key[3]}, but no such "
+        "call was lowered through batchpart in this process. Once a target is "
+        "marked batch partitionable, call it through batchpart.ffi_call or a "
+        "batchpart.batch_partitionable wrapper, and lower the program in the "
+        "process that compiles it.")
   if len(found) == 1:
     return found[0]
-  # Two call sites with identical types but different batch dims: the fewest
-  # batch dims is right for both (extra dims are kept whole).
-  return min(found, key=lambda r: sum(r.operand_batch_ranks) + sum(r.result_batch_ranks))
+  options = {(r.operand_layouts, r.result_layouts, r.aliases, r.has_side_effect)
+             for r in found}
+  if len(options) == 1:
+    # Only the batch dims differ: the fewest is right for every call site
+    # (extra dims are kept whole).
+    return min(found, key=lambda r: sum(r.operand_batch_ranks) + sum(r.result_batch_ranks))
+  warnings.warn(
+      f"batchpart: calls to '{target_name}' with identical types and attributes "
+      "were lowered with different layouts, aliasing or side effects; using the "
+      "most recently lowered one. Give the call sites different attributes or "
+      "compile each program right after lowering it.", RuntimeWarning)
+  return found[-1]
 
 
 def _shape_types(shapes):
@@ -85,7 +104,8 @@ def _plan(record: CallRecord, arg_shapes, arg_shardings, result_shapes,
 def _partition(target_name, arg_shapes, arg_shardings, result_shape,
                result_sharding, backend_config):
   result_shapes = adapter.array_shapes(result_shape)
-  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes))
+  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
+                   backend_config)
   plan = _plan(record, arg_shapes, arg_shardings, result_shapes,
                adapter.element_shardings(result_sharding, result_shape))
   module = adapter.build_shard_module(
@@ -111,9 +131,9 @@ def _partition(target_name, arg_shapes, arg_shardings, result_shape,
 
 def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
                                   result_shape, backend_config):
-  del backend_config
   result_shapes = adapter.array_shapes(result_shape)
-  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes))
+  record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
+                   backend_config)
   plan = _plan(record, arg_shapes, arg_shardings, result_shapes, None)
   if plan.passthrough:
     return adapter.pack_result_sharding(
@@ -125,15 +145,15 @@ def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
 def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_config):
   """The sharding to give the call when its users want `user_sharding`: the
   users' batch sharding, with core dims whole."""
-  del backend_config
   result_shapes = adapter.array_shapes(result_shape)
   result_key = _types_key(_shape_types(result_shapes))
+  config = adapter.canonical_backend_config(backend_config)
   with _lock:
-    candidates = [(key, recs) for key, recs in _records.items()
-                  if key[0] == target_name and key[2] == result_key]
+    candidates = [(key[1], list(records)) for key, records in _records.items()
+                  if key[0] == target_name and key[2] == result_key and key[3] == config]
   if len(candidates) != 1 or len(candidates[0][1]) != 1:
     return user_sharding  # ambiguous: partition() will fix what it must
-  (_, operand_key), (record,) = candidates[0][0][:2], candidates[0][1]
+  operand_key, (record,) = candidates[0]
   problem = _core.Problem()
   problem.operand_shapes = [list(s) for s, _ in operand_key]
   problem.operand_batch_ranks = list(record.operand_batch_ranks)

@@ -140,6 +140,7 @@ def _lowering(ctx, *operands, target_name, result_avals, operand_core_ranks,
       target_name,
       [(a.shape, a.dtype) for a in avals_in],
       [(a.shape, a.dtype) for a in avals_out],
+      adapter.backend_config_text(backend_config),
       _partitioner.CallRecord(
           operand_batch_ranks=_batch_ranks(operand_shapes, operand_core_ranks),
           result_batch_ranks=_batch_ranks(result_shapes, result_core_ranks),
@@ -169,9 +170,10 @@ adapter.register_lowering(batchpart_ffi_call_p, _lowering)
 # vmap: the mapped axis becomes one more leading batch dim
 # ---------------------------------------------------------------------------
 
-def _shift_layout(layout):
-  """Minor-to-major layout of an array that gained a leading (major) dim."""
-  return tuple(n + 1 for n in layout) + (0,)
+def _shift_layout(layout, new_dims: int = 1):
+  """Minor-to-major layout of an array that gained `new_dims` leading (most
+  major) dims."""
+  return tuple(n + new_dims for n in layout) + tuple(range(new_dims - 1, -1, -1))
 
 
 def _batching_rule(args, dims, *, result_avals, input_layouts, output_layouts,
@@ -179,6 +181,10 @@ def _batching_rule(args, dims, *, result_avals, input_layouts, output_layouts,
   from jax import lax
 
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  core_ranks = params["operand_core_ranks"]
+  unmapped_batch_ranks = [len(a.shape) - c - (d is not None)
+                          for a, c, d in zip(args, core_ranks, dims)]
+  rank = max(unmapped_batch_ranks, default=0)
   args = [a if d is None else adapter.moveaxis(a, d, 0) for a, d in zip(args, dims)]
   dims = list(dims)
   # An aliased operand must have its result's shape: materialise the new dim.
@@ -186,8 +192,17 @@ def _batching_rule(args, dims, *, result_avals, input_layouts, output_layouts,
     if dims[i] is None:
       args[i] = lax.broadcast(args[i], (size,))
       dims[i] = 0
-  input_layouts = tuple(l if d is None else _shift_layout(l)
-                        for l, d in zip(input_layouts, dims))
+  input_layouts = list(input_layouts)
+  for i, (a, d, b) in enumerate(zip(args, dims, unmapped_batch_ranks)):
+    if d is None:
+      continue  # a missing leading dim: broadcast, right-aligned
+    # The mapped dim must line up with the new leading batch dim, so an
+    # operand with fewer batch dims gets size-1 (broadcast) dims after it.
+    pad = rank - b
+    if pad:
+      args[i] = lax.expand_dims(a, tuple(range(1, pad + 1)))
+    input_layouts[i] = _shift_layout(input_layouts[i], pad + 1)
+  input_layouts = tuple(input_layouts)
   output_layouts = tuple(_shift_layout(l) for l in output_layouts)
   result_avals = tuple(r.update(shape=(size, *r.shape)) for r in result_avals)
   outs = batchpart_ffi_call_p.bind(

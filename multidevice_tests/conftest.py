@@ -1,0 +1,41 @@
+"""Multi-device tests: 8 simulated CPU devices, set before jax is imported.
+
+Run as their own pytest process (``pytest multidevice_tests``): XLA_FLAGS is
+read once, when the CPU backend starts.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+
+import batchpart.testing  # noqa: E402
+
+batchpart.testing.register()
+
+
+@pytest.fixture(params=["shardy", "gspmd"])
+def partitioner(request):
+  """Runs a test under both of XLA's partitioners."""
+  previous = jax.config.jax_use_shardy_partitioner
+  jax.config.update("jax_use_shardy_partitioner", request.param == "shardy")
+  yield request.param
+  jax.config.update("jax_use_shardy_partitioner", previous)
+
+
+@pytest.fixture
+def mesh8():
+  return jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+
+
+@pytest.fixture
+def mesh2x4():
+  return jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+
+def pytest_configure(config):
+  assert jax.device_count() == 8, "multidevice_tests need 8 simulated devices"
