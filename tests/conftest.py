@@ -1,0 +1,3 @@
+import batchpart.testing
+
+batchpart.testing.register()
