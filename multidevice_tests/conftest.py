@@ -15,6 +15,10 @@ from jax.sharding import AxisType  # noqa: E402
 
 import batchpart.testing  # noqa: E402
 
+# XLA's CPU runtime has been seen to hang on simulated devices when programs
+# mixing collectives and FFI calls run many times with async dispatch on
+# (docs/faq.md); the tests dispatch synchronously and each has a timeout.
+jax.config.update("jax_cpu_enable_async_dispatch", False)
 batchpart.testing.register()
 
 
