@@ -8,7 +8,7 @@ from typing import Any
 from batchpart import _jax_adapter as adapter
 from batchpart import _primitive
 from batchpart._signature import (
-    parse_signature, spec_from_num_batch_dims, spec_from_signature)
+    BatchSpec, parse_signature, spec_from_num_batch_dims, spec_from_signature)
 
 
 def ffi_call(
@@ -80,7 +80,10 @@ def ffi_call(
     in_avals = [adapter.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
-    if parsed is None:
+    if not args:
+      # Nothing to shard the results like: XLA's default treatment.
+      spec = BatchSpec((), tuple(len(s) for s in result_shapes))
+    elif parsed is None:
       spec = spec_from_num_batch_dims(target_name, num_batch_dims, operand_shapes,
                                       result_shapes)
     else:
