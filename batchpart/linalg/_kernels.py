@@ -1,0 +1,121 @@
+"""Thin calls of batchpart's LAPACK targets (cc/lapack/kernels.h) through
+``batchpart.ffi_call``: signatures, column-major layouts, attributes.
+
+Every function here is a single batch-partitionable custom call; the public
+functions in this package add jax's conventions and derivatives.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+
+import batchpart
+from batchpart._signature import parse_signature
+from batchpart._lapack_targets import register as _register_lapack
+
+_registered = False
+_lock = threading.Lock()
+
+
+def ensure_registered() -> None:
+  global _registered
+  if _registered:
+    return
+  with _lock:
+    if not _registered:
+      _register_lapack()
+      _registered = True
+
+
+def _layout(rank: int, core_rank: int):
+  """Major-to-minor order that makes each matrix column-major."""
+  if core_rank < 2:
+    return None
+  return (*range(rank - 2), rank - 1, rank - 2)
+
+
+def _call(target, signature, operands, results, **attributes):
+  ensure_registered()
+  parsed = parse_signature(signature, target_name=target)
+  single = not isinstance(results, (list, tuple))
+  out_layouts = [_layout(len(r.shape), len(c))
+                 for r, c in zip([results] if single else results, parsed.outputs)]
+  return batchpart.ffi_call(
+      target, results, signature=signature,
+      input_layouts=[_layout(np.ndim(x), len(c)) for x, c in zip(operands, parsed.inputs)],
+      output_layouts=out_layouts[0] if single else out_layouts,
+  )(*operands, **attributes)
+
+
+def _real(dtype):
+  return np.finfo(dtype).dtype
+
+
+S = jax.ShapeDtypeStruct
+i32 = np.int32
+
+
+def potrf(a, *, lower: bool):
+  *batch, n, _ = a.shape
+  return _call("batchpart_potrf", "(n,n)->(n,n),()", [a],
+               [S(a.shape, a.dtype), S(tuple(batch), i32)], lower=bool(lower))
+
+
+def getrf(a):
+  *batch, m, n = a.shape
+  batch = tuple(batch)
+  return _call("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
+               [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
+                S(batch, i32)])
+
+
+def qr(a, *, full_matrices: bool):
+  *batch, m, n = a.shape
+  k = m if full_matrices else min(m, n)
+  return _call("batchpart_qr", "(m,n)->(m,k),(k,n)", [a],
+               [S((*batch, m, k), a.dtype), S((*batch, k, n), a.dtype)],
+               full_matrices=bool(full_matrices))
+
+
+def eigh(a, *, lower: bool, compute_vectors: bool = True):
+  *batch, n, _ = a.shape
+  batch = tuple(batch)
+  return _call("batchpart_eigh", "(n,n)->(n),(n,p),()", [a],
+               [S((*batch, n), _real(a.dtype)),
+                S((*batch, n, n if compute_vectors else 0), a.dtype), S(batch, i32)],
+               lower=bool(lower), compute_vectors=bool(compute_vectors))
+
+
+def svd(a, *, full_matrices: bool, compute_uv: bool):
+  *batch, m, n = a.shape
+  batch = tuple(batch)
+  k = min(m, n)
+  if not compute_uv:
+    u_cols, vt_rows = 0, 0
+  elif full_matrices:
+    u_cols, vt_rows = m, n
+  else:
+    u_cols, vt_rows = k, k
+  return _call("batchpart_svd", "(m,n)->(k),(m,p),(q,n),()", [a],
+               [S((*batch, k), _real(a.dtype)), S((*batch, m, u_cols), a.dtype),
+                S((*batch, vt_rows, n), a.dtype), S(batch, i32)],
+               full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
+
+
+def trsm(a, b, *, left_side: bool, lower: bool, transpose_a: bool, conjugate_a: bool,
+         unit_diagonal: bool):
+  batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+  signature = "(p,p),(p,q)->(p,q)" if left_side else "(p,p),(q,p)->(q,p)"
+  return _call("batchpart_trsm", signature, [a, b],
+               S((*batch, *b.shape[-2:]), b.dtype),
+               left_side=bool(left_side), lower=bool(lower), transpose_a=bool(transpose_a),
+               conjugate_a=bool(conjugate_a), unit_diagonal=bool(unit_diagonal))
+
+
+def gesv(a, b):
+  batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+  return _call("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
+               [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])

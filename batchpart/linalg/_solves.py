@@ -1,0 +1,117 @@
+"""Triangular and general solves over batchpart's LAPACK targets, with
+jax's conventions and JVP rules."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from batchpart.linalg import _kernels
+from batchpart.linalg._util import as_inexact, check_matrix, matmul, tril, triu
+
+
+def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
+                     transpose_a: bool = False, unit_diagonal: bool = False,
+                     conjugate_a: bool = False):
+  """Solves a triangular system, as :func:`jax.lax.linalg.triangular_solve`
+  (whose defaults are ``left_side=False, lower=False``).
+
+  Args:
+    a: triangular matrices ``(..., m, m)``; the other triangle is not read.
+    b: right-hand sides ``(..., m, n)`` if ``left_side`` else ``(..., n, m)``.
+      The batch dims of ``a`` and ``b`` broadcast without being materialised.
+    left_side: solve ``op(a) @ x = b`` (True) or ``x @ op(a) = b``.
+    lower: whether ``a`` is lower (True) or upper triangular.
+    transpose_a: ``op(a) = a^T`` (with ``conjugate_a``, ``a^H``).
+    unit_diagonal: assume ones on the diagonal of ``a`` without reading it.
+    conjugate_a: conjugate ``a`` (only meaningful with complex dtypes).
+
+  Returns:
+    ``x``, of ``b``'s core shape and the broadcast batch shape.
+  """
+  a, b = as_inexact("triangular_solve", a, b)
+  check_matrix("triangular_solve", "a", a, square=True)
+  check_matrix("triangular_solve", "b", b)
+  m = a.shape[-1]
+  if (b.shape[-2] if left_side else b.shape[-1]) != m:
+    raise ValueError(
+        f"batchpart.linalg.triangular_solve: b of shape {tuple(b.shape)} does not fit a "
+        f"of shape {tuple(a.shape)} with left_side={left_side}.")
+  options = (bool(left_side), bool(lower), bool(transpose_a), bool(conjugate_a),
+             bool(unit_diagonal))
+  return _trsm(a, b, options)
+
+
+def _op(a, transpose_a, conjugate_a):
+  if transpose_a:
+    a = jnp.swapaxes(a, -1, -2)
+  return jnp.conj(a) if conjugate_a else a
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _trsm(a, b, options):
+  left_side, lower, transpose_a, conjugate_a, unit_diagonal = options
+  return _kernels.trsm(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
+                       conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+
+
+@_trsm.defjvp
+def _trsm_jvp(options, primals, tangents):
+  left_side, lower, transpose_a, conjugate_a, unit_diagonal = options
+  a, b = primals
+  a_dot, b_dot = tangents
+  x = _trsm(a, b, options)
+  # Only the triangle the kernel reads (without a unit diagonal) varies.
+  a_dot = tril(a_dot, -1 if unit_diagonal else 0) if lower else \
+      triu(a_dot, 1 if unit_diagonal else 0)
+  op_a_dot = _op(a_dot, transpose_a, conjugate_a)
+  rhs = b_dot - (matmul(op_a_dot, x) if left_side else matmul(x, op_a_dot))
+  a_b = jnp.broadcast_to(a, (*rhs.shape[:-2], *a.shape[-2:]))
+  x_dot = lax.linalg.triangular_solve(
+      a_b, rhs, left_side=left_side, lower=lower, transpose_a=transpose_a,
+      conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+  return x, x_dot
+
+
+def solve(a, b):
+  """Solves ``a @ x = b``, as :func:`jax.numpy.linalg.solve`.
+
+  Args:
+    a: ``(..., n, n)``.
+    b: ``(n,)``, or ``(..., n, k)``; batch dims broadcast against ``a``'s.
+
+  Returns:
+    ``x`` of shape ``(..., n)`` for a vector ``b``, else ``(..., n, k)``. A batch
+    element whose ``a`` is singular is all NaN.
+  """
+  a, b = as_inexact("solve", a, b)
+  check_matrix("solve", "a", a, square=True)
+  n = a.shape[-1]
+  if b.ndim == 1:
+    if b.shape[0] != n:
+      raise ValueError(f"batchpart.linalg.solve: b of shape {tuple(b.shape)} does not fit "
+                       f"a of shape {tuple(a.shape)}.")
+    return _solve(a, b[:, None])[..., 0]
+  if b.shape[-2] != n:
+    raise ValueError(f"batchpart.linalg.solve: b of shape {tuple(b.shape)} does not fit "
+                     f"a of shape {tuple(a.shape)}; b is (n,) or (..., n, k).")
+  return _solve(a, b)
+
+
+@jax.custom_jvp
+def _solve(a, b):
+  x, _ = _kernels.gesv(a, b)
+  return x
+
+
+@_solve.defjvp
+def _solve_jvp(primals, tangents):
+  a, b = primals
+  a_dot, b_dot = tangents
+  x = _solve(a, b)
+  rhs = b_dot - matmul(a_dot, x)
+  a_b = jnp.broadcast_to(a, (*rhs.shape[:-2], *a.shape[-2:]))
+  return x, jnp.linalg.solve(a_b, rhs)

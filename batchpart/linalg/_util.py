@@ -1,0 +1,62 @@
+"""Shared helpers: argument checks and matrix utilities (jax ops only)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_inexact(fn: str, *arrays):
+  """jnp.linalg's promotion: integer and bool inputs become floating."""
+  arrays = [jnp.asarray(a) for a in arrays]
+  dtype = jnp.result_type(*arrays)
+  if not jnp.issubdtype(dtype, jnp.inexact):
+    dtype = jnp.result_type(dtype, float)  # jax's default float
+  if dtype not in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128):
+    raise TypeError(f"batchpart.linalg.{fn}: unsupported dtype {np.dtype(dtype).name}; "
+                    "float32, float64, complex64 and complex128 are supported.")
+  return [a.astype(dtype) for a in arrays]
+
+
+def check_matrix(fn: str, name: str, a, *, square: bool = False):
+  if a.ndim < 2:
+    raise ValueError(f"batchpart.linalg.{fn}: {name} must have at least 2 dims, "
+                     f"got shape {tuple(a.shape)}.")
+  if square and a.shape[-1] != a.shape[-2]:
+    raise ValueError(f"batchpart.linalg.{fn}: {name} must be square in its last two "
+                     f"dims, got shape {tuple(a.shape)}.")
+
+
+def mT(x):
+  return jnp.swapaxes(x, -1, -2)
+
+
+def H(x):
+  return jnp.conj(mT(x))
+
+
+def symmetrize(x):
+  return (x + H(x)) / 2
+
+
+def tril(x, k: int = 0):
+  return jnp.tril(x, k)
+
+
+def triu(x, k: int = 0):
+  return jnp.triu(x, k)
+
+
+def eye_like(x, n: int | None = None):
+  n = x.shape[-1] if n is None else n
+  return jnp.eye(n, dtype=x.dtype)
+
+
+def matmul(a, b):
+  return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def int_zeros(x):
+  """The tangent of an integer output."""
+  return np.zeros(np.shape(x), dtype=jax.dtypes.float0)

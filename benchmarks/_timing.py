@@ -1,0 +1,40 @@
+"""Side-by-side timing: candidates run interleaved (A B C A B C ...) in one
+process, so drift in machine load hits all of them alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+
+
+def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.02):
+  """Median seconds per call of each (already jitted) candidate.
+
+  Each round calls every candidate enough times to run for ``min_time``
+  (calibrated on the first call), then the rounds are repeated.
+  """
+  loops = {}
+  for name, f in candidates.items():
+    jax.block_until_ready(f(*args))  # compile and warm up
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    loops[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
+  samples = {name: [] for name in candidates}
+  for _ in range(repeats):
+    for name, f in candidates.items():
+      t0 = time.perf_counter()
+      for _ in range(loops[name]):
+        out = f(*args)
+      jax.block_until_ready(out)
+      samples[name].append((time.perf_counter() - t0) / loops[name])
+  return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def fmt_time(seconds: float) -> str:
+  if seconds < 1e-3:
+    return f"{seconds * 1e6:7.1f}us"
+  if seconds < 1:
+    return f"{seconds * 1e3:7.2f}ms"
+  return f"{seconds:7.2f}s "

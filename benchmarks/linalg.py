@@ -1,0 +1,147 @@
+"""batchpart.linalg vs jax.numpy.linalg (and pure_callback with NumPy),
+measured interleaved in one process.
+
+  python benchmarks/linalg.py            # full grid, writes docs/benchmarks-linalg.md
+  python benchmarks/linalg.py --quick    # a few points, for CI-sized runs
+  python benchmarks/linalg.py --gpu      # on a GPU: batchpart vs jnp.linalg
+
+Sections: (1) one device, batches of 8..2048 matrices of size 8..256, every
+op; (2) eight simulated devices, batch-sharded and core-sharded inputs;
+(3) batchpart vs jax.pure_callback calling NumPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+NUM_DEVICES = 8
+
+
+def _setup(gpu: bool):
+  import jax
+  if not gpu:
+    jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+  return jax
+
+
+def _ops(jnp, bp):
+  """name -> (batchpart fn, jnp fn, numpy fn, input maker(kind))."""
+  import numpy as np
+  solve_rhs = lambda a: a[..., :, :4]
+  return {
+      "cholesky": (bp.linalg.cholesky, jnp.linalg.cholesky, np.linalg.cholesky, "spd"),
+      "lu": (lambda a: bp.linalg.lu(a)[0], lambda a: __import__("jax").lax.linalg.lu(a)[0],
+             None, "general"),
+      "qr": (lambda a: bp.linalg.qr(a)[1], lambda a: jnp.linalg.qr(a)[1],
+             lambda a: np.linalg.qr(a)[1], "general"),
+      "eigh": (lambda a: bp.linalg.eigh(a)[0], lambda a: jnp.linalg.eigh(a)[0],
+               lambda a: np.linalg.eigh(a)[0], "spd"),
+      "svd": (lambda a: bp.linalg.svd(a, compute_uv=False),
+              lambda a: jnp.linalg.svd(a, compute_uv=False),
+              lambda a: np.linalg.svd(a, compute_uv=False), "general"),
+      "triangular_solve": (
+          lambda a: bp.linalg.triangular_solve(a, solve_rhs(a)),
+          lambda a: __import__("jax").lax.linalg.triangular_solve(
+              a, solve_rhs(a), left_side=True, lower=True), None, "spd"),
+      "solve": (lambda a: bp.linalg.solve(a, solve_rhs(a)),
+                lambda a: jnp.linalg.solve(a, solve_rhs(a)),
+                lambda a: np.linalg.solve(a, solve_rhs(a)), "spd"),
+  }
+
+
+def _matrices(np, batch, n, kind, seed=0):
+  x = np.random.default_rng(seed).standard_normal((batch, n, n)).astype(np.float32)
+  if kind == "spd":
+    x = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=np.float32)
+  return x
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--gpu", action="store_true")
+  parser.add_argument("--out", default=None, help="Markdown file for the tables")
+  args = parser.parse_args(argv)
+  jax = _setup(args.gpu)
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  sys.path.insert(0, os.path.dirname(__file__))
+  import batchpart as bp
+  from _timing import fmt_time, interleaved
+
+  ops = _ops(jnp, bp)
+  lines = []
+
+  def emit(line=""):
+    print(line, flush=True)
+    lines.append(line)
+
+  device = jax.devices()[0]
+  emit(f"# batchpart.linalg benchmarks\n\njax {jax.__version__}, {device.platform}, "
+       f"{os.cpu_count()} cores; float32; median of interleaved rounds; ratio > 1 means "
+       "batchpart is faster.\n")
+
+  # (1) one device
+  if args.quick:
+    grid = [(8, 8), (2048, 8), (128, 64), (8, 256)]
+  else:
+    grid = [(b, n) for n in (8, 32, 128, 256) for b in (8, 128, 2048)
+            if b * n ** 3 <= 2048 * 128 ** 3]
+  emit("## One device: batchpart vs jnp.linalg\n")
+  emit("| op | batch | n | batchpart | jnp.linalg | ratio |")
+  emit("| --- | ---: | ---: | ---: | ---: | ---: |")
+  for name, (ours, theirs, _, kind) in ops.items():
+    for batch, n in grid:
+      a = jax.device_put(_matrices(np, batch, n, kind), device)
+      t = interleaved({"bp": jax.jit(ours), "jnp": jax.jit(theirs)}, (a,),
+                      repeats=3 if args.quick else 5)
+      emit(f"| {name} | {batch} | {n} | {fmt_time(t['bp'])} | {fmt_time(t['jnp'])} | "
+           f"{t['jnp'] / t['bp']:.2f}x |")
+
+  if not args.gpu:
+    # (2) eight devices
+    mesh = jax.make_mesh((NUM_DEVICES,), ("x",), axis_types=(AxisType.Auto,))
+    batch, n = (64, 32) if args.quick else (512, 64)
+    emit(f"\n## {NUM_DEVICES} simulated devices: batch {batch} of {n}x{n}\n")
+    emit("| op | input sharding | batchpart | jnp.linalg | ratio |")
+    emit("| --- | --- | ---: | ---: | ---: |")
+    for name, (ours, theirs, _, kind) in ops.items():
+      for label, spec in (("batch", P("x")), ("core", P(None, "x"))):
+        a = jax.device_put(_matrices(np, batch, n, kind), NamedSharding(mesh, spec))
+        t = interleaved({"bp": jax.jit(ours), "jnp": jax.jit(theirs)}, (a,),
+                        repeats=3 if args.quick else 5)
+        emit(f"| {name} | {label}-sharded | {fmt_time(t['bp'])} | {fmt_time(t['jnp'])} | "
+             f"{t['jnp'] / t['bp']:.2f}x |")
+
+    # (3) pure_callback with NumPy
+    batch, n = (256, 16) if args.quick else (1024, 32)
+    emit(f"\n## batchpart vs jax.pure_callback(NumPy), one device, batch {batch} of "
+         f"{n}x{n}\n")
+    emit("| op | batchpart | pure_callback | ratio |")
+    emit("| --- | ---: | ---: | ---: |")
+    for name, (ours, _, numpy_fn, kind) in ops.items():
+      if numpy_fn is None:
+        continue
+      a = jax.device_put(_matrices(np, batch, n, kind), device)
+      out = jax.eval_shape(ours, a)
+      callback = lambda a, numpy_fn=numpy_fn, out=out: jax.pure_callback(
+          lambda x: numpy_fn(np.asarray(x)).astype(out.dtype), out, a,
+          vmap_method="expand_dims")
+      t = interleaved({"bp": jax.jit(ours), "cb": jax.jit(callback)}, (a,),
+                      repeats=3 if args.quick else 5)
+      emit(f"| {name} | {fmt_time(t['bp'])} | {fmt_time(t['cb'])} | "
+           f"{t['cb'] / t['bp']:.2f}x |")
+
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write("\n".join(lines) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
