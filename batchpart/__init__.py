@@ -6,6 +6,7 @@ every device runs the kernel on its own slice of the batch.
 """
 
 from batchpart._decorator import batch_partitionable
+from batchpart._explain import explain
 from batchpart._ffi_call import ffi_call
 from batchpart._registry import (
     is_batch_partitionable,
@@ -15,6 +16,7 @@ from batchpart._registry import (
 
 __all__ = [
     "batch_partitionable",
+    "explain",
     "ffi_call",
     "is_batch_partitionable",
     "mark_batch_partitionable",

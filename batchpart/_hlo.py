@@ -2,7 +2,10 @@
 collectives, with their per-device shapes.
 
 XLA prints per-device shapes after SPMD partitioning, so these are what each
-device really holds.
+device really holds. ``parse_module`` also keeps which computation each
+instruction belongs to, operand/user edges, metadata (the jax op name and the
+Python stack frames XLA carries from the lowered program's locations) and the
+module's partition count, for ``batchpart.explain``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,17 @@ _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
     r"(?P<opcode>[a-z][\w\-]*)\((?P<operands>.*?)\)(?P<rest>.*)$")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_COMMENT = re.compile(r"/\*.*?\*/")
+_OP_NAME = re.compile(r'metadata=\{[^}]*?op_name="((?:[^"\\]|\\.)*)"')
+_STACK_FRAME_ID = re.compile(r"\bstack_frame_id=(\d+)")
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)"
+    r"=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*->.*\{\s*$")
+_HEADER_INT = re.compile(r"\b(num_partitions|replica_count)=(\d+)")
+_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_KEY_VALUE = re.compile(r"(\w+)=(\d+)")
 
 COLLECTIVE_OPCODES = ("all-gather", "all-to-all", "collective-permute",
                       "all-reduce", "reduce-scatter", "ragged-all-to-all",
@@ -55,6 +69,12 @@ class Instruction:
   target: str | None = None
   operand_types: tuple[ArrayType, ...] = ()
   text: str = ""
+  #: the jax op XLA attributes the instruction to (``metadata={op_name=...}``)
+  op_name: str = ""
+  #: index into the module's StackFrames table (0: none)
+  stack_frame_id: int = 0
+  #: computations the instruction calls (fusion bodies, reducers, loop bodies)
+  called: tuple[str, ...] = ()
 
 
 def parse_types(text: str) -> tuple[ArrayType, ...]:
@@ -75,24 +95,40 @@ def _braced_value(line: str, key: str) -> str:
   return ""
 
 
+def _parse_instruction(line: str) -> Instruction | None:
+  m = _INSTRUCTION.match(line)
+  if not m:
+    return None
+  opcode = m.group("opcode")
+  # Operands print as "%a, %b, /*index=5*/%c" (older XLA: "f32[2] %a").
+  operands = tuple(_COMMENT.sub("", o).strip().split(" ")[-1].lstrip("%")
+                   for o in m.group("operands").split(",") if o.strip())
+  target = operand_types = None
+  if opcode == "custom-call":
+    t = _TARGET.search(line)
+    target = t.group(1) if t else None
+    operand_types = parse_types(_braced_value(line, "operand_layout_constraints="))
+  rest = m.group("rest")
+  op_name = _OP_NAME.search(rest)
+  frame = _STACK_FRAME_ID.search(rest)
+  called = list(_CALLED.findall(rest))
+  for branches in _BRANCHES.findall(rest):
+    called += [b.strip().lstrip("%") for b in branches.split(",") if b.strip()]
+  return Instruction(
+      name=m.group("name"), opcode=opcode,
+      result_types=parse_types(m.group("shape")), operand_names=operands,
+      target=target, operand_types=operand_types or (), text=line.strip(),
+      op_name=op_name.group(1) if op_name else "",
+      stack_frame_id=int(frame.group(1)) if frame else 0,
+      called=tuple(called))
+
+
 def instructions(hlo_text: str) -> list[Instruction]:
   out = []
   for line in hlo_text.splitlines():
-    m = _INSTRUCTION.match(line)
-    if not m:
-      continue
-    opcode = m.group("opcode")
-    operands = tuple(o.strip().lstrip("%").split(" ")[-1].lstrip("%")
-                     for o in m.group("operands").split(",") if o.strip())
-    target = operand_types = None
-    if opcode == "custom-call":
-      t = _TARGET.search(line)
-      target = t.group(1) if t else None
-      operand_types = parse_types(_braced_value(line, "operand_layout_constraints="))
-    out.append(Instruction(
-        name=m.group("name"), opcode=opcode,
-        result_types=parse_types(m.group("shape")), operand_names=operands,
-        target=target, operand_types=operand_types or (), text=line.strip()))
+    inst = _parse_instruction(line)
+    if inst is not None:
+      out.append(inst)
   return out
 
 
@@ -110,3 +146,139 @@ def collectives(hlo_text: str) -> list[Instruction]:
     if base in COLLECTIVE_OPCODES and not inst.opcode.endswith("-done"):
       out.append(dataclasses.replace(inst, opcode=base))
   return out
+
+
+def collective_kind(inst: Instruction) -> str | None:
+  """The collective an instruction is (``"all-gather"`` for ``all-gather``,
+  ``all-gather-start`` and ``all-gather-done``), or None."""
+  base = inst.opcode.removesuffix("-start").removesuffix("-done")
+  return base if base in COLLECTIVE_OPCODES else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+  """One Python stack frame, as XLA keeps it in a module's StackFrames table."""
+  function: str
+  file: str
+  line: int
+  column: int
+
+
+@dataclasses.dataclass
+class Module:
+  """A compiled HLO module: its computations, edges, frames and partitions."""
+  computations: dict[str, list[Instruction]]
+  entry: str
+  num_partitions: int = 1
+  replica_count: int = 1
+  #: frame id -> (file location id, parent frame id or 0)
+  stack_frames: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  #: file location id -> the frame it names
+  file_locations: dict[int, Frame] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.by_name: dict[str, Instruction] = {}
+    self.computation_of: dict[str, str] = {}
+    self.users: dict[str, list[str]] = {}
+    for comp, insts in self.computations.items():
+      for inst in insts:
+        self.by_name[inst.name] = inst
+        self.computation_of[inst.name] = comp
+      names = {i.name for i in insts}
+      for inst in insts:
+        for operand in inst.operand_names:
+          if operand in names:
+            self.users.setdefault(operand, []).append(inst.name)
+
+  def all_instructions(self) -> list[Instruction]:
+    """Every instruction, non-entry computations first (as XLA prints them)."""
+    return [i for insts in self.computations.values() for i in insts]
+
+  def operands(self, inst: Instruction) -> list[Instruction]:
+    comp = self.computation_of.get(inst.name)
+    return [self.by_name[o] for o in inst.operand_names
+            if o in self.by_name and self.computation_of[o] == comp]
+
+  def users_of(self, inst: Instruction) -> list[Instruction]:
+    return [self.by_name[u] for u in self.users.get(inst.name, ())]
+
+  def called_instructions(self, inst: Instruction) -> list[Instruction]:
+    """The instructions of the computations ``inst`` calls, recursively."""
+    out, seen, todo = [], set(), list(inst.called)
+    while todo:
+      comp = todo.pop()
+      if comp in seen or comp not in self.computations:
+        continue
+      seen.add(comp)
+      for i in self.computations[comp]:
+        out.append(i)
+        todo.extend(i.called)
+    return out
+
+  def stack(self, frame_id: int) -> tuple[Frame, ...]:
+    """The Python frames of a stack frame id, innermost first."""
+    out, seen = [], set()
+    while frame_id and frame_id in self.stack_frames and frame_id not in seen:
+      seen.add(frame_id)
+      location, parent = self.stack_frames[frame_id]
+      if location in self.file_locations:
+        out.append(self.file_locations[location])
+      frame_id = parent
+    return tuple(out)
+
+
+def parse_module(hlo_text: str) -> Module:
+  """Parses a compiled module's text (``compiled.as_text()``)."""
+  computations: dict[str, list[Instruction]] = {}
+  entry = ""
+  current = None
+  header = {"num_partitions": 1, "replica_count": 1}
+  tables: dict[str, dict[int, str]] = {}
+  table = None
+  for line in hlo_text.splitlines():
+    stripped = line.strip()
+    if stripped.startswith("HloModule "):
+      for key, value in _HEADER_INT.findall(stripped):
+        header[key] = int(value)
+      continue
+    if stripped in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+      table = tables.setdefault(stripped, {})
+      continue
+    if current is None and table is not None:
+      row = _TABLE_ROW.match(stripped)
+      if row:
+        table[int(row.group(1))] = row.group(2)
+        continue
+      table = None
+    inst = _parse_instruction(line) if current is not None else None
+    if inst is not None:
+      computations[current].append(inst)
+      continue
+    comp = _COMPUTATION.match(stripped)
+    if comp and " = " not in stripped.split("(", 1)[0]:
+      current = comp.group("name")
+      computations[current] = []
+      table = None
+      if comp.group("entry"):
+        entry = current
+      continue
+    if stripped == "}":
+      current = None
+  names = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
+  functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
+  locations = {}
+  for k, v in tables.get("FileLocations", {}).items():
+    f = dict((a, int(b)) for a, b in _KEY_VALUE.findall(v))
+    locations[k] = Frame(functions.get(f.get("function_name_id", 0), ""),
+                         names.get(f.get("file_name_id", 0), ""),
+                         f.get("line", 0), f.get("column", 0))
+  frames = {}
+  for k, v in tables.get("StackFrames", {}).items():
+    f = dict((a, int(b)) for a, b in _KEY_VALUE.findall(v))
+    # XLA prints parent_frame_id one above the parent's id (1: no parent),
+    # checked on jaxlib 0.10.2's printer.
+    frames[k] = (f.get("file_location_id", 0), max(f.get("parent_frame_id", 0) - 1, 0))
+  return Module(computations=computations, entry=entry,
+                num_partitions=header["num_partitions"],
+                replica_count=header["replica_count"],
+                stack_frames=frames, file_locations=locations)
