@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "lapack/module.h"  // LAPACK kernels
 #include "partition/planner.h"
 #include "testing/test_kernels.h"
 
@@ -70,6 +71,7 @@ void BindPlanner(nb::module_& m) {
 NB_MODULE(_core, m) {
   m.doc() = "batchpart's compiled core: partition planner and FFI kernels.";
   BindPlanner(m);
+  batchpart::lapack::DefineLapackSubmodule(m);  // LAPACK kernels
 
   nb::module_ testing = m.def_submodule("testing", "Kernels for batchpart's tests.");
   testing.def("handlers", [] { return Capsules(batchpart::testing::Handlers()); });

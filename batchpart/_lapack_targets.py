@@ -1,0 +1,66 @@
+"""Registers batchpart's CPU LAPACK kernels as XLA FFI targets.
+
+The kernels (cc/lapack/) call LAPACK and BLAS through function pointers that
+scipy exports from ``scipy.linalg.cython_lapack`` and
+``scipy.linalg.cython_blas``, the way jaxlib does, so no system BLAS is
+needed. ``register()`` hands those pointers to the compiled module and
+registers one FFI target per operation for the CPU platform. Operand and
+result contracts are documented in ``cc/lapack/kernels.h``; every matrix is
+passed column-major (see ``column_major``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+
+import jax
+
+TARGET_NAMES: tuple[str, ...] = (
+    "batchpart_potrf",
+    "batchpart_getrf",
+    "batchpart_qr",
+    "batchpart_eigh",
+    "batchpart_svd",
+    "batchpart_trsm",
+    "batchpart_gesv",
+)
+
+_lock = threading.Lock()
+_registered = False
+
+
+def register() -> None:
+    """Initializes LAPACK and registers every target in TARGET_NAMES (once)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from scipy.linalg import cython_blas, cython_lapack
+
+        from batchpart import _core
+
+        _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
+        handlers = _core.lapack.handlers()
+        if set(handlers) != set(TARGET_NAMES):
+            raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
+                               f"expected {sorted(TARGET_NAMES)}")
+        for name in TARGET_NAMES:
+            jax.ffi.register_ffi_target(name, handlers[name], platform="cpu")
+        _registered = True
+
+
+def column_major(shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The major-to-minor layout the kernels expect for an array of `shape`.
+
+    Matrices (rank >= 2) are column-major within each batch element; vectors
+    and scalars keep the default layout (None). So do empty arrays: the kernel
+    reads nothing from them, and jaxlib 0.10.2's CPU compiler dies with SIGFPE
+    (EmitTiledFusionKernel) when it must relayout an empty operand such as
+    (0, 0) or (2, 0, 0).
+    """
+    rank = len(shape)
+    if rank < 2 or math.prod(shape) == 0:
+        return None
+    return (*range(rank - 2), rank - 1, rank - 2)

@@ -1,0 +1,42 @@
+// Runs a kernel's batch loop serially or on XLA's intra-op thread pool.
+//
+// A LAPACK call on a small matrix takes microseconds, so a batch of many small
+// matrices is worth spreading over the pool's threads. A large matrix is not:
+// scipy's OpenBLAS already threads inside each call, and running several such
+// calls at once would oversubscribe the cores. Tiny total work is not either:
+// handing a task to another thread costs microseconds of its own; nor are
+// tiny matrices, whose calls contend inside OpenBLAS (see batch_loop.cc).
+#ifndef BATCHPART_LAPACK_BATCH_LOOP_H_
+#define BATCHPART_LAPACK_BATCH_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace batchpart::lapack {
+
+// Processes batch elements [begin, end). May throw (e.g. std::bad_alloc for
+// its workspace); the loop turns that into an FFI error.
+using ChunkFn = std::function<void(int64_t begin, int64_t end)>;
+
+// How many chunks to split a batch into: 1 means "run serially on the
+// calling thread". `flops_per_element` is a rough operation count of one
+// batch element; `num_threads` is the pool's size.
+int64_t NumChunks(int64_t batch, double flops_per_element, int64_t num_threads);
+
+// Runs `run_chunk` over [0, batch), split as NumChunks decides. The calling
+// thread works through chunks too, so the loop finishes even if the pool
+// never runs a scheduled task (XLA allows that); it returns once every chunk
+// is done.
+xla::ffi::Error ForEachBatchChunk(xla::ffi::ThreadPool& pool, int64_t batch,
+                                  double flops_per_element, const ChunkFn& run_chunk);
+
+// Switches the thread pool off (every loop serial) or back on; for
+// measurements and for tests that compare both paths.
+void SetIntraOpParallelism(bool enabled);
+bool IntraOpParallelism();
+
+}  // namespace batchpart::lapack
+
+#endif  // BATCHPART_LAPACK_BATCH_LOOP_H_

@@ -1,0 +1,86 @@
+// batchpart_potrf: batched Cholesky factorization (LAPACK potrf).
+#include <algorithm>
+#include <cstdint>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernel_helpers.h"
+#include "lapack/kernels.h"
+
+namespace batchpart::lapack {
+namespace {
+
+constexpr char kTarget[] = "batchpart_potrf";
+
+struct CholeskyShape {
+  Dims batch;
+  int64_t n;
+};
+
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
+                    const ffi::AnyBuffer& info, CholeskyShape& shape) {
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
+  shape.batch = BatchDims(a.dimensions(), 2);
+  shape.n = a.dimensions().back();
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result factor", factor,
+                                         WithCore(shape.batch, {shape.n, shape.n}),
+                                         a.element_type()));
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
+                      ffi::DataType::S32);
+}
+
+// Factors one matrix in place. A matrix that is not positive definite
+// (including one holding NaNs: potrf rejects a NaN pivot) becomes all NaN,
+// so the failure cannot pass for a result.
+template <typename T>
+void FactorOne(int64_t n, bool lower, T* l, int32_t* info) {
+  char uplo = lower ? 'L' : 'U';
+  lapack_int n_v = static_cast<lapack_int>(n), lda = LeadingDim(n), info_v = 0;
+  Lapack<T>::potrf(&uplo, &n_v, l, &lda, &info_v);
+  *info = info_v;
+  if (info_v != 0) {
+    FillNaN(l, n * n);
+  } else {
+    ZeroOtherTriangle(l, n, lower);
+  }
+}
+
+template <typename T>
+ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
+                  const ffi::AnyBuffer& a, ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
+  const int64_t n = shape.n, size = n * n;
+  const T* a_data = a.typed_data<T>();
+  T* l_data = factor.typed_data<T>();
+  int32_t* info_data = info.typed_data<int32_t>();
+  const double flops = kFlopScale<T> * n * n * n / 3.0;
+  return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      CopyIfDistinct(a_data + b * size, l_data + b * size, size);
+      FactorOne<T>(n, lower, l_data + b * size, info_data + b);
+    }
+  });
+}
+
+ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> factor,
+                     ffi::Result<ffi::AnyBuffer> info, bool lower) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
+  CholeskyShape shape;
+  BATCHPART_RETURN_IF_ERROR(Validate(a, *factor, *info, shape));
+  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Factor<T>(pool, shape, lower, a, *factor, *info);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrf, PotrfImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // factor
+                                  .Ret<ffi::AnyBuffer>()  // info
+                                  .Attr<bool>("lower"));
+
+}  // namespace batchpart::lapack

@@ -1,0 +1,172 @@
+// batchpart_eigh: batched Hermitian eigendecomposition (syevd / heevd).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernel_helpers.h"
+#include "lapack/kernels.h"
+
+namespace batchpart::lapack {
+namespace {
+
+constexpr char kTarget[] = "batchpart_eigh";
+// info for a matrix refused because it holds NaN/Inf (see kernels.h).
+constexpr int32_t kNonFiniteInfo = -4;
+
+struct EighShape {
+  Dims batch;
+  int64_t n;
+  int64_t v_cols;  // n, or 0 when eigenvectors are not computed
+};
+
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& v,
+                    const ffi::AnyBuffer& info, bool compute_vectors, EighShape& shape) {
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
+  shape.batch = BatchDims(a.dimensions(), 2);
+  shape.n = a.dimensions().back();
+  shape.v_cols = compute_vectors ? shape.n : 0;
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result eigenvalues", w,
+                                         WithCore(shape.batch, {shape.n}),
+                                         RealDtype(a.element_type())));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result eigenvectors", v,
+                                         WithCore(shape.batch, {shape.n, shape.v_cols}),
+                                         a.element_type()));
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
+                      ffi::DataType::S32);
+}
+
+// Sizes of syevd's three workspaces (heevd's real one is rwork; syevd has
+// none), from LAPACK's own query.
+struct EighWorkspace {
+  int64_t work = 1, rwork = 1, iwork = 1;
+};
+
+template <typename T>
+EighWorkspace QueryWorkspace(int64_t n_, char jobz, char uplo) {
+  lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), query = -1, info = 0;
+  T work{};
+  Real<T> rwork{};
+  lapack_int iwork = 0;
+  EighWorkspace sizes;
+  if constexpr (kIsComplex<T>) {
+    Lapack<T>::syevd(&jobz, &uplo, &n, nullptr, &lda, nullptr, &work, &query, &rwork, &query,
+                     &iwork, &query, &info);
+    sizes.rwork = QueriedSize(rwork);
+  } else {
+    Lapack<T>::syevd(&jobz, &uplo, &n, nullptr, &lda, nullptr, &work, &query, &iwork, &query,
+                     &info);
+  }
+  sizes.work = QueriedSize(work);
+  sizes.iwork = std::max<lapack_int>(1, iwork);
+  return sizes;
+}
+
+// Whether the triangle syevd reads is finite (the other one is ignored, so
+// garbage there must not cost the result).
+template <typename T>
+bool TriangleFinite(const T* a, int64_t n, bool lower) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t first = lower ? j : 0, count = lower ? n - j : j + 1;
+    if (!AllFinite(a + j * n + first, count)) return false;
+  }
+  return true;
+}
+
+template <typename T>
+struct EighScratch {
+  EighScratch(const EighShape& shape, const EighWorkspace& sizes)
+      : a(shape.v_cols ? 0 : shape.n * shape.n),
+        work(sizes.work),
+        rwork(kIsComplex<T> ? sizes.rwork : 0),
+        iwork(sizes.iwork) {}
+  std::vector<T> a;  // the matrix LAPACK overwrites when v is not wanted
+  std::vector<T> work;
+  std::vector<Real<T>> rwork;
+  std::vector<lapack_int> iwork;
+};
+
+template <typename T>
+int32_t CallSyevd(char jobz, char uplo, int64_t n_, T* a, Real<T>* w, EighScratch<T>& s) {
+  lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
+  lapack_int lwork = static_cast<lapack_int>(s.work.size());
+  lapack_int liwork = static_cast<lapack_int>(s.iwork.size());
+  if constexpr (kIsComplex<T>) {
+    lapack_int lrwork = static_cast<lapack_int>(s.rwork.size());
+    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.rwork.data(),
+                     &lrwork, s.iwork.data(), &liwork, &info);
+  } else {
+    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.iwork.data(),
+                     &liwork, &info);
+  }
+  return info;
+}
+
+// Decomposes one matrix. `v` is the eigenvector output (n x n), or null when
+// only eigenvalues are wanted.
+template <typename T>
+void DecomposeOne(const EighShape& shape, bool lower, const T* a, Real<T>* w, T* v,
+                  int32_t* info, EighScratch<T>& s) {
+  const int64_t n = shape.n;
+  T* matrix = v ? v : s.a.data();
+  std::copy_n(a, n * n, matrix);
+  *info = TriangleFinite(matrix, n, lower)
+              ? CallSyevd<T>(v ? 'V' : 'N', lower ? 'L' : 'U', n, matrix, w, s)
+              : kNonFiniteInfo;
+  if (*info != 0) {
+    FillNaN(w, n);
+    if (v) FillNaN(v, n * n);
+  }
+}
+
+template <typename T>
+ffi::Error Decompose(ffi::ThreadPool& pool, const EighShape& shape, bool lower,
+                     const ffi::AnyBuffer& a, ffi::AnyBuffer& w, ffi::AnyBuffer& v,
+                     ffi::AnyBuffer& info) {
+  const int64_t batch = Product(shape.batch), n = shape.n;
+  if (batch == 0) return ffi::Error::Success();
+  const bool vectors = shape.v_cols > 0;
+  const EighWorkspace sizes = QueryWorkspace<T>(n, vectors ? 'V' : 'N', lower ? 'L' : 'U');
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", sizes.work));
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", sizes.rwork));
+  const T* a_data = a.typed_data<T>();
+  Real<T>* w_data = w.typed_data<Real<T>>();
+  T* v_data = vectors ? v.typed_data<T>() : nullptr;
+  int32_t* info_data = info.typed_data<int32_t>();
+  const double flops = kFlopScale<T> * (vectors ? 9.0 : 2.0) * n * n * n;
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
+    EighScratch<T> scratch(shape, sizes);
+    for (int64_t b = begin; b < end; ++b) {
+      DecomposeOne<T>(shape, lower, a_data + b * n * n, w_data + b * n,
+                      vectors ? v_data + b * n * n : nullptr, info_data + b, scratch);
+    }
+  });
+}
+
+ffi::Error EighImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> w,
+                    ffi::Result<ffi::AnyBuffer> v, ffi::Result<ffi::AnyBuffer> info, bool lower,
+                    bool compute_vectors) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
+  EighShape shape;
+  BATCHPART_RETURN_IF_ERROR(Validate(a, *w, *v, *info, compute_vectors, shape));
+  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Decompose<T>(pool, shape, lower, a, *w, *v, *info);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEigh, EighImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // eigenvalues
+                                  .Ret<ffi::AnyBuffer>()  // eigenvectors
+                                  .Ret<ffi::AnyBuffer>()  // info
+                                  .Attr<bool>("lower")
+                                  .Attr<bool>("compute_vectors"));
+
+}  // namespace batchpart::lapack

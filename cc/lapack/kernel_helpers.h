@@ -1,0 +1,189 @@
+// Shared pieces of the LAPACK kernels: shape/dtype validation that names the
+// target, dtype dispatch, and small column-major matrix utilities.
+#ifndef BATCHPART_LAPACK_KERNEL_HELPERS_H_
+#define BATCHPART_LAPACK_KERNEL_HELPERS_H_
+
+#include <algorithm>
+#include <complex>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "lapack/lapack_api.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace batchpart::lapack {
+
+namespace ffi = xla::ffi;
+using Dims = ffi::Span<const int64_t>;
+
+// Returns early from the enclosing function when `expr` is an error.
+#define BATCHPART_RETURN_IF_ERROR(expr)                    \
+  do {                                                     \
+    if (::xla::ffi::Error _error = (expr); _error.failure()) \
+      return _error;                                       \
+  } while (0)
+
+// ---- messages and validation (kernel_helpers.cc) ---------------------------
+
+std::string DimsToString(Dims dims);
+std::string DimsToString(const std::vector<int64_t>& dims);
+std::string DtypeName(ffi::DataType dtype);
+
+ffi::Error InvalidArgument(const char* target, const std::string& message);
+// The error a kernel returns before batchpart._core.lapack.initialize.
+ffi::Error NotInitialized(const char* target);
+// Checks initialization; call first in every handler.
+ffi::Error CheckInitialized(const char* target);
+
+int64_t Product(Dims dims);
+// `batch` followed by `core`.
+std::vector<int64_t> WithCore(Dims batch, std::initializer_list<int64_t> core);
+// The leading rank - `core_rank` dims.
+Dims BatchDims(Dims dims, size_t core_rank);
+
+// `what` (e.g. "operand a") has rank >= 2.
+ffi::Error ExpectMatrix(const char* target, const char* what, Dims dims);
+// `what` has rank >= 2 and equal last two dims.
+ffi::Error ExpectSquare(const char* target, const char* what, Dims dims);
+ffi::Error ExpectShape(const char* target, const char* what, Dims actual,
+                       const std::vector<int64_t>& expected);
+ffi::Error ExpectDtype(const char* target, const char* what, ffi::DataType actual,
+                       ffi::DataType expected);
+// Shape and dtype of a result (or second operand) both match.
+ffi::Error ExpectBuffer(const char* target, const char* what, const ffi::AnyBuffer& buffer,
+                        const std::vector<int64_t>& shape, ffi::DataType dtype);
+// Whether `operand_batch` broadcasts NumPy-style to `out_batch`.
+ffi::Error ExpectBroadcast(const char* target, const char* what, Dims operand_batch,
+                           Dims out_batch);
+// The operand dtype is one of float32, float64, complex64, complex128.
+ffi::Error ExpectLinalgDtype(const char* target, ffi::DataType dtype);
+// `value` (a matrix dim or workspace size) fits LAPACK's 32-bit integers.
+ffi::Error ExpectLapackInt(const char* target, const char* what, int64_t value);
+// float32 for complex64, float64 for complex128, else the dtype itself.
+ffi::DataType RealDtype(ffi::DataType dtype);
+
+// ---- dtype dispatch ---------------------------------------------------------
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<T>{}) with T the C++ type of `dtype`.
+template <typename Fn>
+ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case ffi::DataType::F32:
+      return fn(TypeTag<float>{});
+    case ffi::DataType::F64:
+      return fn(TypeTag<double>{});
+    case ffi::DataType::C64:
+      return fn(TypeTag<std::complex<float>>{});
+    case ffi::DataType::C128:
+      return fn(TypeTag<std::complex<double>>{});
+    default:
+      return ExpectLinalgDtype(target, dtype);
+  }
+}
+
+// ---- column-major matrix utilities ----------------------------------------
+
+template <typename T>
+T NaNValue() {
+  const Real<T> nan = std::numeric_limits<Real<T>>::quiet_NaN();
+  if constexpr (kIsComplex<T>) {
+    return T(nan, nan);
+  } else {
+    return nan;
+  }
+}
+
+template <typename T>
+void FillNaN(T* data, int64_t count) {
+  std::fill_n(data, count, NaNValue<T>());
+}
+
+template <typename T>
+bool AllFinite(const T* data, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if constexpr (kIsComplex<T>) {
+      if (!std::isfinite(data[i].real()) || !std::isfinite(data[i].imag())) return false;
+    } else {
+      if (!std::isfinite(data[i])) return false;
+    }
+  }
+  return true;
+}
+
+// Copies a rows x cols block between column-major matrices.
+template <typename T>
+void CopyMatrix(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols) {
+  if (rows == 0) return;
+  for (int64_t j = 0; j < cols; ++j) {
+    std::memcpy(dst + j * dst_ld, src + j * src_ld, rows * sizeof(T));
+  }
+}
+
+// Zeroes the strict upper (keep_lower) or strict lower triangle of an n x n
+// matrix, which LAPACK leaves holding the input.
+template <typename T>
+void ZeroOtherTriangle(T* a, int64_t n, bool keep_lower) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (keep_lower) {
+      std::fill_n(a + j * n, j, T(0));
+    } else {
+      std::fill_n(a + j * n + j + 1, n - j - 1, T(0));
+    }
+  }
+}
+
+// Zeroes the entries below the diagonal of a rows x cols matrix.
+template <typename T>
+void ZeroBelowDiagonal(T* a, int64_t rows, int64_t cols) {
+  for (int64_t j = 0; j < cols && j + 1 < rows; ++j) {
+    std::fill_n(a + j * rows + j + 1, rows - j - 1, T(0));
+  }
+}
+
+template <typename T>
+void FillIdentity(T* a, int64_t rows, int64_t cols) {
+  std::fill_n(a, rows * cols, T(0));
+  for (int64_t i = 0; i < std::min(rows, cols); ++i) a[i * rows + i] = T(1);
+}
+
+// The workspace size a LAPACK query (lwork = -1) wrote into its first work
+// element. Single-precision LAPACK reports it as a float, which rounds large
+// values; rounding up and adding a little keeps the buffer big enough.
+template <typename T>
+int64_t QueriedSize(T reported) {
+  const double value = static_cast<double>(std::real(reported));
+  const double slack = std::is_same_v<Real<T>, float> ? value * 1e-6 : 0.0;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(value + slack)));
+}
+
+// Copies `count` elements unless source and destination are one buffer
+// (the caller aliased an operand to a result).
+template <typename T>
+void CopyIfDistinct(const T* src, T* dst, int64_t count) {
+  if (src != dst) std::copy_n(src, count, dst);
+}
+
+// A complex flop costs about four real ones; the thread-pool cut-off works
+// in real flops.
+template <typename T>
+constexpr double kFlopScale = kIsComplex<T> ? 4.0 : 1.0;
+
+// A leading dimension as LAPACK insists on it (>= 1 even for empty matrices).
+inline lapack_int LeadingDim(int64_t rows) {
+  return static_cast<lapack_int>(std::max<int64_t>(1, rows));
+}
+
+}  // namespace batchpart::lapack
+
+#endif  // BATCHPART_LAPACK_KERNEL_HELPERS_H_

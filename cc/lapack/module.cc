@@ -1,0 +1,61 @@
+#include "lapack/module.h"
+
+#include <Python.h>
+#include <nanobind/stl/string.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernels.h"
+#include "lapack/lapack_api.h"
+
+namespace nb = nanobind;
+
+namespace batchpart::lapack {
+namespace {
+
+// Finds `name` in a Cython __pyx_capi__ dict: a PyCapsule whose name is the
+// routine's C signature, so the pointer is fetched under that same name.
+void* CapsulePointer(const nb::dict& capi, const std::string& name) {
+  if (!capi.contains(name.c_str())) return nullptr;
+  PyObject* capsule = nb::object(capi[name.c_str()]).ptr();
+  if (!PyCapsule_CheckExact(capsule)) return nullptr;
+  void* pointer = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
+  if (pointer == nullptr) PyErr_Clear();
+  return pointer;
+}
+
+void Initialize(const nb::dict& lapack_capi, const nb::dict& blas_capi) {
+  const std::string missing = BindLapack(
+      [&](const std::string& name) { return CapsulePointer(lapack_capi, name); },
+      [&](const std::string& name) { return CapsulePointer(blas_capi, name); });
+  if (!missing.empty()) {
+    throw std::invalid_argument("batchpart._core.lapack.initialize: routines not found: " +
+                                missing);
+  }
+}
+
+nb::dict HandlerCapsules() {
+  nb::dict out;
+  for (const auto& [name, fn] : Handlers()) out[name.c_str()] = nb::capsule(fn);
+  return out;
+}
+
+}  // namespace
+
+void DefineLapackSubmodule(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("lapack", "CPU LAPACK kernels (typed XLA FFI handlers).");
+  m.def("initialize", &Initialize, nb::arg("lapack_capi"), nb::arg("blas_capi"),
+        "Takes LAPACK/BLAS function pointers from scipy.linalg.cython_lapack.__pyx_capi__ and "
+        "scipy.linalg.cython_blas.__pyx_capi__. Raises ValueError if a routine is missing.");
+  m.def("initialized", &LapackInitialized);
+  m.def("handlers", &HandlerCapsules, "{target name: XLA FFI handler capsule}");
+  m.def("set_intra_op_parallelism", &SetIntraOpParallelism, nb::arg("enabled"),
+        "Lets batch loops use XLA's intra-op thread pool (default) or forces them serial.");
+  m.def("intra_op_parallelism", &IntraOpParallelism);
+  m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
+        nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
+}
+
+}  // namespace batchpart::lapack

@@ -1,0 +1,121 @@
+// batchpart_qr: batched Householder QR (geqrf, then orgqr/ungqr for Q).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernel_helpers.h"
+#include "lapack/kernels.h"
+
+namespace batchpart::lapack {
+namespace {
+
+constexpr char kTarget[] = "batchpart_qr";
+
+struct QrShape {
+  Dims batch;
+  int64_t m, n, k;
+  int64_t q_cols;  // m (full) or k (reduced)
+  int64_t r_rows;  // m (full) or k (reduced)
+};
+
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q, const ffi::AnyBuffer& r,
+                    bool full_matrices, QrShape& shape) {
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
+  const Dims dims = a.dimensions();
+  shape.batch = BatchDims(dims, 2);
+  shape.m = dims[dims.size() - 2];
+  shape.n = dims.back();
+  shape.k = std::min(shape.m, shape.n);
+  shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result q", q,
+                                         WithCore(shape.batch, {shape.m, shape.q_cols}),
+                                         a.element_type()));
+  return ExpectBuffer(kTarget, "result r", r, WithCore(shape.batch, {shape.r_rows, shape.n}),
+                      a.element_type());
+}
+
+// One workspace serves both routines: the larger of their queried sizes.
+template <typename T>
+int64_t QueryWorkspace(const QrShape& shape) {
+  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+  lapack_int k = static_cast<lapack_int>(shape.k), q_cols = static_cast<lapack_int>(shape.q_cols);
+  lapack_int lda = LeadingDim(shape.m), query = -1, info = 0;
+  T geqrf_size{}, orgqr_size{};
+  Lapack<T>::geqrf(&m, &n, nullptr, &lda, nullptr, &geqrf_size, &query, &info);
+  Lapack<T>::orgqr(&m, &q_cols, &k, nullptr, &lda, nullptr, &orgqr_size, &query, &info);
+  return std::max(QueriedSize(geqrf_size), QueriedSize(orgqr_size));
+}
+
+// Per-thread scratch: geqrf runs on a copy of A (it is needed whole, while
+// Q may have fewer columns than A), then the reflectors move into Q.
+template <typename T>
+struct QrScratch {
+  QrScratch(const QrShape& shape, int64_t lwork)
+      : a(shape.m * shape.n), tau(std::max<int64_t>(1, shape.k)), work(lwork) {}
+  std::vector<T> a, tau, work;
+};
+
+template <typename T>
+void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
+  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+  lapack_int k = static_cast<lapack_int>(shape.k), q_cols = static_cast<lapack_int>(shape.q_cols);
+  lapack_int lda = LeadingDim(shape.m), lwork = static_cast<lapack_int>(s.work.size()), info = 0;
+  std::copy_n(a, shape.m * shape.n, s.a.data());
+  Lapack<T>::geqrf(&m, &n, s.a.data(), &lda, s.tau.data(), s.work.data(), &lwork, &info);
+  // R: the first r_rows rows of the factored matrix, upper triangle only.
+  CopyMatrix(s.a.data(), shape.m, r, shape.r_rows, shape.r_rows, shape.n);
+  ZeroBelowDiagonal(r, shape.r_rows, shape.n);
+  // Q: orgqr expands the k reflectors (below the diagonal of the first k
+  // columns) into q_cols orthonormal columns; it writes every column.
+  CopyMatrix(s.a.data(), shape.m, q, shape.m, shape.m, shape.k);
+  Lapack<T>::orgqr(&m, &q_cols, &k, q, &lda, s.tau.data(), s.work.data(), &lwork, &info);
+}
+
+template <typename T>
+ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
+                  ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
+  const int64_t batch = Product(shape.batch);
+  if (batch == 0) return ffi::Error::Success();
+  const int64_t lwork = QueryWorkspace<T>(shape);
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
+  const T* a_data = a.typed_data<T>();
+  T* q_data = q.typed_data<T>();
+  T* r_data = r.typed_data<T>();
+  const int64_t a_size = shape.m * shape.n, q_size = shape.m * shape.q_cols,
+                r_size = shape.r_rows * shape.n;
+  const double flops = kFlopScale<T> * 2.0 * shape.k * (shape.m * shape.n + shape.m * shape.q_cols);
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
+    QrScratch<T> scratch(shape, lwork);
+    for (int64_t b = begin; b < end; ++b) {
+      FactorOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size,
+                   scratch);
+    }
+  });
+}
+
+ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,
+                  ffi::Result<ffi::AnyBuffer> r, bool full_matrices) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
+  QrShape shape;
+  BATCHPART_RETURN_IF_ERROR(Validate(a, *q, *r, full_matrices, shape));
+  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Factor<T>(pool, shape, a, *q, *r);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // q
+                                  .Ret<ffi::AnyBuffer>()  // r
+                                  .Attr<bool>("full_matrices"));
+
+}  // namespace batchpart::lapack

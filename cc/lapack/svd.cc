@@ -1,0 +1,187 @@
+// batchpart_svd: batched singular value decomposition (gesdd).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernel_helpers.h"
+#include "lapack/kernels.h"
+
+namespace batchpart::lapack {
+namespace {
+
+constexpr char kTarget[] = "batchpart_svd";
+// info for a matrix refused because it holds NaN/Inf (see kernels.h).
+constexpr int32_t kNonFiniteInfo = -4;
+
+struct SvdShape {
+  Dims batch;
+  int64_t m, n, k;
+  int64_t u_cols;   // m (full), k (reduced) or 0 (no U/Vt)
+  int64_t vt_rows;  // n (full), k (reduced) or 0 (no U/Vt)
+  char jobz;        // gesdd's 'A', 'S' or 'N'
+};
+
+SvdShape MakeShape(Dims dims, bool full_matrices, bool compute_uv) {
+  SvdShape s;
+  s.batch = BatchDims(dims, 2);
+  s.m = dims[dims.size() - 2];
+  s.n = dims.back();
+  s.k = std::min(s.m, s.n);
+  s.jobz = !compute_uv ? 'N' : full_matrices ? 'A' : 'S';
+  s.u_cols = !compute_uv ? 0 : full_matrices ? s.m : s.k;
+  s.vt_rows = !compute_uv ? 0 : full_matrices ? s.n : s.k;
+  return s;
+}
+
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi::AnyBuffer& u,
+                    const ffi::AnyBuffer& vt, const ffi::AnyBuffer& info, const SvdShape& shape) {
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
+  const ffi::DataType dtype = a.element_type();
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result s", s,
+                                         WithCore(shape.batch, {shape.k}), RealDtype(dtype)));
+  BATCHPART_RETURN_IF_ERROR(
+      ExpectBuffer(kTarget, "result u", u, WithCore(shape.batch, {shape.m, shape.u_cols}), dtype));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result vt", vt,
+                                         WithCore(shape.batch, {shape.vt_rows, shape.n}), dtype));
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
+                      ffi::DataType::S32);
+}
+
+// gesdd's leading dimension of Vt: its row count, but at least 1.
+lapack_int VtLeadingDim(const SvdShape& shape) { return LeadingDim(shape.vt_rows); }
+
+// The complex gesdd's real workspace and every gesdd's integer workspace
+// have no LAPACK query; these are the minimum sizes gesdd documents (7k for
+// jobz = 'N' covers LAPACK releases before 3.7, which needed more than 5k).
+int64_t RealWorkspaceSize(const SvdShape& s) {
+  if (s.jobz == 'N') return std::max<int64_t>(1, 7 * s.k);
+  const int64_t mx = std::max(s.m, s.n);
+  return std::max<int64_t>({1, 5 * s.k * s.k + 5 * s.k, 2 * mx * s.k + 2 * s.k * s.k + s.k});
+}
+int64_t IntWorkspaceSize(const SvdShape& s) { return std::max<int64_t>(1, 8 * s.k); }
+
+template <typename T>
+struct SvdScratch {
+  SvdScratch(const SvdShape& shape, int64_t lwork)
+      : a(shape.m * shape.n),
+        work(lwork),
+        rwork(kIsComplex<T> ? RealWorkspaceSize(shape) : 0),
+        iwork(IntWorkspaceSize(shape)) {}
+  std::vector<T> a;  // gesdd destroys its input
+  std::vector<T> work;
+  std::vector<Real<T>> rwork;
+  std::vector<lapack_int> iwork;
+  T unused_uv{};  // stands in for U and Vt when jobz = 'N' (never read)
+};
+
+// Calls gesdd; `u`/`vt` may be null for jobz = 'N'. With lwork = -1 it is
+// the workspace query.
+template <typename T>
+int32_t CallGesdd(const SvdShape& shape, T* a, Real<T>* s, T* u, T* vt, T* work, lapack_int lwork,
+                  Real<T>* rwork, lapack_int* iwork) {
+  char jobz = shape.jobz;
+  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+  lapack_int lda = LeadingDim(shape.m), ldu = LeadingDim(shape.m), ldvt = VtLeadingDim(shape);
+  lapack_int info = 0;
+  if constexpr (kIsComplex<T>) {
+    Lapack<T>::gesdd(&jobz, &m, &n, a, &lda, s, u, &ldu, vt, &ldvt, work, &lwork, rwork, iwork,
+                     &info);
+  } else {
+    Lapack<T>::gesdd(&jobz, &m, &n, a, &lda, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, &info);
+  }
+  return info;
+}
+
+template <typename T>
+int64_t QueryWorkspace(const SvdShape& shape) {
+  T size{};
+  Real<T> rwork{};
+  lapack_int iwork = 0;
+  CallGesdd<T>(shape, nullptr, nullptr, nullptr, nullptr, &size, -1, &rwork, &iwork);
+  return QueriedSize(size);
+}
+
+template <typename T>
+void DecomposeOne(const SvdShape& shape, const T* a, Real<T>* s, T* u, T* vt, int32_t* info,
+                  SvdScratch<T>& scratch) {
+  const int64_t u_size = shape.m * shape.u_cols, vt_size = shape.vt_rows * shape.n;
+  if (shape.k == 0) {  // nothing to decompose; U and Vt are identities
+    FillIdentity(u, shape.m, shape.u_cols);
+    FillIdentity(vt, shape.vt_rows, shape.n);
+    *info = 0;
+    return;
+  }
+  std::copy_n(a, shape.m * shape.n, scratch.a.data());
+  const bool computes_uv = shape.jobz != 'N';
+  if (!AllFinite(scratch.a.data(), shape.m * shape.n)) {
+    *info = kNonFiniteInfo;
+  } else {
+    *info = CallGesdd<T>(shape, scratch.a.data(), s, computes_uv ? u : &scratch.unused_uv,
+                         computes_uv ? vt : &scratch.unused_uv, scratch.work.data(),
+                         static_cast<lapack_int>(scratch.work.size()), scratch.rwork.data(),
+                         scratch.iwork.data());
+  }
+  if (*info != 0) {
+    FillNaN(s, shape.k);
+    FillNaN(u, u_size);
+    FillNaN(vt, vt_size);
+  }
+}
+
+template <typename T>
+ffi::Error Decompose(ffi::ThreadPool& pool, const SvdShape& shape, const ffi::AnyBuffer& a,
+                     ffi::AnyBuffer& s, ffi::AnyBuffer& u, ffi::AnyBuffer& vt,
+                     ffi::AnyBuffer& info) {
+  const int64_t batch = Product(shape.batch);
+  if (batch == 0) return ffi::Error::Success();
+  const int64_t lwork = shape.k ? QueryWorkspace<T>(shape) : 1;
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", RealWorkspaceSize(shape)));
+  const T* a_data = a.typed_data<T>();
+  Real<T>* s_data = s.typed_data<Real<T>>();
+  T* u_data = u.typed_data<T>();
+  T* vt_data = vt.typed_data<T>();
+  int32_t* info_data = info.typed_data<int32_t>();
+  const int64_t a_size = shape.m * shape.n, u_size = shape.m * shape.u_cols,
+                vt_size = shape.vt_rows * shape.n;
+  const double flops =
+      kFlopScale<T> * (shape.jobz == 'N' ? 4.0 : 14.0) * shape.m * shape.n * shape.k;
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
+    SvdScratch<T> scratch(shape, lwork);
+    for (int64_t b = begin; b < end; ++b) {
+      DecomposeOne<T>(shape, a_data + b * a_size, s_data + b * shape.k, u_data + b * u_size,
+                      vt_data + b * vt_size, info_data + b, scratch);
+    }
+  });
+}
+
+ffi::Error SvdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> s,
+                   ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> vt,
+                   ffi::Result<ffi::AnyBuffer> info, bool full_matrices, bool compute_uv) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
+  const SvdShape shape = MakeShape(a.dimensions(), full_matrices, compute_uv);
+  BATCHPART_RETURN_IF_ERROR(Validate(a, *s, *u, *vt, *info, shape));
+  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Decompose<T>(pool, shape, a, *s, *u, *vt, *info);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvd, SvdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // s
+                                  .Ret<ffi::AnyBuffer>()  // u
+                                  .Ret<ffi::AnyBuffer>()  // vt
+                                  .Ret<ffi::AnyBuffer>()  // info
+                                  .Attr<bool>("full_matrices")
+                                  .Attr<bool>("compute_uv"));
+
+}  // namespace batchpart::lapack
