@@ -5,6 +5,7 @@ Mark an FFI target batch partitionable, call it with ``batchpart.ffi_call``
 every device runs the kernel on its own slice of the batch.
 """
 
+from batchpart import linalg
 from batchpart._decorator import batch_partitionable
 from batchpart._explain import explain
 from batchpart._ffi_call import ffi_call
@@ -19,6 +20,7 @@ __all__ = [
     "explain",
     "ffi_call",
     "is_batch_partitionable",
+    "linalg",
     "mark_batch_partitionable",
     "register_ffi_target",
 ]

@@ -15,7 +15,7 @@ rng = np.random.default_rng(0)
 def test_public_names():
   assert set(bp.__all__) == {"register_ffi_target", "mark_batch_partitionable",
                              "is_batch_partitionable", "ffi_call", "batch_partitionable",
-                             "explain"}
+                             "explain", "linalg"}
 
 
 def test_softmax_values_eager_and_jit():

@@ -11,7 +11,7 @@ from jax import lax
 
 from batchpart.linalg import _kernels
 from batchpart.linalg._util import (
-    H, as_inexact, check_matrix, eye_like, int_zeros, matmul, mT, symmetrize, tril, triu)
+    EighResult, QRResult, SVDResult, H, as_inexact, check_matrix, eye_like, int_zeros, matmul, mT, symmetrize, tril, triu)
 
 
 def _tangent_trsm(a, b, **kwargs):
@@ -115,7 +115,7 @@ def qr(a, *, mode: str = "reduced"):
       ``(..., m, n)``) or ``"r"`` (only ``r``, reduced).
 
   Returns:
-    ``(q, r)``, or ``r`` for ``mode="r"``.
+    ``QRResult(Q, R)`` (a named tuple), or ``r`` for ``mode="r"``.
   """
   if mode not in ("reduced", "complete", "r"):
     raise ValueError(f"batchpart.linalg.qr: mode must be 'reduced', 'complete' or 'r', "
@@ -123,7 +123,7 @@ def qr(a, *, mode: str = "reduced"):
   a, = as_inexact("qr", a)
   check_matrix("qr", "a", a)
   q, r = _qr(a, mode == "complete")
-  return r if mode == "r" else (q, r)
+  return r if mode == "r" else QRResult(q, r)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -163,13 +163,13 @@ def eigh(a, *, lower: bool = True):
     lower: which triangle the kernel reads (after symmetrization both agree).
 
   Returns:
-    ``(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
+    ``EighResult(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
     ``(..., n, n)`` with eigenvectors in columns. A batch element whose
     decomposition fails (e.g. non-finite input) is NaN.
   """
   a, = as_inexact("eigh", a)
   check_matrix("eigh", "a", a, square=True)
-  return _eigh(symmetrize(a), bool(lower))
+  return EighResult(*_eigh(symmetrize(a), bool(lower)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -206,14 +206,14 @@ def svd(a, *, full_matrices: bool = False, compute_uv: bool = True):
     compute_uv: return ``(u, s, vh)``, or only ``s``.
 
   Returns:
-    ``(u, s, vh)`` with ``a = u @ diag(s) @ vh`` and ``s`` real, descending;
+    ``SVDResult(U, S, Vh)`` with ``a = U @ diag(S) @ Vh``, ``S`` real, descending;
     or ``s``. A batch element whose decomposition fails is NaN.
   """
   a, = as_inexact("svd", a)
   check_matrix("svd", "a", a)
   if not compute_uv:
     return _singular_values(a)
-  return _svd(a, bool(full_matrices))
+  return SVDResult(*_svd(a, bool(full_matrices)))
 
 
 @jax.custom_jvp

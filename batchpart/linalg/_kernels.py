@@ -14,7 +14,7 @@ import numpy as np
 
 import batchpart
 from batchpart._signature import parse_signature
-from batchpart._lapack_targets import register as _register_lapack
+from batchpart import _lapack_targets
 
 _registered = False
 _lock = threading.Lock()
@@ -26,26 +26,26 @@ def ensure_registered() -> None:
     return
   with _lock:
     if not _registered:
-      _register_lapack()
+      _lapack_targets.register()
+      for name in _lapack_targets.TARGET_NAMES:
+        batchpart.mark_batch_partitionable(name)
       _registered = True
 
 
-def _layout(rank: int, core_rank: int):
-  """Major-to-minor order that makes each matrix column-major."""
-  if core_rank < 2:
-    return None
-  return (*range(rank - 2), rank - 1, rank - 2)
+def _layout(shape, core_rank: int):
+  """Column-major matrices (cc/lapack/kernels.h); vectors as they are."""
+  return _lapack_targets.column_major(shape) if core_rank >= 2 else None
 
 
 def _call(target, signature, operands, results, **attributes):
   ensure_registered()
   parsed = parse_signature(signature, target_name=target)
   single = not isinstance(results, (list, tuple))
-  out_layouts = [_layout(len(r.shape), len(c))
+  out_layouts = [_layout(r.shape, len(c))
                  for r, c in zip([results] if single else results, parsed.outputs)]
   return batchpart.ffi_call(
       target, results, signature=signature,
-      input_layouts=[_layout(np.ndim(x), len(c)) for x, c in zip(operands, parsed.inputs)],
+      input_layouts=[_layout(np.shape(x), len(c)) for x, c in zip(operands, parsed.inputs)],
       output_layouts=out_layouts[0] if single else out_layouts,
   )(*operands, **attributes)
 

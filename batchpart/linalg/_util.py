@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+class QRResult(NamedTuple):
+  """Like jax.numpy.linalg's QRResult."""
+  Q: jax.Array
+  R: jax.Array
+
+
+class EighResult(NamedTuple):
+  """Like jax.numpy.linalg's EighResult."""
+  eigenvalues: jax.Array
+  eigenvectors: jax.Array
+
+
+class SVDResult(NamedTuple):
+  """Like jax.numpy.linalg's SVDResult."""
+  U: jax.Array
+  S: jax.Array
+  Vh: jax.Array
 
 
 def as_inexact(fn: str, *arrays):
