@@ -13,11 +13,15 @@ Checked against jax/jaxlib 0.10.2. What this module relies on:
   ``sdy_sharding_rule_to_mlir``), the same helpers jax's own linalg uses.
 - ``jax._src.ffi.ffi_call_p`` (to rewrite plain ``jax.ffi.ffi_call``s inside a
   decorated wrapper).
+- ``jax._src.export._export.call_exported_p`` and ``mlir._lowerings``: the
+  lowering of a deserialized ``jax.export`` artifact is wrapped so that the
+  batchpart calls inside it are recorded before XLA partitions them.
 The rest of batchpart imports these names from here, never from ``jax._src``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
@@ -36,6 +40,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.lib import xla_client
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import func as func_dialect
+from jax._src.lib.mlir.dialects import hlo
 
 from batchpart import _core
 
@@ -178,6 +183,129 @@ def _parse_backend_config(config: bytes, api_version: int):
     return {}
   parsed = ir.DictAttr(ir.Attribute.parse(text))
   return {named.name: named.attr for named in parsed}
+
+
+# ---------------------------------------------------------------------------
+# Reading batchpart calls back from a StableHLO module (jax.export)
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModuleCall:
+  target: str
+  operand_types: tuple  # ((shape, dtype name), ...)
+  result_types: tuple
+  backend_config: str
+  batch_ranks: str
+  operand_layouts: tuple
+  result_layouts: tuple
+  aliases: tuple
+  has_side_effect: bool
+  api_version: int
+
+
+_MLIR_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+                "i1": "bool", "complex<f32>": "complex64", "complex<f64>": "complex128"}
+
+
+def _mlir_type(t: ir.Type) -> tuple:
+  tensor = ir.RankedTensorType(t)
+  element = str(tensor.element_type)
+  if element in _MLIR_DTYPES:
+    name = _MLIR_DTYPES[element]
+  elif element.startswith("ui"):
+    name = f"uint{element[2:]}"
+  elif element.startswith("i"):
+    name = f"int{element[1:]}"
+  else:
+    name = element
+  return tuple(tensor.shape), name
+
+
+def _layouts(op, name: str, types) -> tuple:
+  if name not in op.attributes:
+    return tuple(tuple(reversed(range(len(s)))) for s, _ in types)
+  return tuple(tuple(int(d) for d in ir.DenseIntElementsAttr(a))
+               for a in ir.ArrayAttr(op.attributes[name]))
+
+
+def _aliases(op) -> tuple:
+  if "output_operand_aliases" not in op.attributes:
+    return ()
+  out = []
+  for a in ir.ArrayAttr(op.attributes["output_operand_aliases"]):
+    alias = hlo.OutputOperandAlias(a)
+    result = alias.output_tuple_indices[0] if len(alias.output_tuple_indices) else 0
+    out.append((int(alias.operand_index), int(result)))
+  return tuple(sorted(out))
+
+
+def _walk(operation):
+  for region in operation.regions:
+    for block in region.blocks:
+      for op in block.operations:
+        yield op
+        yield from _walk(op.operation)
+
+
+def batchpart_calls_in_module(module, attribute: str) -> list[ModuleCall]:
+  """The custom calls of `module` that carry the frontend attribute
+  `attribute` (batchpart's batch ranks)."""
+  calls = []
+  with mlir.make_ir_context() as context:
+    if isinstance(module, bytes):
+      module = module.decode()
+    if isinstance(module, str):
+      module = ir.Module.parse(module, context)
+    else:
+      module = ir.Module.parse(mlir.module_to_string(module), context)
+    for op in _walk(module.operation):
+      if op.operation.name != "stablehlo.custom_call":
+        continue
+      attrs = op.attributes
+      frontend = (ir.DictAttr(attrs["mhlo.frontend_attributes"])
+                  if "mhlo.frontend_attributes" in attrs else None)
+      if frontend is None or attribute not in frontend:
+        continue
+      operand_types = tuple(_mlir_type(v.type) for v in op.operands)
+      result_types = tuple(_mlir_type(r.type) for r in op.results)
+      api_version = int(ir.IntegerAttr(attrs["api_version"]).value) \
+          if "api_version" in attrs else 4
+      config = (str(attrs["mhlo.backend_config"]) if "mhlo.backend_config" in attrs
+                else ir.StringAttr(attrs["backend_config"]).value
+                if "backend_config" in attrs else "")
+      calls.append(ModuleCall(
+          target=ir.StringAttr(attrs["call_target_name"]).value,
+          operand_types=operand_types,
+          result_types=result_types,
+          backend_config=canonical_backend_config(config),
+          batch_ranks=ir.StringAttr(frontend[attribute]).value,
+          operand_layouts=_layouts(op, "operand_layouts", operand_types),
+          result_layouts=_layouts(op, "result_layouts", result_types),
+          aliases=_aliases(op),
+          has_side_effect=bool(ir.BoolAttr(attrs["has_side_effect"]).value)
+          if "has_side_effect" in attrs else False,
+          api_version=api_version,
+      ))
+  return calls
+
+
+def on_exported_call_lowering(callback: Callable) -> None:
+  """Calls `callback(module_text)` whenever a deserialized jax.export
+  artifact is lowered into a program (jax's ``call_exported`` primitive),
+  before the original lowering runs."""
+  from jax._src.export import _export
+  prim = _export.call_exported_p
+  entry = mlir._lowerings[prim]
+  original = entry.rule
+  if getattr(original, "_batchpart_hook", False):
+    return
+
+  def lowering(ctx, *args, exported, **params):
+    callback(exported.mlir_module())
+    return original(ctx, *args, exported=exported, **params)
+
+  lowering._batchpart_hook = True
+  mlir.register_lowering(prim, lowering, inline=entry.inline)
 
 
 # ---------------------------------------------------------------------------

@@ -31,6 +31,21 @@ class CallRecord:
   api_version: int
 
 
+BATCH_RANKS_ATTRIBUTE = "batchpart_batch_ranks"
+
+
+def format_batch_ranks(operand_batch_ranks, result_batch_ranks) -> str:
+  """E.g. "1,0->1,1": the batch ranks of the operands and of the results."""
+  return (",".join(map(str, operand_batch_ranks)) + "->" +
+          ",".join(map(str, result_batch_ranks)))
+
+
+def parse_batch_ranks(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  ins, outs = text.split("->")
+  ranks = lambda part: tuple(int(r) for r in part.split(",") if r.strip())
+  return ranks(ins), ranks(outs)
+
+
 _lock = threading.Lock()
 # (target, operand types, result types, backend config) -> records, oldest
 # first. A dict keeps insertion order; re-recording moves a record last.
@@ -49,6 +64,24 @@ def record_call(target_name: str, operand_types, result_types, backend_config: s
     records = _records.setdefault(key, {})
     records.pop(record, None)
     records[record] = None
+
+
+def record_module(module) -> int:
+  """Records every batchpart call found in a StableHLO module (text, bytes
+  or an MLIR module), e.g. one deserialized by jax.export in a process that
+  never lowered it. Returns how many calls were recorded."""
+  calls = adapter.batchpart_calls_in_module(module, BATCH_RANKS_ATTRIBUTE)
+  for call in calls:
+    operand_ranks, result_ranks = parse_batch_ranks(call.batch_ranks)
+    record_call(call.target, call.operand_types, call.result_types, call.backend_config,
+                CallRecord(operand_batch_ranks=operand_ranks,
+                           result_batch_ranks=result_ranks,
+                           operand_layouts=call.operand_layouts,
+                           result_layouts=call.result_layouts,
+                           aliases=call.aliases,
+                           has_side_effect=call.has_side_effect,
+                           api_version=call.api_version))
+  return len(calls)
 
 
 def _lookup(target_name: str, operand_types, result_types, backend_config) -> CallRecord:
@@ -169,6 +202,13 @@ def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_c
     return user_sharding
   return adapter.pack_result_sharding(
       result_shape, [adapter.from_planner_sharding(s) for s in plan.result_shardings])
+
+
+def _record_exported(module) -> None:
+  record_module(module)
+
+
+adapter.on_exported_call_lowering(_record_exported)
 
 
 def register(target_name: str) -> None:

@@ -127,8 +127,15 @@ def _lowering(ctx, *operands, target_name, result_avals, operand_core_ranks,
   else:
     backend_config = legacy_backend_config or ""
 
-  extra = {"mhlo.frontend_attributes": adapter.frontend_attributes(
-      {"num_batch_dims": str(len(batch_shape))})}
+  operand_batch_ranks = _batch_ranks(operand_shapes, operand_core_ranks)
+  result_batch_ranks = _batch_ranks(result_shapes, result_core_ranks)
+  extra = {"mhlo.frontend_attributes": adapter.frontend_attributes({
+      "num_batch_dims": str(len(batch_shape)),
+      # Lets a process that only sees the module (jax.export) rebuild the
+      # call record: see _partitioner.record_module.
+      _partitioner.BATCH_RANKS_ATTRIBUTE: _partitioner.format_batch_ranks(
+          operand_batch_ranks, result_batch_ranks),
+  })}
   if adapter.use_shardy() and avals_in and not adapter.is_manual_lowering(ctx):
     rule, replicated = _sharding_rule(operand_shapes, operand_core_ranks,
                                       result_shapes, result_core_ranks, batch_shape)
@@ -142,8 +149,8 @@ def _lowering(ctx, *operands, target_name, result_avals, operand_core_ranks,
       [(a.shape, a.dtype) for a in avals_out],
       adapter.backend_config_text(backend_config),
       _partitioner.CallRecord(
-          operand_batch_ranks=_batch_ranks(operand_shapes, operand_core_ranks),
-          result_batch_ranks=_batch_ranks(result_shapes, result_core_ranks),
+          operand_batch_ranks=operand_batch_ranks,
+          result_batch_ranks=result_batch_ranks,
           operand_layouts=tuple(map(tuple, input_layouts)),
           result_layouts=tuple(map(tuple, output_layouts)),
           aliases=tuple(input_output_aliases),
