@@ -26,8 +26,7 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result factor", factor,
                                          WithCore(shape.batch, {shape.n, shape.n}),
                                          a.element_type()));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
-                      ffi::DataType::S32);
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
 }
 
 // Factors one matrix in place. A matrix that is not positive definite

@@ -34,8 +34,7 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi:
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result eigenvectors", v,
                                          WithCore(shape.batch, {shape.n, shape.v_cols}),
                                          a.element_type()));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
-                      ffi::DataType::S32);
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
 }
 
 // Sizes of syevd's three workspaces (heevd's real one is rwork; syevd has
@@ -95,11 +94,11 @@ int32_t CallSyevd(char jobz, char uplo, int64_t n_, T* a, Real<T>* w, EighScratc
   lapack_int liwork = static_cast<lapack_int>(s.iwork.size());
   if constexpr (kIsComplex<T>) {
     lapack_int lrwork = static_cast<lapack_int>(s.rwork.size());
-    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.rwork.data(),
-                     &lrwork, s.iwork.data(), &liwork, &info);
+    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.rwork.data(), &lrwork,
+                     s.iwork.data(), &liwork, &info);
   } else {
-    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.iwork.data(),
-                     &liwork, &info);
+    Lapack<T>::syevd(&jobz, &uplo, &n, a, &lda, w, s.work.data(), &lwork, s.iwork.data(), &liwork,
+                     &info);
   }
   return info;
 }
@@ -107,8 +106,8 @@ int32_t CallSyevd(char jobz, char uplo, int64_t n_, T* a, Real<T>* w, EighScratc
 // Decomposes one matrix. `v` is the eigenvector output (n x n), or null when
 // only eigenvalues are wanted.
 template <typename T>
-void DecomposeOne(const EighShape& shape, bool lower, const T* a, Real<T>* w, T* v,
-                  int32_t* info, EighScratch<T>& s) {
+void DecomposeOne(const EighShape& shape, bool lower, const T* a, Real<T>* w, T* v, int32_t* info,
+                  EighScratch<T>& s) {
   const int64_t n = shape.n;
   T* matrix = v ? v : s.a.data();
   std::copy_n(a, n * n, matrix);

@@ -74,15 +74,16 @@ Dims BatchDims(Dims dims, size_t core_rank) { return dims.first(dims.size() - co
 
 ffi::Error ExpectMatrix(const char* target, const char* what, Dims dims) {
   if (dims.size() >= 2) return ffi::Error::Success();
-  return InvalidArgument(target, std::string(what) + " must have rank >= 2, got shape " +
-                                     DimsToString(dims));
+  return InvalidArgument(
+      target, std::string(what) + " must have rank >= 2, got shape " + DimsToString(dims));
 }
 
 ffi::Error ExpectSquare(const char* target, const char* what, Dims dims) {
   BATCHPART_RETURN_IF_ERROR(ExpectMatrix(target, what, dims));
   if (dims[dims.size() - 2] == dims.back()) return ffi::Error::Success();
-  return InvalidArgument(target, std::string(what) + " must be square in its last two dims, got shape " +
-                                     DimsToString(dims));
+  return InvalidArgument(
+      target,
+      std::string(what) + " must be square in its last two dims, got shape " + DimsToString(dims));
 }
 
 ffi::Error ExpectShape(const char* target, const char* what, Dims actual,
@@ -108,8 +109,8 @@ ffi::Error ExpectBuffer(const char* target, const char* what, const ffi::AnyBuff
 ffi::Error ExpectBroadcast(const char* target, const char* what, Dims operand_batch,
                            Dims out_batch) {
   if (BatchBroadcast::Broadcasts(out_batch, operand_batch)) return ffi::Error::Success();
-  return InvalidArgument(target, std::string("batch dims ") + DimsToString(operand_batch) +
-                                     " of " + what + " do not broadcast to the result's batch dims " +
+  return InvalidArgument(target, std::string("batch dims ") + DimsToString(operand_batch) + " of " +
+                                     what + " do not broadcast to the result's batch dims " +
                                      DimsToString(out_batch));
 }
 

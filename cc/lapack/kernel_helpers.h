@@ -4,8 +4,8 @@
 #define BATCHPART_LAPACK_KERNEL_HELPERS_H_
 
 #include <algorithm>
-#include <complex>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -22,10 +22,9 @@ namespace ffi = xla::ffi;
 using Dims = ffi::Span<const int64_t>;
 
 // Returns early from the enclosing function when `expr` is an error.
-#define BATCHPART_RETURN_IF_ERROR(expr)                    \
-  do {                                                     \
-    if (::xla::ffi::Error _error = (expr); _error.failure()) \
-      return _error;                                       \
+#define BATCHPART_RETURN_IF_ERROR(expr)                                     \
+  do {                                                                      \
+    if (::xla::ffi::Error _error = (expr); _error.failure()) return _error; \
   } while (0)
 
 // ---- messages and validation (kernel_helpers.cc) ---------------------------
@@ -122,8 +121,7 @@ bool AllFinite(const T* data, int64_t count) {
 
 // Copies a rows x cols block between column-major matrices.
 template <typename T>
-void CopyMatrix(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t rows,
-                int64_t cols) {
+void CopyMatrix(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   for (int64_t j = 0; j < cols; ++j) {
     std::memcpy(dst + j * dst_ld, src + j * src_ld, rows * sizeof(T));

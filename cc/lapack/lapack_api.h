@@ -50,8 +50,7 @@ struct Lapack {
 
   using PotrfFn = void(char* uplo, L* n, T* a, L* lda, L* info);
   using GetrfFn = void(L* m, L* n, T* a, L* lda, L* ipiv, L* info);
-  using GetrsFn = void(char* trans, L* n, L* nrhs, T* a, L* lda, L* ipiv, T* b, L* ldb,
-                       L* info);
+  using GetrsFn = void(char* trans, L* n, L* nrhs, T* a, L* lda, L* ipiv, T* b, L* ldb, L* info);
   using GeqrfFn = void(L* m, L* n, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
   // orgqr for real T, ungqr for complex T: same argument list.
   using OrgqrFn = void(L* m, L* n, L* k, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
@@ -60,14 +59,14 @@ struct Lapack {
   using HeevdFn = void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work, L* lwork,
                        R* rwork, L* lrwork, L* iwork, L* liwork, L* info);
   using SyevdFn = std::conditional_t<kIsComplex<T>, HeevdFn, SyevdRealFn>;
-  using GesddRealFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
-                           L* ldvt, T* work, L* lwork, L* iwork, L* info);
+  using GesddRealFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt, L* ldvt,
+                           T* work, L* lwork, L* iwork, L* info);
   using GesddComplexFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
                               L* ldvt, T* work, L* lwork, R* rwork, L* iwork, L* info);
   using GesddFn = std::conditional_t<kIsComplex<T>, GesddComplexFn, GesddRealFn>;
   // BLAS.
-  using TrsmFn = void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha,
-                      T* a, L* lda, T* b, L* ldb);
+  using TrsmFn = void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha, T* a,
+                      L* lda, T* b, L* ldb);
 
   static inline PotrfFn* potrf = nullptr;
   static inline GetrfFn* getrf = nullptr;

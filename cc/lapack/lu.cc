@@ -17,9 +17,8 @@ struct LuShape {
   int64_t m, n, k;
 };
 
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu,
-                    const ffi::AnyBuffer& pivots, const ffi::AnyBuffer& perm,
-                    const ffi::AnyBuffer& info, LuShape& shape) {
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu, const ffi::AnyBuffer& pivots,
+                    const ffi::AnyBuffer& perm, const ffi::AnyBuffer& info, LuShape& shape) {
   BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
   const Dims dims = a.dimensions();
@@ -29,15 +28,13 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu,
   shape.k = std::min(shape.m, shape.n);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result lu", lu,
-                                         WithCore(shape.batch, {shape.m, shape.n}),
-                                         a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
+      kTarget, "result lu", lu, WithCore(shape.batch, {shape.m, shape.n}), a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result pivots", pivots,
                                          WithCore(shape.batch, {shape.k}), ffi::DataType::S32));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result permutation", perm,
                                          WithCore(shape.batch, {shape.m}), ffi::DataType::S32));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
-                      ffi::DataType::S32);
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
 }
 
 // Turns getrf's 1-based pivots into 0-based ones and the row permutation
@@ -99,10 +96,10 @@ ffi::Error GetrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrf, GetrfImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Ret<ffi::AnyBuffer>()   // lu
-                                  .Ret<ffi::AnyBuffer>()   // pivots
-                                  .Ret<ffi::AnyBuffer>()   // permutation
+                                  .Arg<ffi::AnyBuffer>()    // a
+                                  .Ret<ffi::AnyBuffer>()    // lu
+                                  .Ret<ffi::AnyBuffer>()    // pivots
+                                  .Ret<ffi::AnyBuffer>()    // permutation
                                   .Ret<ffi::AnyBuffer>());  // info
 
 }  // namespace batchpart::lapack

@@ -27,9 +27,9 @@ void* CapsulePointer(const nb::dict& capi, const std::string& name) {
 }
 
 void Initialize(const nb::dict& lapack_capi, const nb::dict& blas_capi) {
-  const std::string missing = BindLapack(
-      [&](const std::string& name) { return CapsulePointer(lapack_capi, name); },
-      [&](const std::string& name) { return CapsulePointer(blas_capi, name); });
+  const std::string missing =
+      BindLapack([&](const std::string& name) { return CapsulePointer(lapack_capi, name); },
+                 [&](const std::string& name) { return CapsulePointer(blas_capi, name); });
   if (!missing.empty()) {
     throw std::invalid_argument("batchpart._core.lapack.initialize: routines not found: " +
                                 missing);

@@ -31,9 +31,8 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q, const ffi:
   shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result q", q,
-                                         WithCore(shape.batch, {shape.m, shape.q_cols}),
-                                         a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
+      kTarget, "result q", q, WithCore(shape.batch, {shape.m, shape.q_cols}), a.element_type()));
   return ExpectBuffer(kTarget, "result r", r, WithCore(shape.batch, {shape.r_rows, shape.n}),
                       a.element_type());
 }
@@ -91,8 +90,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
   return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
     QrScratch<T> scratch(shape, lwork);
     for (int64_t b = begin; b < end; ++b) {
-      FactorOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size,
-                   scratch);
+      FactorOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size, scratch);
     }
   });
 }

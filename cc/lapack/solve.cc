@@ -33,18 +33,16 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi:
   shape.x_batch = BatchDims(x.dimensions(), 2);
   if (b_dims[b_dims.size() - 2] != shape.n) {
     return InvalidArgument(kTarget, "operand b of shape " + DimsToString(b_dims) +
-                                        " does not fit a of shape " +
-                                        DimsToString(a.dimensions()) +
+                                        " does not fit a of shape " + DimsToString(a.dimensions()) +
                                         " (b's rows must equal a's size)");
   }
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b columns", shape.nrhs));
   BATCHPART_RETURN_IF_ERROR(ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result x", x,
-                                         WithCore(shape.x_batch, {shape.n, shape.nrhs}),
-                                         a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result info", info,
-                                         WithCore(shape.x_batch, {}), ffi::DataType::S32));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
+      kTarget, "result x", x, WithCore(shape.x_batch, {shape.n, shape.nrhs}), a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(
+      ExpectBuffer(kTarget, "result info", info, WithCore(shape.x_batch, {}), ffi::DataType::S32));
   BATCHPART_RETURN_IF_ERROR(ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
   return ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
 }
@@ -126,9 +124,9 @@ ffi::Error GesvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesv, GesvImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Arg<ffi::AnyBuffer>()   // b
-                                  .Ret<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()    // a
+                                  .Arg<ffi::AnyBuffer>()    // b
+                                  .Ret<ffi::AnyBuffer>()    // x
                                   .Ret<ffi::AnyBuffer>());  // info
 
 }  // namespace batchpart::lapack

@@ -39,14 +39,13 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi:
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
   const ffi::DataType dtype = a.element_type();
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result s", s,
-                                         WithCore(shape.batch, {shape.k}), RealDtype(dtype)));
+  BATCHPART_RETURN_IF_ERROR(
+      ExpectBuffer(kTarget, "result s", s, WithCore(shape.batch, {shape.k}), RealDtype(dtype)));
   BATCHPART_RETURN_IF_ERROR(
       ExpectBuffer(kTarget, "result u", u, WithCore(shape.batch, {shape.m, shape.u_cols}), dtype));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result vt", vt,
                                          WithCore(shape.batch, {shape.vt_rows, shape.n}), dtype));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}),
-                      ffi::DataType::S32);
+  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
 }
 
 // gesdd's leading dimension of Vt: its row count, but at least 1.
@@ -138,7 +137,10 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const SvdShape& shape, const ffi::An
   if (batch == 0) return ffi::Error::Success();
   const int64_t lwork = shape.k ? QueryWorkspace<T>(shape) : 1;
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", RealWorkspaceSize(shape)));
+  if constexpr (kIsComplex<T>) {
+    BATCHPART_RETURN_IF_ERROR(
+        ExpectLapackInt(kTarget, "real workspace size", RealWorkspaceSize(shape)));
+  }
   const T* a_data = a.typed_data<T>();
   Real<T>* s_data = s.typed_data<Real<T>>();
   T* u_data = u.typed_data<T>();

@@ -37,18 +37,17 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi:
   shape.b_batch = BatchDims(b_dims, 2);
   shape.x_batch = BatchDims(x.dimensions(), 2);
   if ((left_side ? shape.rows : shape.cols) != shape.p) {
-    return InvalidArgument(kTarget, "operand b of shape " + DimsToString(b_dims) +
-                                        " does not fit a of shape " +
-                                        DimsToString(a.dimensions()) +
-                                        (left_side ? " (left_side: b's rows must equal a's size)"
-                                                   : " (right side: b's columns must equal a's size)"));
+    return InvalidArgument(
+        kTarget, "operand b of shape " + DimsToString(b_dims) + " does not fit a of shape " +
+                     DimsToString(a.dimensions()) +
+                     (left_side ? " (left_side: b's rows must equal a's size)"
+                                : " (right side: b's columns must equal a's size)"));
   }
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b rows", shape.rows));
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b columns", shape.cols));
   BATCHPART_RETURN_IF_ERROR(ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result x", x,
-                                         WithCore(shape.x_batch, {shape.rows, shape.cols}),
-                                         a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
+      kTarget, "result x", x, WithCore(shape.x_batch, {shape.rows, shape.cols}), a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
   return ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
 }

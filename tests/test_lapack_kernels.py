@@ -1,0 +1,658 @@
+"""Kernel-level tests of batchpart's CPU LAPACK targets (cc/lapack/).
+
+Every target is called through a plain ``jax.ffi.ffi_call`` with column-major
+layouts for matrices, exactly as the contracts in cc/lapack/kernels.h state,
+and checked against numpy/scipy and by reconstruction.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+import scipy.linalg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchpart import _core, _lapack_targets
+from batchpart._lapack_targets import column_major
+
+pytestmark = pytest.mark.timeout(120)
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+HYPOTHESIS = settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _lapack_with_x64():
+    _lapack_targets.register()
+    with jax.enable_x64(True):
+        yield
+
+
+# ---- calling the targets -----------------------------------------------------
+
+
+def matrix(shape, dtype):
+    """A result spec for a (batched) matrix: laid out column-major."""
+    return (tuple(shape), dtype, True)
+
+
+def array(shape, dtype):
+    """A result spec for batched vectors or scalars: default layout."""
+    return (tuple(shape), dtype, False)
+
+
+def ffi(target, operands, results, **attrs):
+    """Calls `target`; every operand is a (batched) matrix, passed column-major.
+
+    `results` holds matrix(...) / array(...) specs; returns numpy arrays.
+    """
+    call = jax.ffi.ffi_call(
+        target,
+        [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype, _ in results],
+        input_layouts=[column_major(np.shape(x)) for x in operands],
+        output_layouts=[column_major(shape) if is_matrix else None
+                        for shape, _, is_matrix in results],
+    )
+    return tuple(np.asarray(r) for r in call(*operands, **attrs))
+
+
+def real_dtype(dtype):
+    return np.finfo(dtype).dtype
+
+
+def potrf(a, lower=True):
+    batch = a.shape[:-2]
+    return ffi("batchpart_potrf", [a], [matrix(a.shape, a.dtype), array(batch, np.int32)],
+               lower=lower)
+
+
+def getrf(a):
+    *batch, m, n = a.shape
+    k = min(m, n)
+    return ffi(
+        "batchpart_getrf",
+        [a],
+        [matrix(a.shape, a.dtype), array((*batch, k), np.int32), array((*batch, m), np.int32),
+         array(batch, np.int32)],
+    )
+
+
+def qr(a, full_matrices=False):
+    *batch, m, n = a.shape
+    cols = m if full_matrices else min(m, n)
+    return ffi(
+        "batchpart_qr",
+        [a],
+        [matrix((*batch, m, cols), a.dtype), matrix((*batch, cols, n), a.dtype)],
+        full_matrices=full_matrices,
+    )
+
+
+def eigh(a, lower=True, compute_vectors=True):
+    *batch, n, _ = a.shape
+    return ffi(
+        "batchpart_eigh",
+        [a],
+        [
+            array((*batch, n), real_dtype(a.dtype)),
+            matrix((*batch, n, n if compute_vectors else 0), a.dtype),
+            array(batch, np.int32),
+        ],
+        lower=lower,
+        compute_vectors=compute_vectors,
+    )
+
+
+def svd(a, full_matrices=False, compute_uv=True):
+    *batch, m, n = a.shape
+    k = min(m, n)
+    u_cols = (m if full_matrices else k) if compute_uv else 0
+    vt_rows = (n if full_matrices else k) if compute_uv else 0
+    return ffi(
+        "batchpart_svd",
+        [a],
+        [
+            array((*batch, k), real_dtype(a.dtype)),
+            matrix((*batch, m, u_cols), a.dtype),
+            matrix((*batch, vt_rows, n), a.dtype),
+            array(batch, np.int32),
+        ],
+        full_matrices=full_matrices,
+        compute_uv=compute_uv,
+    )
+
+
+def broadcast_batch(a, b):
+    return np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+
+
+def trsm(a, b, *, left_side=True, lower=True, transpose_a=False, conjugate_a=False,
+         unit_diagonal=False):
+    shape = (*broadcast_batch(a, b), *b.shape[-2:])
+    (x,) = ffi(
+        "batchpart_trsm",
+        [a, b],
+        [matrix(shape, b.dtype)],
+        left_side=left_side,
+        lower=lower,
+        transpose_a=transpose_a,
+        conjugate_a=conjugate_a,
+        unit_diagonal=unit_diagonal,
+    )
+    return x
+
+
+def gesv(a, b):
+    batch = broadcast_batch(a, b)
+    return ffi("batchpart_gesv", [a, b],
+               [matrix((*batch, *b.shape[-2:]), b.dtype), array(batch, np.int32)])
+
+
+# ---- inputs and tolerances -------------------------------------------------------
+
+
+def random(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.iscomplexobj(np.zeros((), dtype)):
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def hermitian_pd(rng, batch, n, dtype):
+    x = random(rng, (*batch, n, n), dtype)
+    return (x @ herm(x) + n * np.eye(n)).astype(dtype)
+
+
+def herm(x):
+    return np.conj(np.swapaxes(x, -1, -2))
+
+
+def unread_triangle(n, lower):
+    """Mask of the strict triangle a kernel told `lower` must ignore."""
+    ones = np.ones((n, n), bool)
+    return np.triu(ones, 1) if lower else np.tril(ones, -1)
+
+
+def tol(dtype):
+    return 2e-4 if np.finfo(dtype).bits <= 32 else 1e-10
+
+
+def assert_close(actual, expected, dtype, scale=1.0):
+    """Entrywise close, with an absolute slack proportional to `scale`."""
+    t = tol(dtype)
+    np.testing.assert_allclose(actual, expected, rtol=t, atol=t * max(scale, 1.0))
+
+
+def scale_of(a):
+    return float(np.max(np.abs(a), initial=1.0)) * max(a.shape[-1], 1) if a.size else 1.0
+
+
+batch_shapes = st.lists(st.integers(0, 3), max_size=2).map(tuple)
+dtypes = st.sampled_from(DTYPES)
+seeds = st.integers(0, 2**32 - 1)
+
+
+# ---- registration ------------------------------------------------------------
+
+
+def test_target_names_match_handlers():
+    assert set(_core.lapack.handlers()) == set(_lapack_targets.TARGET_NAMES)
+    assert _core.lapack.initialized()
+
+
+def test_register_is_idempotent():
+    _lapack_targets.register()
+    _lapack_targets.register()
+
+
+def test_column_major_layout():
+    assert column_major((3,)) is None
+    assert column_major((2, 3)) == (1, 0)
+    assert column_major((4, 1, 2, 3)) == (0, 1, 3, 2)
+    assert column_major((2, 0, 0)) is None  # empty: nothing to lay out
+
+
+def test_initialize_rejects_missing_routines():
+    from scipy.linalg import cython_blas, cython_lapack
+
+    lapack = dict(cython_lapack.__pyx_capi__)
+    del lapack["zgesdd"]
+    with pytest.raises(ValueError, match="zgesdd"):
+        _core.lapack.initialize(lapack, cython_blas.__pyx_capi__)
+    assert _core.lapack.initialized()  # the earlier, complete tables stay
+
+
+def test_kernels_before_initialize_fail_cleanly():
+    """A kernel registered but never given LAPACK pointers returns an error."""
+    script = textwrap.dedent(
+        """
+        import jax, numpy as np
+        from batchpart import _core
+        jax.ffi.register_ffi_target(
+            "batchpart_potrf", _core.lapack.handlers()["batchpart_potrf"], platform="cpu")
+        call = jax.ffi.ffi_call(
+            "batchpart_potrf",
+            (jax.ShapeDtypeStruct((2, 2), np.float32), jax.ShapeDtypeStruct((), np.int32)))
+        try:
+            call(np.eye(2, dtype=np.float32), lower=True)
+        except Exception as e:
+            print("ERROR:", e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert "batchpart_potrf" in out.stdout and "not initialized" in out.stdout
+
+
+# ---- potrf -------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, n=st.integers(0, 6), dtype=dtypes, lower=st.booleans(), seed=seeds)
+def test_potrf_matches_numpy(batch, n, dtype, lower, seed):
+    a = hermitian_pd(np.random.default_rng(seed), batch, n, dtype)
+    factor, info = potrf(a, lower=lower)
+    assert factor.shape == a.shape and factor.dtype == dtype
+    assert info.shape == batch and info.dtype == np.int32 and not info.any()
+    expected = np.linalg.cholesky(a.astype(np.complex128 if np.iscomplexobj(a) else np.float64))
+    if not lower:
+        expected = herm(expected)
+    assert_close(factor, expected, dtype, scale_of(a))
+    other = np.triu(factor, 1) if lower else np.tril(factor, -1)
+    assert not other.any()  # the other triangle is zeroed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_potrf_not_positive_definite_gives_nan_in_that_element_only(dtype):
+    a = hermitian_pd(np.random.default_rng(0), (4,), 5, dtype)
+    a[2] = -a[2]  # negative definite
+    factor, info = potrf(a)
+    assert info[2] > 0 and np.isnan(factor[2]).all()
+    ok = [0, 1, 3]
+    assert not info[ok].any()
+    assert_close(factor[ok] @ herm(factor[ok]), a[ok], dtype, scale_of(a))
+
+
+# ---- getrf -------------------------------------------------------------------------
+
+
+def split_lu(lu):
+    *_, m, n = lu.shape
+    k = min(m, n)
+    lower = np.tril(lu[..., :, :k], -1) + np.eye(m, k, dtype=lu.dtype)
+    upper = np.triu(lu[..., :k, :])
+    return lower, upper
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes, seed=seeds)
+def test_getrf_reconstructs_and_matches_scipy_pivots(batch, m, n, dtype, seed):
+    a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
+    lu, pivots, perm, info = getrf(a)
+    k = min(m, n)
+    assert lu.shape == a.shape and pivots.shape == (*batch, k) and perm.shape == (*batch, m)
+    assert not info.any()
+    lower, upper = split_lu(lu)
+    permuted = np.take_along_axis(a, perm[..., :, None].astype(np.int64), axis=-2)
+    assert_close(lower @ upper, permuted, dtype, scale_of(a))
+    for index in np.ndindex(*batch):
+        assert sorted(perm[index]) == list(range(m))
+        if k:
+            _, expected_piv = scipy.linalg.lu_factor(a[index].astype(np.complex128))
+            assert list(pivots[index]) == list(expected_piv)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_getrf_singular_keeps_factors_and_reports_info(dtype):
+    a = random(np.random.default_rng(1), (3, 4, 4), dtype)
+    a[1, :, 2] = 0  # column 3 is zero: U[2, 2] == 0
+    lu, _, perm, info = getrf(a)
+    assert info[1] == 3 and info[0] == 0 and info[2] == 0
+    assert np.isfinite(lu).all()
+    lower, upper = split_lu(lu)
+    permuted = np.take_along_axis(a, perm[..., :, None].astype(np.int64), axis=-2)
+    assert_close(lower @ upper, permuted, dtype, scale_of(a))
+
+
+# ---- qr ----------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes,
+       full=st.booleans(), seed=seeds)
+def test_qr_reconstructs(batch, m, n, dtype, full, seed):
+    a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
+    q, r = qr(a, full_matrices=full)
+    cols = m if full else min(m, n)
+    assert q.shape == (*batch, m, cols) and r.shape == (*batch, cols, n)
+    assert_close(q @ r, a, dtype, scale_of(a))
+    assert_close(herm(q) @ q, np.broadcast_to(np.eye(cols), q.shape[:-2] + (cols, cols)), dtype,
+                 max(m, 1))
+    assert not np.tril(r, -1).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5)])
+def test_qr_matches_numpy_up_to_signs(dtype, shape):
+    a = random(np.random.default_rng(2), (2, *shape), dtype)
+    for full in (False, True):
+        _, r = qr(a, full_matrices=full)
+        expected = np.linalg.qr(a, mode="complete" if full else "reduced").R
+        assert_close(np.abs(r), np.abs(expected), dtype, scale_of(a))
+
+
+# ---- eigh --------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, n=st.integers(0, 6), dtype=dtypes, lower=st.booleans(), seed=seeds)
+def test_eigh_reconstructs(batch, n, dtype, lower, seed):
+    rng = np.random.default_rng(seed)
+    x = random(rng, (*batch, n, n), dtype)
+    a = ((x + herm(x)) / 2).astype(dtype)
+    # The triangle eigh must not read holds garbage.
+    garbled = np.where(unread_triangle(n, lower), np.asarray(np.nan, dtype), a)
+    w, v, info = eigh(garbled, lower=lower)
+    assert w.dtype == real_dtype(dtype) and w.shape == (*batch, n) and v.shape == a.shape
+    assert not info.any()
+    assert_close(w, np.linalg.eigvalsh(a), dtype, scale_of(a))
+    assert_close((v * w[..., None, :]) @ herm(v), a, dtype, scale_of(a))
+    assert_close(herm(v) @ v, np.broadcast_to(np.eye(n), a.shape), dtype, max(n, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eigh_values_only(dtype):
+    x = random(np.random.default_rng(3), (3, 4, 4), dtype)
+    a = (x + herm(x)) / 2
+    w, v, info = eigh(a, compute_vectors=False)
+    assert v.shape == (3, 4, 0) and not info.any()
+    assert_close(w, np.linalg.eigvalsh(a), dtype, scale_of(a))
+
+
+# ---- svd ---------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes,
+       full=st.booleans(), seed=seeds)
+def test_svd_reconstructs(batch, m, n, dtype, full, seed):
+    a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
+    s, u, vt, info = svd(a, full_matrices=full)
+    k = min(m, n)
+    assert s.dtype == real_dtype(dtype) and s.shape == (*batch, k) and not info.any()
+    assert u.shape == (*batch, m, m if full else k)
+    assert vt.shape == (*batch, n if full else k, n)
+    assert_close(s, np.linalg.svd(a, compute_uv=False), dtype, scale_of(a))
+    assert_close((u[..., :, :k] * s[..., None, :]) @ vt[..., :k, :], a, dtype, scale_of(a))
+    assert_close(herm(u) @ u, np.broadcast_to(np.eye(u.shape[-1]), u.shape[:-2] + (u.shape[-1],) * 2),
+                 dtype, max(m, 1))
+    assert_close(vt @ herm(vt),
+                 np.broadcast_to(np.eye(vt.shape[-2]), vt.shape[:-2] + (vt.shape[-2],) * 2),
+                 dtype, max(n, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_svd_values_only(dtype):
+    a = random(np.random.default_rng(4), (2, 5, 3), dtype)
+    s, u, vt, info = svd(a, compute_uv=False)
+    assert u.shape == (2, 5, 0) and vt.shape == (2, 0, 3) and not info.any()
+    assert_close(s, np.linalg.svd(a, compute_uv=False), dtype, scale_of(a))
+
+
+def test_svd_of_empty_matrix_gives_identities():
+    s, u, vt, info = svd(np.zeros((2, 3, 0)), full_matrices=True)
+    assert s.shape == (2, 0) and not info.any()
+    np.testing.assert_array_equal(u, np.broadcast_to(np.eye(3), (2, 3, 3)))
+    assert vt.shape == (2, 0, 0)
+
+
+# ---- trsm --------------------------------------------------------------------------
+
+
+def triangular(rng, shape, dtype, lower):
+    n = shape[-1]
+    a = random(rng, shape, dtype) + 2 * n * np.eye(n, dtype=dtype)  # well conditioned
+    return np.tril(a) if lower else np.triu(a)
+
+
+def trsm_reference(a, b, left_side, lower, transpose_a, conjugate_a, unit_diagonal):
+    n = a.shape[-1]
+    tri = np.where(unread_triangle(n, lower), 0, a)
+    if unit_diagonal:
+        tri = tri - tri * np.eye(n) + np.eye(n)
+    op = np.swapaxes(tri, -1, -2) if transpose_a else tri
+    op = np.conj(op) if conjugate_a else op
+    batch = broadcast_batch(a, b)
+    op = np.broadcast_to(op, (*batch, n, n))
+    if left_side:
+        return np.linalg.solve(op, np.broadcast_to(b, (*batch, *b.shape[-2:])))
+    bt = np.swapaxes(np.broadcast_to(b, (*batch, *b.shape[-2:])), -1, -2)
+    return np.swapaxes(np.linalg.solve(np.swapaxes(op, -1, -2), bt), -1, -2)
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, p=st.integers(0, 5), q=st.integers(0, 4), dtype=dtypes,
+       flags=st.tuples(*[st.booleans()] * 5), broadcast=st.sampled_from(["none", "a", "b"]),
+       seed=seeds)
+def test_trsm_matches_numpy(batch, p, q, dtype, flags, broadcast, seed):
+    left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
+    rng = np.random.default_rng(seed)
+    a_batch = batch[1:] if broadcast == "a" else batch  # a broadcast over the leading dim
+    b_batch = (1,) * len(batch) if broadcast == "b" else batch
+    a = triangular(rng, (*a_batch, p, p), dtype, lower)
+    # The triangle trsm must not read holds garbage.
+    a = np.where(unread_triangle(p, lower), np.asarray(np.nan, dtype), a)
+    b = random(rng, (*b_batch, p, q) if left_side else (*b_batch, q, p), dtype)
+    x = trsm(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
+             conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+    expected = trsm_reference(a, b, *flags)
+    assert x.shape == expected.shape
+    assert_close(x, expected, dtype, scale_of(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_trsm_broadcasts_both_operands(dtype):
+    rng = np.random.default_rng(5)
+    a = triangular(rng, (1, 3, 4, 4), dtype, lower=True)
+    b = random(rng, (2, 1, 4, 2), dtype)
+    x = trsm(a, b)
+    assert x.shape == (2, 3, 4, 2)
+    assert_close(x, trsm_reference(a, b, True, True, False, False, False), dtype, scale_of(b))
+
+
+# ---- gesv --------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, n=st.integers(0, 5), r=st.integers(0, 3), dtype=dtypes,
+       broadcast=st.sampled_from(["none", "a", "b"]), seed=seeds)
+def test_gesv_matches_numpy(batch, n, r, dtype, broadcast, seed):
+    rng = np.random.default_rng(seed)
+    a_batch = (1,) * len(batch) if broadcast == "a" else batch
+    b_batch = batch[1:] if broadcast == "b" else batch
+    a = (random(rng, (*a_batch, n, n), dtype) + 2 * n * np.eye(n)).astype(dtype)
+    b = random(rng, (*b_batch, n, r), dtype)
+    x, info = gesv(a, b)
+    out_batch = broadcast_batch(a, b)
+    assert x.shape == (*out_batch, n, r) and info.shape == out_batch and not info.any()
+    expected = np.linalg.solve(np.broadcast_to(a, (*out_batch, n, n)),
+                               np.broadcast_to(b, (*out_batch, n, r)))
+    assert_close(x, expected, dtype, scale_of(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gesv_singular_gives_nan_in_that_element_only(dtype):
+    rng = np.random.default_rng(6)
+    a = (random(rng, (3, 4, 4), dtype) + 8 * np.eye(4)).astype(dtype)
+    a[0, 1] = 0  # a zero row
+    b = random(rng, (3, 4, 2), dtype)
+    x, info = gesv(a, b)
+    assert info[0] > 0 and np.isnan(x[0]).all()
+    assert not info[1:].any()
+    assert_close(x[1:], np.linalg.solve(a[1:], b[1:]), dtype, scale_of(b))
+
+
+def test_gesv_shared_matrix_many_right_hand_sides():
+    """One A broadcast over a batch of b: factored once per chunk, still right."""
+    rng = np.random.default_rng(7)
+    a = (random(rng, (6, 6), np.float64) + 12 * np.eye(6))[None]
+    b = random(rng, (500, 6, 3), np.float64)
+    x, info = gesv(a, b)
+    assert not info.any()
+    assert_close(x, np.linalg.solve(a, b), np.float64, scale_of(b))
+
+
+# ---- garbage (padding rows) never fails the call ----------------------------------
+
+GARBAGE = [np.nan, np.inf, -np.inf, 1e30, 0.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fill", GARBAGE)
+def test_garbage_batch_elements_do_not_fail_the_call(dtype, fill):
+    rng = np.random.default_rng(8)
+    n = 4
+    spd = hermitian_pd(rng, (3,), n, dtype)
+    gen = random(rng, (3, n, n), dtype) + 2 * n * np.eye(n, dtype=dtype)
+    rhs = random(rng, (3, n, 2), dtype)
+    spd[1] = fill
+    gen[1] = fill
+    ok = [0, 2]
+
+    factor, info = potrf(spd)
+    assert_close(factor[ok], np.linalg.cholesky(spd[ok]), dtype, scale_of(spd[ok]))
+
+    lu, _, perm, info = getrf(gen)
+    assert not info[ok].any()
+
+    q, r = qr(gen)
+    assert_close(q[ok] @ r[ok], gen[ok], dtype, scale_of(gen[ok]))
+
+    w, v, info = eigh(spd)
+    assert not info[ok].any()
+    assert_close(w[ok], np.linalg.eigvalsh(spd[ok]), dtype, scale_of(spd[ok]))
+    if not np.isfinite(fill):
+        assert info[1] == -4 and np.isnan(w[1]).all() and np.isnan(v[1]).all()
+
+    s, u, vt, info = svd(gen)
+    assert not info[ok].any()
+    assert_close(s[ok], np.linalg.svd(gen[ok], compute_uv=False), dtype, scale_of(gen[ok]))
+    if not np.isfinite(fill):
+        assert info[1] == -4 and np.isnan(s[1]).all()
+
+    x = trsm(np.tril(gen), rhs)
+    assert_close(x[ok], np.linalg.solve(np.tril(gen[ok]), rhs[ok]), dtype, scale_of(rhs))
+
+    x, info = gesv(gen, rhs)
+    assert not info[ok].any()
+    assert_close(x[ok], np.linalg.solve(gen[ok], rhs[ok]), dtype, scale_of(rhs))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_random_garbage_everywhere_never_fails(dtype):
+    rng = np.random.default_rng(9)
+    values = np.array(GARBAGE + [1e-30, -1.0, 3.0])
+    a = values[rng.integers(0, len(values), (16, 5, 5))].astype(dtype)
+    b = values[rng.integers(0, len(values), (16, 5, 2))].astype(dtype)
+    potrf(a), getrf(a), qr(a, True), eigh(a), svd(a, True), trsm(a, b), gesv(a, b)
+
+
+# ---- bad shapes are errors, not crashes --------------------------------------------
+
+TRSM_ATTRS = {"left_side": True, "lower": True, "transpose_a": False, "conjugate_a": False,
+              "unit_diagonal": False}
+BAD_CALLS = [
+    # (target, operands, results, attrs, message fragment)
+    ("batchpart_potrf", [np.ones((2, 3, 4))],
+     [matrix((2, 3, 4), np.float64), array((2,), np.int32)], {"lower": True}, "square"),
+    ("batchpart_potrf", [np.ones((2, 3, 3))],
+     [matrix((2, 4, 4), np.float64), array((2,), np.int32)], {"lower": True}, "(2, 4, 4)"),
+    ("batchpart_potrf", [np.ones((2, 3, 3))],
+     [matrix((2, 3, 3), np.float32), array((2,), np.int32)], {"lower": True}, "float32"),
+    ("batchpart_potrf", [np.ones((2, 3, 3))],
+     [matrix((2, 3, 3), np.float64), array((2,), np.float32)], {"lower": True}, "info"),
+    ("batchpart_potrf", [np.ones((3, 3), np.int32)],
+     [matrix((3, 3), np.int32), array((), np.int32)], {"lower": True}, "unsupported dtype int32"),
+    ("batchpart_potrf", [np.ones((3,))], [array((3,), np.float64), array((), np.int32)],
+     {"lower": True}, "rank >= 2"),
+    ("batchpart_getrf", [np.ones((4, 3))],
+     [matrix((4, 3), np.float64), array((4,), np.int32), array((4,), np.int32),
+      array((), np.int32)], {}, "pivots"),
+    ("batchpart_qr", [np.ones((4, 3))], [matrix((4, 3), np.float64), matrix((3, 3), np.float64)],
+     {"full_matrices": True}, "(4, 4)"),
+    ("batchpart_eigh", [np.ones((3, 3), np.complex64)],
+     [array((3,), np.complex64), matrix((3, 3), np.complex64), array((), np.int32)],
+     {"lower": True, "compute_vectors": True}, "eigenvalues"),
+    ("batchpart_eigh", [np.ones((3, 3))],
+     [array((3,), np.float64), matrix((3, 3), np.float64), array((), np.int32)],
+     {"lower": True, "compute_vectors": False}, "(3, 0)"),
+    ("batchpart_svd", [np.ones((4, 3))],
+     [array((3,), np.float64), matrix((4, 3), np.float64), matrix((3, 3), np.float64),
+      array((), np.int32)], {"full_matrices": True, "compute_uv": True}, "result u"),
+    ("batchpart_trsm", [np.eye(3)[None].repeat(2, 0), np.ones((3, 3, 2))],
+     [matrix((3, 3, 2), np.float64)], TRSM_ATTRS, "broadcast"),
+    ("batchpart_trsm", [np.eye(3), np.ones((4, 2))], [matrix((4, 2), np.float64)], TRSM_ATTRS,
+     "does not fit"),
+    ("batchpart_gesv", [np.eye(3), np.ones((4, 2))],
+     [matrix((4, 2), np.float64), array((), np.int32)], {}, "does not fit"),
+    ("batchpart_gesv", [np.eye(3), np.ones((3, 2), np.float32)],
+     [matrix((3, 2), np.float64), array((), np.int32)], {}, "operand b has dtype float32"),
+]
+
+
+@pytest.mark.parametrize("target, operands, results, attrs, fragment", BAD_CALLS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)])
+def test_bad_shapes_raise_with_the_kernels_message(target, operands, results, attrs, fragment):
+    with pytest.raises(jax.errors.JaxRuntimeError) as excinfo:
+        ffi(target, operands, results, **attrs)
+    message = str(excinfo.value)
+    assert target in message and "INVALID_ARGUMENT" in message
+    assert fragment in message
+
+
+# ---- threading ---------------------------------------------------------------------
+
+
+def test_num_chunks_policy():
+    assert _core.lapack.num_chunks(10_000, 1e4, 2) > 1  # many small matrices
+    assert _core.lapack.num_chunks(10_000, 1e4, 1) == 1  # no pool
+    assert _core.lapack.num_chunks(10_000, 20, 8) == 1  # tiny matrices contend
+    assert _core.lapack.num_chunks(8, 1e8, 8) == 1  # large matrices: OpenBLAS threads
+    assert _core.lapack.num_chunks(3, 1e3, 8) == 1  # too little work in all
+    assert _core.lapack.num_chunks(1, 1e5, 8) == 1
+    assert _core.lapack.num_chunks(10_000, 1e4, 4) <= 16
+
+
+@pytest.fixture
+def serial_then_restore():
+    yield lambda enabled: _core.lapack.set_intra_op_parallelism(enabled)
+    _core.lapack.set_intra_op_parallelism(True)
+
+
+def test_thread_pool_and_serial_loops_agree(serial_then_restore):
+    rng = np.random.default_rng(10)
+    spd = hermitian_pd(rng, (600,), 16, np.float64)
+    gen = random(rng, (600, 16, 16), np.complex128)
+    rhs = random(rng, (600, 16, 2), np.complex128)
+    assert _core.lapack.num_chunks(600, 16**3 / 3, 2) > 1
+
+    def run():
+        return potrf(spd), svd(gen), gesv(gen, rhs), eigh(spd)
+
+    serial_then_restore(False)
+    serial = run()
+    serial_then_restore(True)
+    pooled = run()
+    for s_out, p_out in zip(jax.tree.leaves(serial), jax.tree.leaves(pooled)):
+        np.testing.assert_allclose(s_out, p_out, rtol=1e-12, atol=1e-12)
