@@ -42,6 +42,7 @@ def register() -> None:
         from batchpart import _core
 
         _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
+        _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
         handlers = _core.lapack.handlers()
         if set(handlers) != set(TARGET_NAMES):
             raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
@@ -49,6 +50,26 @@ def register() -> None:
         for name in TARGET_NAMES:
             jax.ffi.register_ffi_target(name, handlers[name], platform="cpu")
         _registered = True
+
+
+def _openblas_set_num_threads_local() -> int:
+    """Address of ``openblas_set_num_threads_local`` in the OpenBLAS that
+    scipy's cython_lapack calls, or 0 (then kernels leave BLAS threading as
+    it is). Only scipy's bundled OpenBLAS wheels are looked at."""
+    import ctypes
+    import glob
+    import os
+
+    import scipy
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    for path in sorted(glob.glob(os.path.join(libs, "*openblas*"))):
+        try:
+            function = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return 0
 
 
 def column_major(shape: Sequence[int]) -> tuple[int, ...] | None:

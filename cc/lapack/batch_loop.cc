@@ -31,15 +31,40 @@ constexpr double kMaxFlopsPerParallelElement = 2e6;
 constexpr int64_t kChunksPerThread = 4;
 
 std::atomic<bool> g_parallel_enabled{true};
+std::atomic<SetLocalBlasThreadsFn> g_set_local_blas_threads{nullptr};
+std::atomic<bool> g_single_threaded_blas{false};
+
+// Sets this thread's BLAS thread count for the lifetime of the object.
+class ScopedBlasThreads {
+ public:
+  explicit ScopedBlasThreads(bool single) {
+    SetLocalBlasThreadsFn set = g_set_local_blas_threads.load();
+    if (single && set != nullptr) {
+      set_ = set;
+      previous_ = set_(1);
+    }
+  }
+  ~ScopedBlasThreads() {
+    if (set_ != nullptr) set_(previous_);
+  }
+  ScopedBlasThreads(const ScopedBlasThreads&) = delete;
+  ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
+
+ private:
+  SetLocalBlasThreadsFn set_ = nullptr;
+  int previous_ = 0;
+};
 
 // Shared by the calling thread and the pool tasks. Tasks hold it by
 // shared_ptr: one may start after the loop has returned, find no chunk left
 // and must still find this state alive.
 struct LoopState {
-  LoopState(int64_t batch_size, int64_t chunks) : batch(batch_size), num_chunks(chunks) {}
+  LoopState(int64_t batch_size, int64_t chunks, bool single_blas)
+      : batch(batch_size), num_chunks(chunks), single_threaded_blas(single_blas) {}
 
   const int64_t batch;
   const int64_t num_chunks;
+  const bool single_threaded_blas;
   std::atomic<int64_t> next_chunk{0};
 
   std::mutex mu;
@@ -65,6 +90,7 @@ std::string RunChunk(const LoopState& state, int64_t chunk, const ChunkFn& run_c
 // Claims chunks until none is left. `run_chunk` is only touched while a
 // chunk is claimed, i.e. before the caller can have returned.
 void Drain(LoopState& state, const ChunkFn& run_chunk) {
+  const ScopedBlasThreads blas_threads(state.single_threaded_blas);
   for (int64_t chunk; (chunk = state.next_chunk.fetch_add(1)) < state.num_chunks;) {
     std::string error = RunChunk(state, chunk, run_chunk);
     std::lock_guard<std::mutex> lock(state.mu);
@@ -96,7 +122,9 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
   if (batch <= 0) return ffi::Error::Success();
   const int64_t num_threads = g_parallel_enabled.load() ? pool.num_threads() : 1;
   const int64_t num_chunks = NumChunks(batch, flops_per_element, num_threads);
-  auto state = std::make_shared<LoopState>(batch, num_chunks);
+  const bool single_blas = num_chunks > 1 || g_single_threaded_blas.load() ||
+                           flops_per_element <= kMaxFlopsPerParallelElement;
+  auto state = std::make_shared<LoopState>(batch, num_chunks, single_blas);
   // The calling thread is one worker; the pool supplies the others.
   const int64_t num_tasks = std::min(num_chunks, num_threads) - 1;
   const ChunkFn* shared_fn = &run_chunk;
@@ -108,6 +136,10 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
   state->all_done.wait(lock, [&] { return state->finished == state->num_chunks; });
   return state->error.empty() ? ffi::Error::Success() : ChunkError(state->error);
 }
+
+void SetLocalBlasThreadsFunction(SetLocalBlasThreadsFn fn) { g_set_local_blas_threads = fn; }
+void SetSingleThreadedBlas(bool always) { g_single_threaded_blas = always; }
+bool SingleThreadedBlas() { return g_single_threaded_blas.load(); }
 
 void SetIntraOpParallelism(bool enabled) { g_parallel_enabled.store(enabled); }
 bool IntraOpParallelism() { return g_parallel_enabled.load(); }

@@ -32,6 +32,20 @@ int64_t NumChunks(int64_t batch, double flops_per_element, int64_t num_threads);
 xla::ffi::Error ForEachBatchChunk(xla::ffi::ThreadPool& pool, int64_t batch,
                                   double flops_per_element, const ChunkFn& run_chunk);
 
+// BLAS threading inside a kernel. scipy's OpenBLAS starts its own threads in
+// every call; inside XLA, where several devices' kernels and the intra-op
+// pool already occupy the cores, that oversubscribes them badly (8 simulated
+// devices on 2 cores: two 256x256 SVDs took 2.6 s instead of 23 ms). Given
+// OpenBLAS's thread-local setter (openblas_set_num_threads_local, >= 0.3.27),
+// the batch loop runs LAPACK single-threaded on its own threads, except a
+// serial loop over large matrices, which may still profit from BLAS threads.
+using SetLocalBlasThreadsFn = int (*)(int);
+void SetLocalBlasThreadsFunction(SetLocalBlasThreadsFn fn);
+// When true, even serial loops over large matrices run BLAS single-threaded
+// (default false: they thread inside BLAS as jaxlib's kernels do).
+void SetSingleThreadedBlas(bool always);
+bool SingleThreadedBlas();
+
 // Switches the thread pool off (every loop serial) or back on; for
 // measurements and for tests that compare both paths.
 void SetIntraOpParallelism(bool enabled);

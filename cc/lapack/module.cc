@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +37,11 @@ void Initialize(const nb::dict& lapack_capi, const nb::dict& blas_capi) {
   }
 }
 
+// Takes the address of OpenBLAS's openblas_set_num_threads_local (0: none).
+void SetBlasThreadControl(uintptr_t address) {
+  SetLocalBlasThreadsFunction(reinterpret_cast<SetLocalBlasThreadsFn>(address));
+}
+
 nb::dict HandlerCapsules() {
   nb::dict out;
   for (const auto& [name, fn] : Handlers()) out[name.c_str()] = nb::capsule(fn);
@@ -54,6 +60,12 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("set_intra_op_parallelism", &SetIntraOpParallelism, nb::arg("enabled"),
         "Lets batch loops use XLA's intra-op thread pool (default) or forces them serial.");
   m.def("intra_op_parallelism", &IntraOpParallelism);
+  m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
+        "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
+  m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),
+        "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
+        "matrices use BLAS threads.");
+  m.def("single_threaded_blas", &SingleThreadedBlas);
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }
