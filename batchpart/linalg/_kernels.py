@@ -37,7 +37,7 @@ def _layout(shape, core_rank: int):
   return _lapack_targets.column_major(shape) if core_rank >= 2 else None
 
 
-def _call(target, signature, operands, results, **attributes):
+def _call(target, signature, operands, results, *, aliases=None, **attributes):
   ensure_registered()
   parsed = parse_signature(signature, target_name=target)
   single = not isinstance(results, (list, tuple))
@@ -47,6 +47,7 @@ def _call(target, signature, operands, results, **attributes):
       target, results, signature=signature,
       input_layouts=[_layout(np.shape(x), len(c)) for x, c in zip(operands, parsed.inputs)],
       output_layouts=out_layouts[0] if single else out_layouts,
+      input_output_aliases=aliases,
   )(*operands, **attributes)
 
 
@@ -60,8 +61,10 @@ i32 = np.int32
 
 def potrf(a, *, lower: bool):
   *batch, n, _ = a.shape
+  # The kernels factor in place when XLA hands them the operand's buffer.
   return _call("batchpart_potrf", "(n,n)->(n,n),()", [a],
-               [S(a.shape, a.dtype), S(tuple(batch), i32)], lower=bool(lower))
+               [S(a.shape, a.dtype), S(tuple(batch), i32)], aliases={0: 0},
+               lower=bool(lower))
 
 
 def getrf(a):
@@ -69,7 +72,7 @@ def getrf(a):
   batch = tuple(batch)
   return _call("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
                [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
-                S(batch, i32)])
+                S(batch, i32)], aliases={0: 0})
 
 
 def qr(a, *, full_matrices: bool):
