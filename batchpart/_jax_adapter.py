@@ -158,7 +158,14 @@ def _tensor_type(shape, dtype) -> ir.Type:
 def canonical_backend_config(config) -> str:
   """The backend config as MLIR prints it, so that the attributes a lowering
   emits and the bytes XLA hands a partitioner callback compare equal."""
-  text = (config.decode() if isinstance(config, bytes) else str(config)).strip()
+  return _canonical_backend_config(
+      (config.decode() if isinstance(config, bytes) else str(config)).strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_backend_config(text: str) -> str:
+  # Parsing needs an MLIR context, which is slow to make: every call site
+  # of a program repeats the same few configs.
   if not text:
     return "{}"
   if not text.startswith("{"):

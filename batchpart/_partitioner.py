@@ -62,6 +62,8 @@ def record_call(target_name: str, operand_types, result_types, backend_config: s
          backend_config)
   with _lock:
     records = _records.setdefault(key, {})
+    if records and record not in records:
+      _partition_cache.clear()  # answers for this key may change
     records.pop(record, None)
     records[record] = None
 
@@ -136,6 +138,28 @@ def _plan(record: CallRecord, arg_shapes, arg_shardings, result_shapes,
 
 def _partition(target_name, arg_shapes, arg_shardings, result_shape,
                result_sharding, backend_config):
+  # XLA calls this once per call site; sites that agree on every input get
+  # the same answer, so it is computed once (compile time of large programs).
+  key = (target_name, tuple(map(str, arg_shapes)), tuple(map(str, arg_shardings)),
+         str(result_shape), str(result_sharding), bytes(backend_config))
+  with _lock:
+    cached = _partition_cache.get(key)
+  if cached is None:
+    cached = _partition_uncached(target_name, arg_shapes, arg_shardings, result_shape,
+                                 result_sharding, backend_config)
+    with _lock:
+      if len(_partition_cache) >= _PARTITION_CACHE_SIZE:
+        _partition_cache.pop(next(iter(_partition_cache)))
+      _partition_cache[key] = cached
+  return cached
+
+
+_PARTITION_CACHE_SIZE = 1024
+_partition_cache: dict[tuple, tuple] = {}
+
+
+def _partition_uncached(target_name, arg_shapes, arg_shardings, result_shape,
+                        result_sharding, backend_config):
   result_shapes = adapter.array_shapes(result_shape)
   record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
                    backend_config)
