@@ -1,6 +1,7 @@
 """Everything batchpart takes from jax and jaxlib internals, in one place.
 
-Checked against jax/jaxlib 0.10.2. What this module relies on:
+Checked against jax/jaxlib 0.10.2 (and the test suite run on 0.12.0.1 under
+Python 3.12). What this module relies on:
 - ``jax._src.core`` (Primitive, ShapedArray, typeof, abstract mesh helpers),
   ``jax._src.interpreters.mlir`` (``register_lowering``, ``custom_call``,
   ``ir_attribute``, ``aval_to_ir_type``, ``module_to_bytecode``,
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+import jax.extend.core as jax_extend_core
 from jax._src import config as jax_config
 from jax._src import core
 from jax._src import dispatch
@@ -46,7 +48,7 @@ from batchpart import _core
 
 JAX_VERSION_CHECKED = "0.10.2"
 
-Primitive = core.Primitive
+Primitive = jax_extend_core.Primitive
 ShapedArray = core.ShapedArray
 abstract_token = core.abstract_token
 typeof = core.typeof
@@ -416,10 +418,6 @@ def register_ffi_target(name: str, handler, *, platform: str, api_version: int):
       name, handler, platform=platform, api_version=api_version)
 
 
-def sub_jaxprs_of(eqn) -> Sequence:
-  return [v for v in eqn.params.values() if isinstance(v, (core.Jaxpr, core.ClosedJaxpr))]
-
-
-ClosedJaxpr = core.ClosedJaxpr
-Literal = core.Literal
-eval_jaxpr = core.eval_jaxpr
+# Public since jax 0.4.36; jax 0.12 moved ClosedJaxpr out of jax._src.core.
+ClosedJaxpr = jax_extend_core.ClosedJaxpr
+Literal = jax_extend_core.Literal

@@ -42,8 +42,8 @@ def cholesky(a, *, lower: bool = True):
 
 
 @jax.custom_jvp
-def _cholesky_lower(a):
-  factor, _ = _kernels.potrf(a, lower=True)
+def _cholesky_lower(a):  # `a` is Hermitian (symmetrized by the caller)
+  factor, _ = _kernels.potrf_hermitian(a)
   return factor
 
 

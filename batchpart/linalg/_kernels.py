@@ -59,12 +59,20 @@ S = jax.ShapeDtypeStruct
 i32 = np.int32
 
 
-def potrf(a, *, lower: bool):
+def potrf_hermitian(a):
+  """Lower Cholesky factor of Hermitian `a`, without relayouts.
+
+  A row-major Hermitian A is, read column-major, A^T = conj(A). Factoring
+  that as U^H U (upper) and reading U back row-major gives U^T, and
+  A = U^T conj(U) = L L^H with L = U^T: the lower factor, with no transpose
+  on either side of the kernel. Only valid for Hermitian input.
+  """
   *batch, n, _ = a.shape
-  # The kernels factor in place when XLA hands them the operand's buffer.
-  return _call("batchpart_potrf", "(n,n)->(n,n),()", [a],
-               [S(a.shape, a.dtype), S(tuple(batch), i32)], aliases={0: 0},
-               lower=bool(lower))
+  ensure_registered()
+  # The kernel factors in place when XLA hands it the operand's buffer.
+  return batchpart.ffi_call(
+      "batchpart_potrf", [S(a.shape, a.dtype), S(tuple(batch), i32)],
+      signature="(n,n)->(n,n),()", input_output_aliases={0: 0})(a, lower=False)
 
 
 def getrf(a):
