@@ -15,16 +15,15 @@ import math
 import threading
 from collections.abc import Sequence
 
-import jax
 
 TARGET_NAMES: tuple[str, ...] = (
-    "batchpart_potrf",
-    "batchpart_getrf",
-    "batchpart_qr",
-    "batchpart_eigh",
-    "batchpart_svd",
-    "batchpart_trsm",
-    "batchpart_gesv",
+  "batchpart_potrf",
+  "batchpart_getrf",
+  "batchpart_qr",
+  "batchpart_eigh",
+  "batchpart_svd",
+  "batchpart_trsm",
+  "batchpart_gesv",
 )
 
 _lock = threading.Lock()
@@ -32,56 +31,57 @@ _registered = False
 
 
 def register() -> None:
-    """Initializes LAPACK and registers every target in TARGET_NAMES (once)."""
-    global _registered
-    with _lock:
-        if _registered:
-            return
-        from scipy.linalg import cython_blas, cython_lapack
+  """Initializes LAPACK and registers every target in TARGET_NAMES (once)."""
+  global _registered
+  with _lock:
+    if _registered:
+      return
+    from scipy.linalg import cython_blas, cython_lapack
 
-        from batchpart import _core
+    from batchpart import _core
 
-        _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
-        _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
-        handlers = _core.lapack.handlers()
-        if set(handlers) != set(TARGET_NAMES):
-            raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
-                               f"expected {sorted(TARGET_NAMES)}")
-        for name in TARGET_NAMES:
-            jax.ffi.register_ffi_target(name, handlers[name], platform="cpu")
-        _registered = True
+    _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
+    _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
+    handlers = _core.lapack.handlers()
+    if set(handlers) != set(TARGET_NAMES):
+      raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
+                         f"expected {sorted(TARGET_NAMES)}")
+    from batchpart._registry import register_ffi_target
+    for name in TARGET_NAMES:  # registers with XLA and marks batch partitionable
+      register_ffi_target(name, handlers[name], platform="cpu")
+    _registered = True
 
 
 def _openblas_set_num_threads_local() -> int:
-    """Address of ``openblas_set_num_threads_local`` in the OpenBLAS that
-    scipy's cython_lapack calls, or 0 (then kernels leave BLAS threading as
-    it is). Only scipy's bundled OpenBLAS wheels are looked at."""
-    import ctypes
-    import glob
-    import os
+  """Address of ``openblas_set_num_threads_local`` in the OpenBLAS that
+  scipy's cython_lapack calls, or 0 (then kernels leave BLAS threading as
+  it is). Only scipy's bundled OpenBLAS wheels are looked at."""
+  import ctypes
+  import glob
+  import os
 
-    import scipy
+  import scipy
 
-    libs = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
-    for path in sorted(glob.glob(os.path.join(libs, "*openblas*"))):
-        try:
-            function = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
-            continue
-        return ctypes.cast(function, ctypes.c_void_p).value or 0
-    return 0
+  libs = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+  for path in sorted(glob.glob(os.path.join(libs, "*openblas*"))):
+    try:
+      function = ctypes.CDLL(path).openblas_set_num_threads_local
+    except (OSError, AttributeError):
+      continue
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+  return 0
 
 
 def column_major(shape: Sequence[int]) -> tuple[int, ...] | None:
-    """The major-to-minor layout the kernels expect for an array of `shape`.
+  """The major-to-minor layout the kernels expect for an array of `shape`.
 
-    Matrices (rank >= 2) are column-major within each batch element; vectors
-    and scalars keep the default layout (None). So do empty arrays: the kernel
-    reads nothing from them, and jaxlib 0.10.2's CPU compiler dies with SIGFPE
-    (EmitTiledFusionKernel) when it must relayout an empty operand such as
-    (0, 0) or (2, 0, 0).
-    """
-    rank = len(shape)
-    if rank < 2 or math.prod(shape) == 0:
-        return None
-    return (*range(rank - 2), rank - 1, rank - 2)
+  Matrices (rank >= 2) are column-major within each batch element; vectors
+  and scalars keep the default layout (None). So do empty arrays: the kernel
+  reads nothing from them, and jaxlib 0.10.2's CPU compiler dies with SIGFPE
+  (EmitTiledFusionKernel) when it must relayout an empty operand such as
+  (0, 0) or (2, 0, 0).
+  """
+  rank = len(shape)
+  if rank < 2 or math.prod(shape) == 0:
+    return None
+  return (*range(rank - 2), rank - 1, rank - 2)

@@ -27,8 +27,6 @@ def ensure_registered() -> None:
   with _lock:
     if not _registered:
       _lapack_targets.register()
-      for name in _lapack_targets.TARGET_NAMES:
-        batchpart.mark_batch_partitionable(name)
       _registered = True
 
 
