@@ -119,21 +119,25 @@ def _shape_types(shapes):
   return [(s.dimensions(), s.numpy_dtype()) for s in shapes]
 
 
-def _plan(record: CallRecord, arg_shapes, arg_shardings, result_shapes,
+def _plan(record: CallRecord, operand_shapes, operand_shardings, result_shapes,
           result_shardings) -> _core.Plan:
+  """Plans one call. Shapes are lists of dims; shardings jaxlib HloShardings
+  (None: no proposal, i.e. replicated operands or no result hint)."""
+  to_planner = lambda hs, shapes: [adapter.to_planner_sharding(h, len(s))
+                                   for h, s in zip(hs, shapes)]
   problem = _core.Problem()
-  problem.operand_shapes = [list(s.dimensions()) for s in arg_shapes]
+  problem.operand_shapes = operand_shapes
   problem.operand_batch_ranks = list(record.operand_batch_ranks)
-  problem.operand_shardings = [
-      adapter.to_planner_sharding(h, len(s.dimensions()))
-      for h, s in zip(arg_shardings, arg_shapes)]
-  problem.result_shapes = [list(s.dimensions()) for s in result_shapes]
+  problem.operand_shardings = to_planner(operand_shardings, operand_shapes)
+  problem.result_shapes = result_shapes
   problem.result_batch_ranks = list(record.result_batch_ranks)
   if result_shardings is not None:
-    problem.result_shardings = [
-        adapter.to_planner_sharding(h, len(s.dimensions()))
-        for h, s in zip(result_shardings, result_shapes)]
+    problem.result_shardings = to_planner(result_shardings, result_shapes)
   return _core.make_plan(problem)
+
+
+def _dims(shapes) -> list[list[int]]:
+  return [list(s.dimensions()) for s in shapes]
 
 
 def _partition(target_name, arg_shapes, arg_shardings, result_shape,
@@ -163,7 +167,7 @@ def _partition_uncached(target_name, arg_shapes, arg_shardings, result_shape,
   result_shapes = adapter.array_shapes(result_shape)
   record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
                    backend_config)
-  plan = _plan(record, arg_shapes, arg_shardings, result_shapes,
+  plan = _plan(record, _dims(arg_shapes), arg_shardings, _dims(result_shapes),
                adapter.element_shardings(result_sharding, result_shape))
   module = adapter.build_shard_module(
       target_name,
@@ -191,7 +195,7 @@ def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
   result_shapes = adapter.array_shapes(result_shape)
   record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
                    backend_config)
-  plan = _plan(record, arg_shapes, arg_shardings, result_shapes, None)
+  plan = _plan(record, _dims(arg_shapes), arg_shardings, _dims(result_shapes), None)
   if plan.passthrough:
     return adapter.pack_result_sharding(
         result_shape, [adapter.HloSharding.manual()] * len(result_shapes))
@@ -211,28 +215,15 @@ def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_c
   if len(candidates) != 1 or len(candidates[0][1]) != 1:
     return user_sharding  # ambiguous: partition() will fix what it must
   operand_key, (record,) = candidates[0]
-  problem = _core.Problem()
-  problem.operand_shapes = [list(s) for s, _ in operand_key]
-  problem.operand_batch_ranks = list(record.operand_batch_ranks)
-  problem.operand_shardings = [_core.Sharding() for _ in operand_key]
-  problem.result_shapes = [list(s.dimensions()) for s in result_shapes]
-  problem.result_batch_ranks = list(record.result_batch_ranks)
-  problem.result_shardings = [
-      adapter.to_planner_sharding(h, len(s.dimensions()))
-      for h, s in zip(adapter.element_shardings(user_sharding, result_shape),
-                      result_shapes)]
-  plan = _core.make_plan(problem)
+  plan = _plan(record, [list(s) for s, _ in operand_key], [None] * len(operand_key),
+               _dims(result_shapes), adapter.element_shardings(user_sharding, result_shape))
   if plan.passthrough:
     return user_sharding
   return adapter.pack_result_sharding(
       result_shape, [adapter.from_planner_sharding(s) for s in plan.result_shardings])
 
 
-def _record_exported(module) -> None:
-  record_module(module)
-
-
-adapter.on_exported_call_lowering(_record_exported)
+adapter.on_exported_call_lowering(record_module)
 
 
 def register(target_name: str) -> None:
