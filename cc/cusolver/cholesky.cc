@@ -1,0 +1,92 @@
+// batchpart_potrf on CUDA: batched Cholesky factorization.
+#include <cstdint>
+
+#include "cusolver/kernels.h"
+#include "cusolver/solver_api.h"
+
+namespace batchpart::cusolver {
+namespace {
+
+constexpr char kTarget[] = "batchpart_potrf";
+
+ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
+                    const ffi::AnyBuffer& info, Dims& batch, int64_t& n) {
+  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
+  batch = lapack::BatchDims(a.dimensions(), 2);
+  n = a.dimensions().back();
+  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", n));
+  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result factor", factor,
+                                                 lapack::WithCore(batch, {n, n}),
+                                                 a.element_type()));
+  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(batch, {}),
+                              ffi::DataType::S32);
+}
+
+template <typename T>
+ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t batch, int64_t n,
+                  bool lower, const ffi::AnyBuffer& a, ffi::AnyBuffer& factor,
+                  ffi::AnyBuffer& info) {
+  int32_t* info_data = Data<int32_t>(info);
+  if (batch == 0) return ffi::Error::Success();
+  if (n == 0) return ZeroInts(kTarget, stream, info_data, batch);
+  const int64_t size = n * n;
+  T* l = Data<T>(factor);
+  BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), l, batch * size));
+
+  SolverHandle handle;
+  BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
+  const cublasFillMode_t uplo = lower ? CUBLAS_FILL_MODE_LOWER : CUBLAS_FILL_MODE_UPPER;
+  const int n_int = static_cast<int>(n);
+  if (UseBatched(n, batch)) {
+    T** ptrs;
+    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &ptrs));
+    BATCHPART_RETURN_IF_ERROR(CudaStatus(
+        kTarget, "MakePointers", MakePointers(stream, l, size, IdentityIndex(batch), batch, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
+      return SolverStatus(kTarget, "potrfBatched",
+                          Solver<T>::potrfBatched(handle.get(), uplo, n_int, ptrs + begin, n_int,
+                                                  info_data + begin, count));
+    }));
+  } else {
+    int lwork = 0;
+    BATCHPART_RETURN_IF_ERROR(SolverStatus(
+        kTarget, "potrf_bufferSize",
+        Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
+    T* work;
+    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "potrf workspace", lwork, &work));
+    for (int64_t b = 0; b < batch; ++b) {
+      BATCHPART_RETURN_IF_ERROR(SolverStatus(
+          kTarget, "potrf",
+          Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
+                           info_data + b)));
+    }
+  }
+  return CudaStatus(kTarget, "FinishCholesky",
+                    FinishCholesky(stream, l, n, batch, lower, info_data));
+}
+
+ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+                     ffi::Result<ffi::AnyBuffer> factor, ffi::Result<ffi::AnyBuffer> info,
+                     bool lower) {
+  Dims batch;
+  int64_t n = 0;
+  BATCHPART_RETURN_IF_ERROR(Validate(a, *factor, *info, batch, n));
+  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Factor<T>(stream, scratch, lapack::Product(batch), n, lower, a, *factor, *info);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrfCuda, PotrfImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // factor
+                                  .Ret<ffi::AnyBuffer>()  // info
+                                  .Attr<bool>("lower"));
+
+}  // namespace batchpart::cusolver

@@ -1,0 +1,245 @@
+// Shared pieces of the CUDA kernels: cuSOLVER/cuBLAS entry points per scalar
+// type, status checks that name the target, handle pools, scratch memory from
+// XLA's FFI allocator, dtype dispatch and broadcast maps.
+//
+// The shape/dtype validation is the CPU kernels' (lapack/kernel_helpers.h),
+// so a malformed call gets the same message on both platforms.
+#ifndef BATCHPART_CUSOLVER_SOLVER_API_H_
+#define BATCHPART_CUSOLVER_SOLVER_API_H_
+
+#include <cublas_v2.h>
+#include <cuComplex.h>
+#include <cuda_runtime_api.h>
+#include <cusolverDn.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cusolver/device_kernels.h"
+#include "lapack/kernel_helpers.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace batchpart::cusolver {
+
+namespace ffi = xla::ffi;
+using lapack::Dims;
+using lapack::TypeTag;
+
+// ---- per-type entry points ---------------------------------------------------
+
+// Solver<T> holds the cuSOLVER and cuBLAS routines for T (float, double,
+// cuComplex, cuDoubleComplex) under one name; where real and complex differ
+// (orgqr/ungqr, syevd/heevd, syevj/heevj) the table holds the one for T.
+template <typename T>
+struct Solver;
+
+#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                      \
+  template <>                                                                        \
+  struct Solver<T> {                                                                 \
+    using Real = R;                                                                  \
+    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;       \
+    static constexpr auto potrf = &cusolverDn##P##potrf;                             \
+    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;               \
+    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;       \
+    static constexpr auto getrf = &cusolverDn##P##getrf;                             \
+    static constexpr auto getrs = &cusolverDn##P##getrs;                             \
+    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;       \
+    static constexpr auto geqrf = &cusolverDn##P##geqrf;                             \
+    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;     \
+    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                           \
+    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;     \
+    static constexpr auto syevd = &cusolverDn##P##SY##evd;                           \
+    static constexpr auto syevjBatched_bufferSize =                                  \
+        &cusolverDn##P##SY##evjBatched_bufferSize;                                   \
+    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;             \
+    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;       \
+    static constexpr auto gesvd = &cusolverDn##P##gesvd;                             \
+    static constexpr auto gesvdjBatched_bufferSize =                                 \
+        &cusolverDn##P##gesvdjBatched_bufferSize;                                    \
+    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;             \
+    static constexpr auto trsm = &cublas##P##trsm_v2;                                \
+    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                     \
+    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                   \
+    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                   \
+  };
+
+BATCHPART_SOLVER_TABLE(float, float, S, sy, or)
+BATCHPART_SOLVER_TABLE(double, double, D, sy, or)
+BATCHPART_SOLVER_TABLE(cuComplex, float, C, he, un)
+BATCHPART_SOLVER_TABLE(cuDoubleComplex, double, Z, he, un)
+#undef BATCHPART_SOLVER_TABLE
+
+template <typename T>
+inline constexpr bool kIsComplex =
+    std::is_same_v<T, cuComplex> || std::is_same_v<T, cuDoubleComplex>;
+
+template <typename T>
+T HostOne() {
+  if constexpr (std::is_same_v<T, cuComplex>) {
+    return make_cuComplex(1.0f, 0.0f);
+  } else if constexpr (std::is_same_v<T, cuDoubleComplex>) {
+    return make_cuDoubleComplex(1.0, 0.0);
+  } else {
+    return T(1);
+  }
+}
+
+// Calls fn(TypeTag<T>{}) with T the cuSOLVER type of `dtype`.
+template <typename Fn>
+ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case ffi::DataType::F32:
+      return fn(TypeTag<float>{});
+    case ffi::DataType::F64:
+      return fn(TypeTag<double>{});
+    case ffi::DataType::C64:
+      return fn(TypeTag<cuComplex>{});
+    case ffi::DataType::C128:
+      return fn(TypeTag<cuDoubleComplex>{});
+    default:
+      return lapack::ExpectLinalgDtype(target, dtype);
+  }
+}
+
+// ---- status checks (solver_api.cc) -------------------------------------------
+
+ffi::Error CudaStatus(const char* target, const char* what, cudaError_t status);
+ffi::Error SolverStatus(const char* target, const char* what, cusolverStatus_t status);
+ffi::Error BlasStatus(const char* target, const char* what, cublasStatus_t status);
+
+// `value` (a dim, a batch or a workspace size) fits cuSOLVER's 32-bit int.
+ffi::Error ExpectInt(const char* target, const char* what, int64_t value);
+
+// ---- handles -------------------------------------------------------------------
+
+// A cuSOLVER or cuBLAS handle borrowed from a per-stream pool and bound to
+// the stream; returned to the pool when the lease goes out of scope. Handles
+// are created on first use (with the caller's current device, which XLA
+// sets) and live as long as the process.
+void ReturnHandle(cudaStream_t stream, cusolverDnHandle_t handle);
+void ReturnHandle(cudaStream_t stream, cublasHandle_t handle);
+
+template <typename Handle>
+class HandleLease {
+ public:
+  HandleLease() = default;
+  HandleLease(cudaStream_t stream, Handle handle) : stream_(stream), handle_(handle) {}
+  HandleLease(HandleLease&& other) noexcept
+      : stream_(other.stream_), handle_(std::exchange(other.handle_, nullptr)) {}
+  HandleLease& operator=(HandleLease&& other) noexcept {
+    if (this != &other) {
+      Release();
+      stream_ = other.stream_;
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  HandleLease(const HandleLease&) = delete;
+  HandleLease& operator=(const HandleLease&) = delete;
+  ~HandleLease() { Release(); }
+
+  Handle get() const { return handle_; }
+
+ private:
+  void Release() {
+    if (handle_ != nullptr) ReturnHandle(stream_, std::exchange(handle_, nullptr));
+  }
+
+  cudaStream_t stream_ = nullptr;
+  Handle handle_ = nullptr;
+};
+
+using SolverHandle = HandleLease<cusolverDnHandle_t>;
+using BlasHandle = HandleLease<cublasHandle_t>;
+
+ffi::Error BorrowSolver(const char* target, cudaStream_t stream, SolverHandle* out);
+ffi::Error BorrowBlas(const char* target, cudaStream_t stream, BlasHandle* out);
+
+// ---- scratch memory ------------------------------------------------------------
+
+// `count` elements of T from XLA's scratch allocator (freed when the handler
+// returns; XLA orders the reuse after the work queued on this stream). A zero
+// count gives nullptr without allocating.
+template <typename T>
+ffi::Error Allocate(ffi::ScratchAllocator& scratch, const char* target, const char* what,
+                    int64_t count, T** out) {
+  *out = nullptr;
+  if (count <= 0) return ffi::Error::Success();
+  std::optional<void*> memory = scratch.Allocate(static_cast<size_t>(count) * sizeof(T));
+  if (!memory.has_value() || *memory == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(target) + ": could not allocate " +
+                          std::to_string(count * sizeof(T)) + " bytes of device scratch for " +
+                          what);
+  }
+  *out = static_cast<T*>(*memory);
+  return ffi::Error::Success();
+}
+
+// A buffer's data as T* (the FFI's complex types are layout-compatible with
+// cuComplex/cuDoubleComplex).
+template <typename T>
+T* Data(const ffi::AnyBuffer& buffer) {
+  return static_cast<T*>(buffer.untyped_data());
+}
+
+// Sets `count` int32 values to 0.
+inline ffi::Error ZeroInts(const char* target, cudaStream_t stream, int32_t* data,
+                           int64_t count) {
+  if (count == 0) return ffi::Error::Success();
+  return CudaStatus(target, "cudaMemsetAsync",
+                    cudaMemsetAsync(data, 0, static_cast<size_t>(count) * sizeof(int32_t), stream));
+}
+
+// Copies `count` elements device-to-device unless the buffers are one (an
+// aliased operand and result).
+template <typename T>
+ffi::Error CopyIfDistinct(const char* target, cudaStream_t stream, const T* src, T* dst,
+                          int64_t count) {
+  if (src == dst || count == 0) return ffi::Error::Success();
+  return CudaStatus(target, "cudaMemcpyAsync",
+                    cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(T),
+                                    cudaMemcpyDeviceToDevice, stream));
+}
+
+// ---- broadcasting --------------------------------------------------------------
+
+// The device map from the output batch (out_batch) to an operand's batch
+// elements (in_batch, right-aligned, size-1 dims broadcast). Dims of size 1
+// are dropped and adjacent dims merged where the operand's strides allow, so
+// that the map fits kMaxBroadcastRank; INVALID_ARGUMENT if it does not.
+ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch,
+                              Dims in_batch, BroadcastIndex* index);
+// The identity map over `count` elements.
+BroadcastIndex IdentityIndex(int64_t count);
+
+// cuSOLVER/cuBLAS batched calls take an int batch count; this walks [0,
+// total) in chunks that fit.
+template <typename Fn>
+ffi::Error ForEachBatchChunk(int64_t total, Fn&& fn) {
+  constexpr int64_t kChunk = std::numeric_limits<int>::max();
+  for (int64_t begin = 0; begin < total; begin += kChunk) {
+    BATCHPART_RETURN_IF_ERROR(fn(begin, static_cast<int>(std::min(kChunk, total - begin))));
+  }
+  return ffi::Error::Success();
+}
+
+// Whether a batch goes to a batched routine (one call, pointer arrays) or to
+// a loop of per-matrix calls: batched when there are enough matrices for
+// their size. This is jaxlib's rule for LU (jaxlib/gpu/solver_kernels_ffi.cc:
+// batch > 1 && n / batch <= 128); batchpart applies it to potrfBatched,
+// getrfBatched and getrsBatched alike.
+inline bool UseBatched(int64_t n, int64_t batch) { return batch > 1 && n / batch <= 128; }
+
+// The largest matrices cuSOLVER's Jacobi batched routines take
+// (syevjBatched and gesvdjBatched require n <= 32).
+inline constexpr int64_t kSmallMatrix = 32;
+
+}  // namespace batchpart::cusolver
+
+#endif  // BATCHPART_CUSOLVER_SOLVER_API_H_
