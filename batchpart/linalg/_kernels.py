@@ -14,7 +14,7 @@ import numpy as np
 
 import batchpart
 from batchpart._signature import parse_signature
-from batchpart import _lapack_targets
+from batchpart import _cusolver_targets, _lapack_targets
 
 _registered = False
 _lock = threading.Lock()
@@ -27,6 +27,7 @@ def ensure_registered() -> None:
   with _lock:
     if not _registered:
       _lapack_targets.register()
+      _cusolver_targets.register()  # same names for "CUDA", if built and a GPU is present
       _registered = True
 
 
