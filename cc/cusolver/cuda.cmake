@@ -28,7 +28,8 @@ else()
   set(_bp_cuda_mode "OFF")
 endif()
 
-# Leaves this file: a STATUS message in AUTO mode, an error with ON.
+# Leaves this file: a STATUS message in AUTO mode, an error with ON. The
+# arguments are concatenated (so they must not contain semicolons).
 macro(_bp_cuda_skip)
   string(CONCAT _bp_reason ${ARGV})
   if(_bp_cuda_mode STREQUAL "ON")
@@ -123,8 +124,8 @@ foreach(_bp_var BATCHPART_CUSOLVER_INCLUDE_DIR BATCHPART_CUBLAS_INCLUDE_DIR
 endforeach()
 if(_bp_missing)
   string(REPLACE ";" ", " _bp_missing "${_bp_missing}")
-  _bp_cuda_skip("nvcc ${_bp_cuda_version} found, but not ${_bp_missing}; install "
-                "nvidia-cusolver and nvidia-cublas (pip) or point BATCHPART_CUDA_LIBS_ROOT at them")
+  _bp_cuda_skip("nvcc ${_bp_cuda_version} found, but not ${_bp_missing} (install "
+                "nvidia-cusolver and nvidia-cublas with pip, or point BATCHPART_CUDA_LIBS_ROOT at them)")
 endif()
 
 # The headers must match the toolkit's major version (a CUDA 12 cuBLAS next to
