@@ -57,6 +57,36 @@ def test_built_cuda_module_loads_and_exports_the_cpu_target_names():
   assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("out_batch,in_batch", [
+    ((), ()), ((3,), ()), ((3,), (1,)), ((3,), (3,)), ((2, 3), (3,)), ((2, 3), (2, 1)),
+    ((2, 3), (1, 3)), ((4, 1, 5), (4, 1, 1)), ((2, 3, 4), (3, 1)), ((2, 1, 3, 4), (2, 1, 1, 4)),
+    ((0, 3), (3,)), ((2, 2, 2, 2, 2, 2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 1, 1, 1, 1, 1)),
+    ((5, 4, 3, 2), (5, 4, 3, 2)), ((5, 4, 3, 2), (1, 1, 1, 1))])
+def test_broadcast_map_matches_numpy(out_batch, in_batch):
+  """The batch-broadcast map the device kernels use (trsm/gesv pointer arrays
+  and copies), evaluated on the host: merged dims, same indices as NumPy."""
+  if not _cusolver_targets.available():
+    pytest.skip("batchpart._cuda was not built")
+  _cusolver_targets._preload_wheel_libraries()
+  from batchpart import _cuda
+  count = int(np.prod(in_batch, dtype=np.int64))
+  expected = np.broadcast_to(np.arange(count).reshape(in_batch), out_batch).ravel()
+  rank, mapping = _cuda._broadcast_map(list(out_batch), list(in_batch))
+  np.testing.assert_array_equal(mapping, expected)
+  assert rank <= 8
+
+
+def test_broadcast_map_with_too_many_alternating_dims_is_an_error():
+  if not _cusolver_targets.available():
+    pytest.skip("batchpart._cuda was not built")
+  _cusolver_targets._preload_wheel_libraries()
+  from batchpart import _cuda
+  out_batch = [2] * 18
+  in_batch = [2, 1] * 9  # nine runs of each kind: nothing merges
+  with pytest.raises(ValueError, match="needs more than 8 dims on the GPU"):
+    _cuda._broadcast_map(out_batch, in_batch)
+
+
 def _nvcc():
   for candidate in (os.environ.get("CUDACXX"),
                     os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"),
