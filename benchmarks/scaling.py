@@ -204,7 +204,9 @@ def _plot(scaling: dict, path: str) -> None:
     base = scaling["times"][name][0]
     ax.plot(scaling["devices"], [base / t for t in scaling["times"][name]], marker="o",
             label=name)
-  ax.plot(scaling["devices"], scaling["devices"], color="gray", linestyle=":", label="ideal")
+  cores = os.cpu_count() or 1
+  ax.plot(scaling["devices"], [min(d, cores) for d in scaling["devices"]], color="gray",
+          linestyle=":", label=f"ideal on {cores} physical cores")
   ax.set_xlabel("simulated CPU devices (2 physical cores)")
   ax.set_ylabel("speed-up over 1 device, same total work")
   ax.set_xscale("log", base=2)
@@ -271,6 +273,8 @@ def main(argv=None) -> int:
   if not args.no_write:
     with open(os.path.join(DOCS, "benchmarks-scaling.md"), "w") as f:
       f.write(report)
+    with open(os.path.join(DOCS, "benchmarks-scaling.json"), "w") as f:
+      json.dump({"scaling": scaling, "compile": compile_times}, f, indent=1)
     _plot(scaling, os.path.join(DOCS, "benchmarks-scaling.png"))
   return 0
 
