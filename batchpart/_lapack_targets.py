@@ -15,6 +15,8 @@ import math
 import threading
 from collections.abc import Sequence
 
+import jax
+
 
 TARGET_NAMES: tuple[str, ...] = (
   "batchpart_potrf",
@@ -42,6 +44,11 @@ def register() -> None:
 
     _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
     _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
+    # Several CPU devices run their programs concurrently on the same cores;
+    # BLAS threads inside each call then only fight each other (a 256x256
+    # Cholesky on 8 simulated devices: 1.5 s with them, 12 ms without; see
+    # docs/reliability.md). One device may use them, as jaxlib does.
+    _core.lapack.set_single_threaded_blas(len(jax.devices("cpu")) > 1)
     handlers = _core.lapack.handlers()
     if set(handlers) != set(TARGET_NAMES):
       raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "

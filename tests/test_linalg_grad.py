@@ -1,6 +1,8 @@
 """Derivatives of batchpart.linalg: equal to jax.numpy.linalg's and to finite
 differences, forward and reverse mode."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,3 +105,14 @@ def test_against_finite_differences(name, ours, ref, make):
   else:
     f = ours
   check_grads(f, args, order=1, modes=("fwd", "rev"), atol=1e-5, rtol=1e-5, eps=1e-6)
+
+
+@pytest.mark.parametrize("name,ours,ref,make", loss_pairs(), ids=[p[0] for p in loss_pairs()])
+def test_derivatives_use_only_batchpart_kernels(name, ours, ref, make):
+  """jaxlib's CPU LAPACK kernels can deadlock XLA's pool on several devices
+  (docs/reliability.md): no derivative of batchpart.linalg may call them."""
+  args = make(np.float64)
+  loss = lambda *a: jnp.sum(jnp.abs(jnp.asarray(jax.tree.leaves(ours(*a))[0])) ** 2)
+  text = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args).as_text()
+  targets = set(re.findall(r"stablehlo.custom_call @(\w+)", text))
+  assert targets and all(t.startswith("batchpart_") for t in targets), targets

@@ -7,16 +7,18 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from batchpart.linalg import _kernels
+from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
     EighResult, QRResult, SVDResult, H, as_inexact, check_matrix, eye_like, int_zeros, matmul, mT, symmetrize, tril, triu)
 
 
-def _tangent_trsm(a, b, **kwargs):
-  # Tangent maps use jax's own (transposable) solve so reverse mode works.
-  return lax.linalg.triangular_solve(a, b, **kwargs)
+def _tangent_trsm(a, b, *, left_side=False, lower=False, transpose_a=False,
+                  conjugate_a=False, unit_diagonal=False):
+  # jax.lax.linalg.triangular_solve's defaults, through batchpart's kernels.
+  return _tangent_solves.triangular_solve(
+      a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
+      conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
 
 
 # ---- Cholesky -----------------------------------------------------------------

@@ -7,9 +7,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from batchpart.linalg import _kernels
+from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import as_inexact, check_matrix, matmul, tril, triu
 
 
@@ -69,9 +68,8 @@ def _trsm_jvp(options, primals, tangents):
       triu(a_dot, 1 if unit_diagonal else 0)
   op_a_dot = _op(a_dot, transpose_a, conjugate_a)
   rhs = b_dot - (matmul(op_a_dot, x) if left_side else matmul(x, op_a_dot))
-  a_b = jnp.broadcast_to(a, (*rhs.shape[:-2], *a.shape[-2:]))
-  x_dot = lax.linalg.triangular_solve(
-      a_b, rhs, left_side=left_side, lower=lower, transpose_a=transpose_a,
+  x_dot = _tangent_solves.triangular_solve(
+      a, rhs, left_side=left_side, lower=lower, transpose_a=transpose_a,
       conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
   return x, x_dot
 
@@ -112,6 +110,4 @@ def _solve_jvp(primals, tangents):
   a, b = primals
   a_dot, b_dot = tangents
   x = _solve(a, b)
-  rhs = b_dot - matmul(a_dot, x)
-  a_b = jnp.broadcast_to(a, (*rhs.shape[:-2], *a.shape[-2:]))
-  return x, jnp.linalg.solve(a_b, rhs)
+  return x, _tangent_solves.solve(a, b_dot - matmul(a_dot, x))
