@@ -43,6 +43,9 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     return functools.partial(batch_partitionable, signature=signature,
                              num_batch_dims=num_batch_dims)
   name = getattr(fn, "__name__", repr(fn))
+  if not callable(fn):
+    raise TypeError(f"batchpart.batch_partitionable: expected a function, got "
+                    f"{type(fn).__name__} ({name}).")
   if (num_batch_dims is None) == (signature is None):
     raise ValueError(
         f"batchpart.batch_partitionable({name}): pass exactly one of "

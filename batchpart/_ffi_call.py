@@ -77,6 +77,12 @@ def ffi_call(
     out_layouts = None
 
   def call(*args, **attributes):
+    for i, x in enumerate(args):
+      if not (hasattr(x, "shape") and hasattr(x, "dtype")) and not isinstance(
+          x, (int, float, complex, bool)):
+        raise TypeError(
+            f"batchpart.ffi_call('{target_name}'): operand {i} must be an array, got "
+            f"{type(x).__name__}. Pass attributes as keyword arguments.")
     in_avals = [adapter.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]

@@ -190,6 +190,24 @@ def _partition_uncached(target_name, arg_shapes, arg_shardings, result_shape,
       result_shape, result_shardings)
 
 
+def _never_raise(callback):
+  """XLA aborts the process when GSPMD's propagation callbacks raise
+  (custom_partition_callback.cc CHECK-fails); only partition() may report an
+  error. On any error these callbacks give no sharding preference
+  (replicated), and partition() raises the real error cleanly."""
+  @functools.wraps(callback)
+  def safe(target_name, *args):
+    try:
+      return callback(target_name, *args)
+    except Exception:  # noqa: BLE001 - any failure must not reach XLA here
+      result_shape = args[-2]
+      return adapter.pack_result_sharding(
+          result_shape,
+          [adapter.HloSharding.replicate()] * len(adapter.array_shapes(result_shape)))
+  return safe
+
+
+@_never_raise
 def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
                                   result_shape, backend_config):
   result_shapes = adapter.array_shapes(result_shape)
@@ -203,6 +221,7 @@ def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
       result_shape, [adapter.from_planner_sharding(s) for s in plan.result_shardings])
 
 
+@_never_raise
 def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_config):
   """The sharding to give the call when its users want `user_sharding`: the
   users' batch sharding, with core dims whole."""

@@ -52,6 +52,7 @@ def register_ffi_target(name: str, handler, *, platform: str = "cpu",
   if not isinstance(name, str) or not name:
     raise TypeError(f"batchpart.register_ffi_target: name must be a non-empty "
                     f"str, got {name!r}.")
+  _check_handler(name, handler)
   key = (name, platform.lower())
   identity = _handler_identity(handler)
   with _lock:
@@ -62,10 +63,31 @@ def register_ffi_target(name: str, handler, *, platform: str = "cpu",
             f"registered on platform '{platform}' with a different handler. "
             "Target names are process-global; pick another name.")
     else:
-      jax.ffi.register_ffi_target(name, handler, platform=platform,
-                                  api_version=api_version)
+      try:
+        jax.ffi.register_ffi_target(name, handler, platform=platform,
+                                    api_version=api_version)
+      except Exception as e:
+        raise ValueError(f"batchpart.register_ffi_target: registering FFI target "
+                         f"'{name}' on platform '{platform}' failed: {e}") from e
       _handlers[key] = identity
     mark_batch_partitionable(name)
+
+
+def _is_capsule(x) -> bool:
+  return type(x).__name__ == "PyCapsule"
+
+
+def _check_handler(name: str, handler) -> None:
+  # jax only queues a handler until the backend starts, so a bad one would
+  # otherwise surface later as a backend failure that names no target.
+  ok = _is_capsule(handler) or (
+      isinstance(handler, dict) and handler and all(
+          isinstance(k, str) and _is_capsule(v) for k, v in handler.items()))
+  if not ok:
+    raise TypeError(
+        f"batchpart.register_ffi_target: the handler for FFI target '{name}' must be a "
+        f"PyCapsule wrapping an XLA_FFI_Handler* (e.g. from nanobind or "
+        f"jax.ffi.pycapsule), or a dict of them; got {type(handler).__name__}.")
 
 
 def mark_batch_partitionable(name: str) -> None:

@@ -100,22 +100,11 @@ class Case:
   unnamed: str | None = None    # xfail reason for test_message_names_the_target
 
 
-_KERNEL_SHORT_NAMES = (
-    "batchpart's test kernels (cc/testing/test_kernels.cc) prefix their errors with "
-    "their short name ('softmax: ...'), not the FFI target's name")
 _XLA_ATTRIBUTE_DECODE = (
     "XLA's FFI attribute decoding fails at execution with '[execute] ...' and no "
     "target name; batchpart cannot check attributes at trace time (the handler's "
     "attribute types are not introspectable)")
 
-_DEFERRED_REGISTRATION = (
-    "before the CPU backend starts, jax.ffi.register_ffi_target only queues the handler, "
-    "so bp.register_ffi_target accepts a bad one, records it and marks the target; the "
-    "error surfaces at the next jax call as 'Unable to initialize backend cpu: "
-    "Unsupported custom call target type', naming no target")
-_UNCHANGED_REGISTRATION_ERROR = (
-    "bp.register_ffi_target lets jax.ffi.register_ffi_target's error through unchanged; "
-    "it does not name the target")
 
 CASES = [
     # ---- shapes and ranks ------------------------------------------------------
@@ -146,30 +135,24 @@ CASES = [
     Case("kernel_rank_check",  # passes batchpart's checks, fails the kernel's
          f"def call(): return bp.ffi_call('{COPY}', S((8,), f32), num_batch_dims=0)("
          "np.ones(8, f32))",
-         "JaxRuntimeError", r"copy_bytes.*shape", COPY, unnamed=_KERNEL_SHORT_NAMES),
+         "JaxRuntimeError", r"copy_bytes.*shape", COPY),
     # ---- dtypes ----------------------------------------------------------------
     Case("test_kernel_integer_operand",
          "def call(): return kernels.softmax(np.ones((4, 8), i32))",
-         "JaxRuntimeError", r"unsupported dtype", SOFTMAX, unnamed=_KERNEL_SHORT_NAMES),
+         "JaxRuntimeError", r"unsupported dtype", SOFTMAX),
     Case("test_kernel_mixed_operand_dtypes",
          "def call(): return kernels.matvec(np.ones((4, 3, 5), f32), np.ones((4, 5), f64))",
-         "JaxRuntimeError", r"must share one dtype", MATVEC, unnamed=_KERNEL_SHORT_NAMES),
+         "JaxRuntimeError", r"must share one dtype", MATVEC),
     Case("test_kernel_result_dtype_differs",  # float64 rows into float32 results
          f"def call(): return bp.ffi_call('{SOFTMAX}', (S((64, 64), f32), S((64,), f32)), "
          "signature='(n)->(n),()')(np.ones((64, 64), f64))",
-         "JaxRuntimeError", r"dtype", SOFTMAX,
-         crash="softmax (and axpy) never compare the results' dtypes with the operand's: "
-               "float64 rows are written into float32 result buffers, out of bounds "
-               "('double free or corruption', SIGABRT)",
-         unnamed=_KERNEL_SHORT_NAMES),
+         "JaxRuntimeError", r"dtype", SOFTMAX),
     Case("linalg_float16",
          "def call(): return bp.linalg.cholesky(np.eye(3, dtype=np.float16)[None])",
          "TypeError", r"unsupported dtype float16", r"batchpart\.linalg\.cholesky"),
     Case("linalg_string_operand",
          "def call(): return bp.linalg.eigh('abc')",
-         "TypeError", r"(not a valid JAX array type|dtype)", r"batchpart\.linalg\.eigh",
-         unnamed="bp.linalg passes a non-array straight to jnp.asarray, whose error does "
-                 "not name the batchpart function"),
+         "TypeError", r"(not a valid JAX array type|dtype)", r"batchpart\.linalg\.eigh"),
     Case("lapack_kernel_result_dtype",
          "from batchpart.linalg import _kernels\n_kernels.ensure_registered()\n"
          "def call(): return bp.ffi_call('batchpart_potrf', (S((2, 3, 3), f64), S((2,), i32)), "
@@ -254,10 +237,9 @@ CASES = [
          "ValueError", r"shape.*dtype", SOFTMAX,
          unnamed="jax's result_shape_dtypes check raises before batchpart adds the target"),
     Case("operand_not_an_array",
-         "def call(): return kernels.softmax('abc')",
-         "Exception", r"(str|array)", SOFTMAX,
-         unnamed="bp.ffi_call reads .shape of its operands without checking them "
-                 "(AttributeError: 'str' object has no attribute 'shape')"),
+         f"def call(): return bp.ffi_call('{SOFTMAX}', (S((4, 8), f32), S((4,), f32)), "
+         "signature='(n)->(n),()')('abc')",
+         "TypeError", r"operand 0 must be an array", SOFTMAX),
     # ---- layouts and aliases -----------------------------------------------------
     Case("layout_not_a_permutation",
          f"def call(): return bp.ffi_call('{COPY}', S((4, 8, 8), f32), num_batch_dims=1, "
@@ -287,19 +269,16 @@ CASES = [
          "bad_input_target"),
     Case("register_a_non_capsule",  # before the CPU backend exists (jax defers it)
          "def call(): return bp.register_ffi_target('bad_input_int_handler', 42)",
-         "Exception", r"(capsule|handler)", "bad_input_int_handler",
-         crash=_DEFERRED_REGISTRATION, unnamed=_DEFERRED_REGISTRATION),
+         "TypeError", r"must be a PyCapsule", "bad_input_int_handler"),
     Case("register_a_non_capsule_after_backend_start",
          "jax.devices()\n"
          "def call(): return bp.register_ffi_target('bad_input_int_handler', 42)",
-         "Exception", r"[Uu]nsupported custom call target type", "bad_input_int_handler",
-         unnamed=_UNCHANGED_REGISTRATION_ERROR),
+         "TypeError", r"must be a PyCapsule", "bad_input_int_handler"),
     Case("register_bad_api_version",
          "jax.devices()\n"
          "def call(): return bp.register_ffi_target('bad_input_api', HANDLERS['softmax'], "
          "api_version=7)",
-         "Exception", r"API version 7 is not supported", "bad_input_api",
-         unnamed=_UNCHANGED_REGISTRATION_ERROR),
+         "Exception", r"API version 7 is not supported", "bad_input_api"),
     Case("register_bad_name",
          "def call(): return bp.register_ffi_target(None, HANDLERS['softmax'])",
          "TypeError", r"name must be a non-empty str", r"register_ffi_target.*None"),
@@ -311,10 +290,13 @@ CASES = [
          "num_batch_dims=1)(np.ones((4, 8), f32))",
          "JaxRuntimeError", r"No FFI handler registered", "bad_input_failed"),
     Case("first_computation_after_bad_registration",
-         "bp.register_ffi_target('bad_input_failed', 42)  # accepted: no backend yet\n"
-         "def call(): return kernels.softmax(np.ones((4, 8), f32))",
-         "Exception", r"[Uu]nsupported custom call target type", "bad_input_failed",
-         unnamed=_DEFERRED_REGISTRATION),
+         "try:\n"
+         "  bp.register_ffi_target('bad_input_failed', 42)  # refused before jax queues it\n"
+         "except TypeError:\n"
+         "  pass\n"
+         "def call(): return bp.ffi_call('bad_input_failed', S((4, 8), f32), "
+         "num_batch_dims=1)(np.ones((4, 8), f32))",
+         "JaxRuntimeError", r"No FFI handler registered", "bad_input_failed"),
     Case("unregistered_target",
          "def call(): return bp.ffi_call('bad_input_nowhere', S((4, 8), f32), "
          "num_batch_dims=1)(np.ones((4, 8), f32))",
@@ -343,11 +325,7 @@ CASES = [
          "S(x.shape[:-1], x.dtype)))(x)\n"
          "  return jax.jit(f)(put(np.ones((16, 8), f32), P('x')))",
          "JaxRuntimeError", r"no such call was lowered through batchpart", "bad_input_plain",
-         devices=8,
-         crash="under GSPMD, _partitioner._infer_sharding_from_operands raises (no record); "
-               "XLA CHECK-fails on a callback error there (custom_partition_callback.cc:183, "
-               "SIGABRT) where partition()'s error is a clean INTERNAL error",
-         unnamed="see the crash reason"),
+         devices=8),
     # ---- the decorator -----------------------------------------------------------
     Case("decorator_without_spec",
          "def softmax_wrapper(x): return x\n"
@@ -364,9 +342,7 @@ CASES = [
          "ValueError", r"core dim 'n' of operand 0", "square_wrapper"),
     Case("decorator_on_a_non_callable",
          "def call(): return bp.batch_partitionable(3, num_batch_dims=1)(np.ones((2, 3), f32))",
-         "TypeError", r"callable", r"batch_partitionable",
-         unnamed="batch_partitionable accepts a non-callable; functools.partial fails at "
-                 "the first call ('the first argument must be callable')"),
+         "TypeError", r"expected a function", r"batch_partitionable"),
     # ---- the planner, called directly ---------------------------------------------
     Case("planner_tile_dims_do_not_match_rank",
          "def call(): return _core.make_plan(problem([(8, 4)], [1], [sharding([8])], "
@@ -393,10 +369,7 @@ CASES = [
          "ValueError", r"does not start with the batch shape", "result 0"),
     Case("planner_broadcast_batch_rank_above_rank",
          "def call(): return _core.broadcast_batch_shape([[2]], [5])",
-         "ValueError", r"batch rank 5", "operand 0",
-         crash="_core.broadcast_batch_shape never checks batch ranks against the shapes: "
-               "it reads past the shape vector (garbage out; [[2]], [10**8] segfaults)",
-         unnamed="see the crash reason"),
+         "ValueError", r"batch rank 5", "operand 0"),
 ]
 
 assert len({c.name for c in CASES}) == len(CASES)
@@ -491,15 +464,13 @@ def test_enough_kinds():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=_DEFERRED_REGISTRATION + "; the name then stays "
-                   "taken: registering the right handler raises 'already registered'")
 def test_a_failed_registration_can_be_corrected():
   code = _PRELUDE.format(devices=1) + textwrap.dedent("""
-      bp.register_ffi_target('bad_input_fixed', 42)
       try:
-        jax.devices()
-      except Exception as e:
-        print('backend:', e)
+        bp.register_ffi_target('bad_input_fixed', 42)
+      except TypeError as e:
+        print('refused:', e)
+      jax.devices()  # the backend starts cleanly: nothing bad was queued
       bp.register_ffi_target('bad_input_fixed', HANDLERS['softmax'])
       y, lse = bp.ffi_call('bad_input_fixed', (S((4, 8), f32), S((4,), f32)),
                            signature='(n)->(n),()')(np.zeros((4, 8), f32))

@@ -30,7 +30,10 @@ class SVDResult(NamedTuple):
 
 def as_inexact(fn: str, *arrays):
   """jnp.linalg's promotion: integer and bool inputs become floating."""
-  arrays = [jnp.asarray(a) for a in arrays]
+  try:
+    arrays = [jnp.asarray(a) for a in arrays]
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"batchpart.linalg.{fn}: operands must be numeric arrays: {e}") from e
   dtype = jnp.result_type(*arrays)
   if not jnp.issubdtype(dtype, jnp.inexact):
     dtype = jnp.result_type(dtype, float)  # jax's default float

@@ -240,6 +240,15 @@ std::string Sharding::ToString() const {
 
 Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
                           const std::vector<int>& batch_ranks) {
+  if (batch_ranks.size() != shapes.size()) {
+    throw std::invalid_argument("one batch rank per operand is required");
+  }
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    if (batch_ranks[k] < 0 || batch_ranks[k] > static_cast<int>(shapes[k].size())) {
+      Invalid("operand", k, "batch rank " + std::to_string(batch_ranks[k]) +
+                                " does not fit shape " + ShapeToString(shapes[k]));
+    }
+  }
   int rank = 0;
   for (int r : batch_ranks) rank = std::max(rank, r);
   Shape out(rank, 1);

@@ -35,8 +35,9 @@ std::string DimsToString(ffi::Span<const int64_t> dims) {
   return out + (dims.size() == 1 ? ",)" : ")");
 }
 
+// Errors name the FFI target the kernel is registered as (batchpart/testing.py).
 ffi::Error ShapeError(const char* kernel, const std::string& message) {
-  return ffi::Error::InvalidArgument(std::string(kernel) + ": " + message);
+  return ffi::Error::InvalidArgument("batchpart_test_" + std::string(kernel) + ": " + message);
 }
 
 bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
@@ -66,6 +67,9 @@ ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   if (!SameDims(y->dimensions(), dims) ||
       !SameDims(lse->dimensions(), dims.first(dims.size() - 1))) {
     return ShapeError("softmax", "result shapes do not match input " + DimsToString(dims));
+  }
+  if (y->element_type() != x.element_type() || lse->element_type() != x.element_type()) {
+    return ShapeError("softmax", "results must have the input's dtype");
   }
   const int64_t n = dims.back();
   const int64_t batch = Product(dims, 0, dims.size() - 1);
@@ -151,6 +155,9 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
   const auto dims = x.dimensions();
   if (dims.size() == 0 || !SameDims(y.dimensions(), dims) || !SameDims(out->dimensions(), dims)) {
     return ShapeError("axpy", "x, y and the result must share one shape of rank >= 1");
+  }
+  if (y.element_type() != x.element_type() || out->element_type() != x.element_type()) {
+    return ShapeError("axpy", "x, y and the result must share one dtype");
   }
   const int64_t size = Product(dims, 0, dims.size());
   switch (x.element_type()) {
