@@ -56,10 +56,18 @@ def _types_key(shapes_and_dtypes) -> tuple:
   return tuple((tuple(int(d) for d in s), np.dtype(t).name) for s, t in shapes_and_dtypes)
 
 
+# The record each thread lowered last, per key: XLA partitions on the thread
+# that compiles, and jit compiles a program on the thread that lowered it.
+_thread_latest = threading.local()
+
+
 def record_call(target_name: str, operand_types, result_types, backend_config: str,
                 record: CallRecord):
   key = (target_name, _types_key(operand_types), _types_key(result_types),
          backend_config)
+  if not hasattr(_thread_latest, "records"):
+    _thread_latest.records = {}
+  _thread_latest.records[key] = record
   with _lock:
     records = _records.setdefault(key, {})
     if records and record not in records:
@@ -107,6 +115,9 @@ def _lookup(target_name: str, operand_types, result_types, backend_config) -> Ca
     # Only the batch dims differ: the fewest is right for every call site
     # (extra dims are kept whole).
     return min(found, key=lambda r: sum(r.operand_batch_ranks) + sum(r.result_batch_ranks))
+  mine = getattr(_thread_latest, "records", {}).get(key)
+  if mine in found:
+    return mine  # this thread's own lowering: programs compiled by other threads
   warnings.warn(
       f"batchpart: calls to '{target_name}' with identical types and attributes "
       "were lowered with different layouts, aliasing or side effects; using the "
@@ -120,7 +131,7 @@ def _shape_types(shapes):
 
 
 def _plan(record: CallRecord, operand_shapes, operand_shardings, result_shapes,
-          result_shardings) -> _core.Plan:
+          result_shardings, *, split_axes: bool = True) -> _core.Plan:
   """Plans one call. Shapes are lists of dims; shardings jaxlib HloShardings
   (None: no proposal, i.e. replicated operands or no result hint)."""
   to_planner = lambda hs, shapes: [adapter.to_planner_sharding(h, len(s))
@@ -133,6 +144,7 @@ def _plan(record: CallRecord, operand_shapes, operand_shardings, result_shapes,
   problem.result_batch_ranks = list(record.result_batch_ranks)
   if result_shardings is not None:
     problem.result_shardings = to_planner(result_shardings, result_shapes)
+  problem.split_axes = split_axes
   return _core.make_plan(problem)
 
 
@@ -213,7 +225,10 @@ def _infer_sharding_from_operands(target_name, arg_shapes, arg_shardings,
   result_shapes = adapter.array_shapes(result_shape)
   record = _lookup(target_name, _shape_types(arg_shapes), _shape_types(result_shapes),
                    backend_config)
-  plan = _plan(record, _dims(arg_shapes), arg_shardings, _dims(result_shapes), None)
+  # Propagation may make this a jit output's sharding, which jax must express
+  # on its mesh: no split mesh axes there.
+  plan = _plan(record, _dims(arg_shapes), arg_shardings, _dims(result_shapes), None,
+               split_axes=False)
   if plan.passthrough:
     return adapter.pack_result_sharding(
         result_shape, [adapter.HloSharding.manual()] * len(result_shapes))
@@ -235,7 +250,8 @@ def _propagate_user_sharding(target_name, user_sharding, result_shape, backend_c
     return user_sharding  # ambiguous: partition() will fix what it must
   operand_key, (record,) = candidates[0]
   plan = _plan(record, [list(s) for s, _ in operand_key], [None] * len(operand_key),
-               _dims(result_shapes), adapter.element_shardings(user_sharding, result_shape))
+               _dims(result_shapes), adapter.element_shardings(user_sharding, result_shape),
+               split_axes=False)
   if plan.passthrough:
     return user_sharding
   return adapter.pack_result_sharding(

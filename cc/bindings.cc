@@ -47,7 +47,8 @@ void BindPlanner(nb::module_& m) {
       .def_rw("result_shapes", &bp::Problem::result_shapes)
       .def_rw("result_batch_ranks", &bp::Problem::result_batch_ranks)
       .def_rw("result_shardings", &bp::Problem::result_shardings)
-      .def_rw("rebatch", &bp::Problem::rebatch);
+      .def_rw("rebatch", &bp::Problem::rebatch)
+      .def_rw("split_axes", &bp::Problem::split_axes);
 
   nb::class_<bp::Plan>(m, "Plan")
       .def_ro("operand_shardings", &bp::Plan::operand_shardings)

@@ -125,10 +125,11 @@ def test_eight_threads_compile_and_run_different_programs(partitioner, mesh8, me
 @pytest.mark.timeout(120)
 @pytest.mark.xfail(strict=True, reason=(
     "batchpart/_partitioner.py keys lowering records by target, operand/result types "
-    "and attributes only: when two programs with equal types but different layouts are "
-    "both lowered before the first is compiled (as two threads compiling at once can "
-    "do), the first is partitioned with the second's layouts (a RuntimeWarning, then "
-    "a wrong result)"))
+    "and attributes (XLA's callbacks see nothing else): when one thread lowers two "
+    "programs with equal types but different layouts before compiling the first, the "
+    "first is partitioned with the second's layouts (a RuntimeWarning, then a wrong "
+    "result). Each thread's own latest lowering wins, so threads that lower and "
+    "compile their own programs are not affected"))
 def test_interleaved_lowering_keeps_each_programs_layouts(mesh8):
   # A shape no other test uses, so that nothing is cached from elsewhere.
   x = np.arange(8 * 5 * 7, dtype=np.float32).reshape(8, 5, 7)

@@ -468,11 +468,10 @@ def test_sharded_call_equals_numpy(data):
   call.check(call.operands, out)
 
 
-@pytest.mark.xfail(strict=True, raises=IndivisibleError, reason=(
-    "under GSPMD the planner re-batches an 8-way core tiling onto a batch dim of "
-    "size 2 as [2 tiles x 4 replicas]; that result sharding splits the mesh axis, so "
-    "jax cannot express the jit output's sharding on the mesh (IndivisibleError)"))
 def test_gspmd_rebatched_result_sharding_fits_the_mesh(mesh8):
+  """Propagation never proposes a split mesh axis (e.g. an 8-way core tiling
+  moved onto a batch dim of size 2 as 2 tiles x 4 replicas), which jax could
+  not express as the jit output's sharding."""
   x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
   xs = jax.device_put(x, NamedSharding(mesh8, P(None, "x")))
   previous = jax.config.jax_use_shardy_partitioner

@@ -106,8 +106,8 @@ int FindAxis(const DeviceAxes& axes, Pred pred) {
 // still absorb evenly, with that dim.
 std::optional<std::pair<int64_t, int>> Placement(const DeviceAxes& axes, int64_t size,
                                                  const Shape& shape, int batch_rank,
-                                                 const Shape& batch_shape) {
-  for (int64_t f = size; f > 1; --f) {
+                                                 const Shape& batch_shape, bool split_axes) {
+  for (int64_t f = size; f > (split_axes ? 1 : size - 1); --f) {
     if (size % f != 0) continue;
     for (int i = 0; i < static_cast<int>(batch_shape.size()); ++i) {
       if (!HasBatchDim(shape, batch_rank, batch_shape, i)) continue;
@@ -122,7 +122,7 @@ std::optional<std::pair<int64_t, int>> Placement(const DeviceAxes& axes, int64_t
 // Moves each axis that tiles a core dim onto a batch dim whose size it (or
 // a factor of it) divides; what does not fit is replicated.
 void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
-             const Shape& batch_shape, bool rebatch) {
+             const Shape& batch_shape, bool rebatch, bool split_axes) {
   // Batch axes on broadcast dims of this array only tile padding.
   for (int pos; (pos = FindAxis(axes, [&](const Axis& a) {
                    return a.tag == Tag::kBatch &&
@@ -133,8 +133,9 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
   for (int pos; (pos = FindAxis(axes, [](const Axis& a) { return a.tag == Tag::kCore; })) >= 0;) {
     const int64_t size = axes.axes()[pos].size;
     const auto placement =
-        rebatch && size > 1 ? Placement(axes, size, shape, batch_rank, batch_shape)
-                            : std::nullopt;
+        rebatch && size > 1
+            ? Placement(axes, size, shape, batch_rank, batch_shape, split_axes)
+            : std::nullopt;
     if (!placement) {
       axes.Retag(pos, Tag::kReplicated, 0);
       continue;
@@ -148,11 +149,11 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
 
 std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape,
                                        int batch_rank, const Shape& batch_shape,
-                                       bool rebatch) {
+                                       bool rebatch, bool split_axes) {
   if (sharding.kind != Sharding::Kind::kTiled) return std::nullopt;
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
   Candidate candidate{DeviceAxes::FromSharding(sharding, batch_rank, offset)};
-  Rebatch(candidate.axes, shape, batch_rank, batch_shape, rebatch);
+  Rebatch(candidate.axes, shape, batch_rank, batch_shape, rebatch, split_axes);
   for (const Axis& axis : candidate.axes.axes()) {
     if (axis.tag == Tag::kBatch) candidate.batch_tiles *= axis.size;
   }
@@ -310,7 +311,8 @@ Plan MakePlan(const Problem& problem) {
       }
       num_devices = sharding.NumTiles();
     }
-    auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, problem.rebatch);
+    auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, problem.rebatch,
+                                   problem.split_axes);
     if (candidate && (!best || candidate->batch_tiles > best->batch_tiles)) {
       best = std::move(candidate);
     }

@@ -46,6 +46,10 @@ struct Problem {
   std::vector<Sharding> result_shardings;
   // Move mesh axes that tile core dims onto batch dims (DESIGN.md rule 2).
   bool rebatch = true;
+  // Allow moving only a factor of such an axis (the rest replicated). A
+  // split axis is fine inside a program but cannot be expressed on jax's
+  // mesh, so sharding propagation (which may fix a jit output) turns it off.
+  bool split_axes = true;
 };
 
 struct Plan {
