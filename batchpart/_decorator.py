@@ -104,7 +104,7 @@ def _rebind_ffi_call(eqn, invals, batch_shape):
       input_output_aliases=tuple(params["input_output_aliases"]),
       custom_call_api_version=params["custom_call_api_version"],
       legacy_backend_config=params["legacy_backend_config"],
-      attributes=params["attributes"],
+      attributes=_primitive.typed_attributes(params["attributes"]),
   )
 
 

@@ -111,7 +111,7 @@ def ffi_call(
         input_output_aliases=aliases,
         custom_call_api_version=4,
         legacy_backend_config=None,
-        attributes=adapter.wrap_kwargs_hashable(attributes),
+        attributes=_primitive.typed_attributes(adapter.wrap_kwargs_hashable(attributes)),
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)

@@ -121,7 +121,7 @@ def _lowering(ctx, *operands, target_name, result_avals, operand_core_ranks,
   result_shapes = [a.shape for a in avals_out]
   batch_shape = check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
                            operand_shapes, result_shapes)
-  attrs = adapter.unwrap_kwargs_hashable(attributes)
+  attrs = adapter.unwrap_kwargs_hashable(tuple((k, v) for k, _, v in attributes))
   if custom_call_api_version >= 4:
     backend_config = adapter.attribute_dict(attrs)
   else:
@@ -232,6 +232,14 @@ def _not_differentiable(*args, target_name, **_):
 
 adapter.primitive_jvps[batchpart_ffi_call_p] = _not_differentiable
 adapter.primitive_transposes[batchpart_ffi_call_p] = _not_differentiable
+
+
+def typed_attributes(pairs) -> tuple:
+  """jax's hashable (name, value) attribute pairs, each tagged with its
+  value's type: params compare equal when 2 == 2.0, so without the tag a
+  call with an int32 attribute and one with a float64 would share a cached
+  executable (and the second would fail the first's way, or the reverse)."""
+  return tuple((k, type(v).__name__, v) for k, v in pairs)
 
 
 def bind(*args, **params):

@@ -484,10 +484,6 @@ def test_a_failed_registration_can_be_corrected():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=(
-    "a call with alpha=np.int32(2) caches its executable under attributes that compare "
-    "equal to alpha=np.float64(2.0) (2 == 2.0, same hash), so the correct call that "
-    "follows reuses it and fails; jax.ffi.ffi_call outside jit does the same"))
 def test_a_bad_attribute_does_not_poison_the_next_call():
   code = _PRELUDE.format(devices=1) + textwrap.dedent(f"""
       call = bp.ffi_call('{MATVEC}', S((1, 2), f32), signature='(m,n),(n)->(m)')
