@@ -26,6 +26,10 @@ Configurations (``--configs``, comma separated; default: a,b,c):
   g   a with OPENBLAS_NUM_THREADS=1.
   h   jnp.linalg.cholesky on a batch-sharded input: no collective at all.
   i   h with async dispatch off.
+  j   jax.grad of bp.linalg.cholesky on a core-sharded input: batchpart's
+      JVP rules solve with jax.lax.linalg.triangular_solve, i.e. jaxlib's
+      LAPACK trsm kernel.
+  k   j with async dispatch off.
 
 Usage::
 
@@ -62,6 +66,8 @@ CONFIGS = {
     "g": ("jnp", True, True, {"OPENBLAS_NUM_THREADS": "1"}),
     "h": ("jnp-batch", True, True, {}),
     "i": ("jnp-batch", False, True, {}),
+    "j": ("bp-grad", True, True, {}),
+    "k": ("bp-grad", False, True, {}),
 }
 
 
@@ -103,13 +109,19 @@ def child(config: str, runs: int, batch: int, n: int, block_every: int) -> int:
   elif program == "jnp-batch":
     f = jax.jit(jnp.linalg.cholesky)
     args = (a_batch,)
+  elif program == "bp-grad":
+    f = jax.jit(jax.grad(lambda a: bp.linalg.cholesky(a).sum()))
+    args = (a_core,)
   else:
     def f(a_core, a_batch, x_batch):
       return (bp.linalg.cholesky(a_core), bp.linalg.cholesky(a_batch),
               kernels.softmax(x_batch)[0])
     f = jax.jit(f)
     args = (a_core, a_batch, x_batch)
-  expected = np.linalg.cholesky(spd)
+  if program == "bp-grad":  # unsharded, on one device
+    expected = np.asarray(jax.grad(lambda a: jnp.linalg.cholesky(a).sum())(spd))
+  else:
+    expected = np.linalg.cholesky(spd)
   out = jax.block_until_ready(f(*args))
   np.testing.assert_allclose(np.asarray(jax.tree.leaves(out)[0]), expected,
                              rtol=1e-3, atol=1e-3)
@@ -178,7 +190,7 @@ def _short(frame: str, width: int = 90) -> str:
   return frame[:width]
 
 
-def collect_evidence(pid: int, stem: str) -> dict:
+def collect_evidence(pid: int, stem: str, gdb: bool = True) -> dict:
   evidence = {}
   try:
     c0 = _cpu_seconds(pid)
@@ -199,7 +211,7 @@ def collect_evidence(pid: int, stem: str) -> dict:
     with open(stem + ".pyspy.txt", "w") as f:
       f.write(r.stdout + r.stderr)
     evidence["py_spy"] = stem + ".pyspy.txt"
-  if shutil.which("gdb"):
+  if gdb and shutil.which("gdb"):
     r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "set pagination off",
                         "-ex", "thread apply all bt"],
                        capture_output=True, text=True, timeout=300)
@@ -208,6 +220,9 @@ def collect_evidence(pid: int, stem: str) -> dict:
     evidence["gdb"] = stem + ".gdb.txt"
     evidence["gdb_summary"] = summarise_gdb(r.stdout)
   return evidence
+
+
+_gdb_done: set[str] = set()
 
 
 def run_loop(config: str, rep: int, args) -> dict:
@@ -247,7 +262,10 @@ def run_loop(config: str, rep: int, args) -> dict:
     stalled = now - state["last"] > (args.stall if state["compiled"] else args.compile_timeout)
     if stalled or now - start > args.loop_timeout:
       result["outcome"] = "hung" if stalled else "too slow"
-      result["evidence"] = collect_evidence(proc.pid, stem)
+      use_gdb = args.gdb == "all" or (args.gdb == "first" and config not in _gdb_done)
+      result["evidence"] = collect_evidence(proc.pid, stem, gdb=use_gdb)
+      if use_gdb:
+        _gdb_done.add(config)
       proc.kill()
       proc.wait()
       break
@@ -279,6 +297,9 @@ def main(argv=None) -> int:
   p.add_argument("--compile-timeout", type=float, default=300)
   p.add_argument("--loop-timeout", type=float, default=1800)
   p.add_argument("--out", default="hang_loop_out")
+  p.add_argument("--gdb", choices=["all", "first", "none"], default="first",
+                 help="gdb backtraces of every hung loop, of the first per config, or none "
+                      "(gdb on a loaded machine takes minutes)")
   args = p.parse_args(argv)
   if args.child:
     return child(args.child, args.runs, args.batch, args.n, args.block_every)
