@@ -413,11 +413,6 @@ def register_partitioner(name: str, *, propagate_user_sharding: Callable,
       lambda c_api: register(c_api=c_api))
 
 
-def register_ffi_target(name: str, handler, *, platform: str, api_version: int):
-  xla_client.register_custom_call_target(
-      name, handler, platform=platform, api_version=api_version)
-
-
 # Public since jax 0.4.36; jax 0.12 moved ClosedJaxpr out of jax._src.core.
 ClosedJaxpr = jax_extend_core.ClosedJaxpr
 Literal = jax_extend_core.Literal
