@@ -45,11 +45,12 @@ def _batch_spec_entries(avals_in, operand_core_ranks, batch_rank: int):
   return entries, mesh
 
 
-def _result_sharding(avals_in, operand_core_ranks, result_aval, core_rank: int,
-                     batch_rank: int):
+def _result_sharder(avals_in, operand_core_ranks, batch_rank: int):
+  """A function of a result's core rank giving its sharding: the operands'
+  batch sharding (Explicit mode), core dims unsharded."""
   entries, mesh = _batch_spec_entries(avals_in, operand_core_ranks, batch_rank)
   if mesh is None or all(e is None for e in entries):
-    return adapter.get_cur_mesh_sharding()
+    return lambda core_rank: adapter.get_cur_mesh_sharding()
   used = set()
   for i, e in enumerate(entries):  # a mesh axis may shard one dim only
     axes = e if isinstance(e, tuple) else (e,)
@@ -58,7 +59,8 @@ def _result_sharding(avals_in, operand_core_ranks, result_aval, core_rank: int,
     elif e is not None:
       used |= set(axes)
   from jax.sharding import NamedSharding, PartitionSpec
-  return NamedSharding(mesh, PartitionSpec(*entries, *([None] * core_rank)))
+  return lambda core_rank: NamedSharding(
+      mesh, PartitionSpec(*entries, *([None] * core_rank)))
 
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
@@ -69,9 +71,9 @@ def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
   batch_rank = max((len(a.shape) - c for a, c in zip(avals_in, operand_core_ranks)),
                    default=0)
   effects = {adapter.ffi_effect} if has_side_effect else adapter.no_effects
-  return tuple(
-      r.update(sharding=_result_sharding(avals_in, operand_core_ranks, r, c, batch_rank))
-      for r, c in zip(result_avals, result_core_ranks)), effects
+  sharding = _result_sharder(avals_in, operand_core_ranks, batch_rank)
+  return tuple(r.update(sharding=sharding(c))
+               for r, c in zip(result_avals, result_core_ranks)), effects
 
 
 batchpart_ffi_call_p.def_effectful_abstract_eval(_abstract_eval)
