@@ -1,19 +1,25 @@
 """batchpart: make XLA FFI calls shard like native JAX ops.
 
-Mark an FFI target batch partitionable, call it with ``batchpart.ffi_call``
-(or decorate an existing ``jax.ffi.ffi_call`` wrapper), and under ``jax.jit``
-every device runs the kernel on its own slice of the batch.
+Call an FFI target with ``batchpart.ffi_call`` (or decorate an existing
+``jax.ffi.ffi_call`` wrapper), and under ``jax.jit`` every device runs the
+kernel on its own slice of the batch.
 """
 
-from batchpart import linalg
-from batchpart._decorator import batch_partitionable
-from batchpart._explain import explain
-from batchpart._ffi_call import ffi_call
-from batchpart._registry import (
+from batchpart import _compat
+from batchpart._frontend.decorator import batch_partitionable
+from batchpart._frontend.ffi_call import ffi_call
+from batchpart._frontend.registry import (
     is_batch_partitionable,
     mark_batch_partitionable,
     register_ffi_target,
 )
+from batchpart._explain import explain
+from batchpart._partition import export as _export
+
+_compat.check_versions()
+_export.install()
+
+from batchpart import linalg  # noqa: E402  (a client of the names above)
 
 __all__ = [
     "batch_partitionable",

@@ -103,7 +103,7 @@ def register() -> bool:
     if set(handlers) != set(TARGET_NAMES):
       raise RuntimeError(f"batchpart._cuda exports {sorted(handlers)}, "
                          f"expected {sorted(TARGET_NAMES)}")
-    from batchpart._registry import register_ffi_target
+    from batchpart._frontend.registry import register_ffi_target
     for name in TARGET_NAMES:  # registers with XLA and marks batch partitionable
       register_ffi_target(name, handlers[name], platform=PLATFORM)
     _registered = True

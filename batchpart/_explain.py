@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 import jax
 
 from batchpart import _hlo
+from batchpart._partition import derived_names
 
 __all__ = ["CallReport", "Collective", "ExplainReport", "explain"]
 
@@ -169,7 +170,8 @@ def _lowered_calls(module) -> list[_LoweredCall]:
       return
     if op.name == "stablehlo.custom_call" and _is_ffi_call(op):
       out.append(_LoweredCall(
-          target=_string_attr(op.attributes, "call_target_name") or "",
+          target=derived_names.user_target(
+              _string_attr(op.attributes, "call_target_name") or ""),
           operands=tuple(_mlir_array(v) for v in op.operands),
           results=tuple(_mlir_array(v) for v in op.results),
           num_batch_dims=_num_batch_dims(op), in_shard_map=manual,

@@ -15,6 +15,8 @@ import re
 
 import numpy as np
 
+from batchpart._partition import derived_names
+
 _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16|f8\w*)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
@@ -106,7 +108,9 @@ def _parse_instruction(line: str) -> Instruction | None:
   target = operand_types = None
   if opcode == "custom-call":
     t = _TARGET.search(line)
-    target = t.group(1) if t else None
+    # A batchpart call not partitioned by XLA (one device, manual regions)
+    # keeps its derived name; it reads as the target the user wrote.
+    target = derived_names.user_target(t.group(1)) if t else None
     operand_types = parse_types(_braced_value(line, "operand_layout_constraints="))
   rest = m.group("rest")
   op_name = _OP_NAME.search(rest)

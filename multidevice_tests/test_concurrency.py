@@ -1,12 +1,10 @@
 """Concurrency: 8 Python threads compiling and running different batchpart
 programs at once, each checked against NumPy on every run.
 
-XLA calls batchpart's partitioner callbacks from the compiling thread, and
-batchpart keeps the lowering records they read in one process-wide table
-(batchpart/_partitioner.py), so concurrent lowering and compiling is where a
-mix-up would show. The programs here have distinct operand types; the
-known mix-up between programs that share types is pinned down in
-``test_interleaved_lowering_keeps_each_programs_layouts``.
+Every call is partitioned from its own derived target name, so concurrent
+lowering and compiling must never mix two programs up; programs that share
+types are covered in ``test_interleaved_lowering_keeps_each_programs_layouts``
+and in test_call_identity.py.
 """
 
 from __future__ import annotations
@@ -111,7 +109,7 @@ def test_eight_threads_compile_and_run_different_programs(partitioner, mesh8, me
       errors.append(f"thread {i} ({name}): {type(e).__name__}: {e}")
 
   with warnings.catch_warnings():
-    warnings.simplefilter("error", RuntimeWarning)  # a records mix-up warns
+    warnings.simplefilter("error", RuntimeWarning)
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(NUM_THREADS)]
     for t in threads:
       t.start()
@@ -123,13 +121,6 @@ def test_eight_threads_compile_and_run_different_programs(partitioner, mesh8, me
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "batchpart/_partitioner.py keys lowering records by target, operand/result types "
-    "and attributes (XLA's callbacks see nothing else): when one thread lowers two "
-    "programs with equal types but different layouts before compiling the first, the "
-    "first is partitioned with the second's layouts (a RuntimeWarning, then a wrong "
-    "result). Each thread's own latest lowering wins, so threads that lower and "
-    "compile their own programs are not affected"))
 def test_interleaved_lowering_keeps_each_programs_layouts(mesh8):
   # A shape no other test uses, so that nothing is cached from elsewhere.
   x = np.arange(8 * 5 * 7, dtype=np.float32).reshape(8, 5, 7)
@@ -139,9 +130,7 @@ def test_interleaved_lowering_keeps_each_programs_layouts(mesh8):
                                         signature="(m,n)->(m,n)")(x))
   lowered_t = transposing.lower(xs)
   lowered_p = plain.lower(xs)      # same types, default layouts
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", RuntimeWarning)
-    out_t = lowered_t.compile()(xs)
-    out_p = lowered_p.compile()(xs)
+  out_t = lowered_t.compile()(xs)
+  out_p = lowered_p.compile()(xs)
   np.testing.assert_array_equal(out_p, x)
   np.testing.assert_array_equal(out_t, np.swapaxes(x, -1, -2).reshape(x.shape))

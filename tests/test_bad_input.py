@@ -288,7 +288,7 @@ CASES = [
          "assert not bp.is_batch_partitionable('bad_input_failed')\n"
          "def call(): return bp.ffi_call('bad_input_failed', S((4, 8), f32), "
          "num_batch_dims=1)(np.ones((4, 8), f32))",
-         "JaxRuntimeError", r"No FFI handler registered", "bad_input_failed"),
+         "ValueError", r"no typed FFI handler registered", "bad_input_failed"),
     Case("first_computation_after_bad_registration",
          "try:\n"
          "  bp.register_ffi_target('bad_input_failed', 42)  # refused before jax queues it\n"
@@ -296,36 +296,22 @@ CASES = [
          "  pass\n"
          "def call(): return bp.ffi_call('bad_input_failed', S((4, 8), f32), "
          "num_batch_dims=1)(np.ones((4, 8), f32))",
-         "JaxRuntimeError", r"No FFI handler registered", "bad_input_failed"),
+         "ValueError", r"no typed FFI handler registered", "bad_input_failed"),
     Case("unregistered_target",
          "def call(): return bp.ffi_call('bad_input_nowhere', S((4, 8), f32), "
          "num_batch_dims=1)(np.ones((4, 8), f32))",
-         "JaxRuntimeError", r"No FFI handler registered", "bad_input_nowhere"),
-    Case("marked_but_unregistered_target_sharded",
-         "bp.mark_batch_partitionable('bad_input_marked_only')\n"
-         "def call(): return jax.jit(bp.ffi_call('bad_input_marked_only', S((16, 8), f32), "
-         "num_batch_dims=1))(put(np.ones((16, 8), f32), P('x')))",
-         "JaxRuntimeError", r"No FFI handler registered", "bad_input_marked_only",
-         devices=8),
-    Case("marked_target_called_with_plain_ffi_call_shardy",
-         "jax.ffi.register_ffi_target('bad_input_plain', HANDLERS['softmax'])\n"
-         "bp.mark_batch_partitionable('bad_input_plain')\n"
-         "def call():\n"
-         "  f = lambda x: jax.ffi.ffi_call('bad_input_plain', (S(x.shape, x.dtype), "
-         "S(x.shape[:-1], x.dtype)))(x)\n"
-         "  return jax.jit(f)(put(np.ones((16, 8), f32), P('x')))",
-         "JaxRuntimeError", r"no such call was lowered through batchpart", "bad_input_plain",
-         devices=8),
-    Case("marked_target_called_with_plain_ffi_call_gspmd",
-         "jax.config.update('jax_use_shardy_partitioner', False)\n"
-         "jax.ffi.register_ffi_target('bad_input_plain', HANDLERS['softmax'])\n"
-         "bp.mark_batch_partitionable('bad_input_plain')\n"
-         "def call():\n"
-         "  f = lambda x: jax.ffi.ffi_call('bad_input_plain', (S(x.shape, x.dtype), "
-         "S(x.shape[:-1], x.dtype)))(x)\n"
-         "  return jax.jit(f)(put(np.ones((16, 8), f32), P('x')))",
-         "JaxRuntimeError", r"no such call was lowered through batchpart", "bad_input_plain",
-         devices=8),
+         "ValueError", r"no typed FFI handler registered", "bad_input_nowhere"),
+    Case("marked_but_unregistered_target",
+         "def call(): bp.mark_batch_partitionable('bad_input_marked_only')",
+         "ValueError", r"not registered on any platform", "bad_input_marked_only"),
+    Case("legacy_api_version",
+         "def call(): return bp.ffi_call('batchpart_test_softmax', S((4, 8), f32), "
+         "num_batch_dims=1, custom_call_api_version=2)(np.ones((4, 8), f32))",
+         "ValueError", r"typed-FFI calls", "batchpart_test_softmax"),
+    Case("unknown_vmap_method",
+         "def call(): return bp.ffi_call('batchpart_test_softmax', S((4, 8), f32), "
+         "num_batch_dims=1, vmap_method='loop')(np.ones((4, 8), f32))",
+         "ValueError", r"vmap_method", "batchpart_test_softmax"),
     # ---- the decorator -----------------------------------------------------------
     Case("decorator_without_spec",
          "def softmax_wrapper(x): return x\n"

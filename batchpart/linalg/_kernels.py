@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 import batchpart
-from batchpart._signature import parse_signature
+from batchpart._frontend.signature import parse_signature
 from batchpart import _cusolver_targets, _lapack_targets
 
 _registered = False

@@ -179,13 +179,38 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
 // With a column-major operand layout and a row-major result layout the
 // result is the transpose: a test that layouts survive partitioning.
 
+// Bytes a buffer occupies: XLA packs sub-byte types (int4: two per byte),
+// while ffi::AnyBuffer::size_bytes() counts a whole byte per element.
+size_t StorageBytes(const ffi::AnyBuffer& b) {
+  size_t bits = 8 * ffi::ByteWidth(b.element_type());
+  switch (b.element_type()) {
+    case ffi::S1:
+    case ffi::U1:
+      bits = 1;
+      break;
+    case ffi::S2:
+    case ffi::U2:
+      bits = 2;
+      break;
+    case ffi::S4:
+    case ffi::U4:
+    case ffi::F4E2M1FN:
+      bits = 4;
+      break;
+    default:
+      break;
+  }
+  return (b.element_count() * bits + 7) / 8;
+}
+
 ffi::Error CopyBytesImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   const auto dims = x.dimensions();
   if (dims.size() < 2 || !SameDims(y->dimensions(), dims) ||
       x.element_type() != y->element_type()) {
     return ShapeError("copy_bytes", "result must match the input's shape and dtype");
   }
-  if (x.size_bytes()) std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  const size_t bytes = StorageBytes(x);
+  if (bytes) std::memcpy(y->untyped_data(), x.untyped_data(), bytes);
   g_batch_elements += Product(dims, 0, dims.size() - 2);
   return ffi::Error::Success();
 }

@@ -7,7 +7,7 @@ import threading
 
 import jax
 
-from batchpart import _jax_adapter as adapter
+from batchpart import _compat as compat
 
 _lock = threading.RLock()
 _handlers: dict[tuple[str, str], object] = {}
@@ -70,7 +70,7 @@ def register_ffi_target(name: str, handler, *, platform: str = "cpu",
         raise ValueError(f"batchpart.register_ffi_target: registering FFI target "
                          f"'{name}' on platform '{platform}' failed: {e}") from e
       _handlers[key] = identity
-    mark_batch_partitionable(name)
+    _batch_partitionable.add(name)
 
 
 def _is_capsule(x) -> bool:
@@ -91,24 +91,41 @@ def _check_handler(name: str, handler) -> None:
 
 
 def mark_batch_partitionable(name: str) -> None:
-  """Marks an FFI target (registered by anyone) as batch partitionable.
+  """Declares an FFI target (registered by anyone) batch partitionable.
 
   Calls to ``name`` made through ``batchpart.ffi_call`` (or inside a
-  ``batchpart.batch_partitionable`` wrapper) are then partitioned by
-  batchpart under both Shardy and GSPMD. Idempotent.
+  ``batchpart.batch_partitionable`` wrapper) are partitioned by batchpart
+  under Shardy and GSPMD, marked or not; marking records the declaration
+  (``is_batch_partitionable``) and checks the target exists. Plain
+  ``jax.ffi.ffi_call``s to ``name`` are unaffected: batchpart partitions its
+  own calls under derived target names and never gives ``name`` itself a
+  partitioner. Idempotent.
+
+  Raises:
+    ValueError: if ``name`` has no typed-FFI handler registered on any
+      platform (register it first).
   """
   if not isinstance(name, str) or not name:
     raise TypeError(f"batchpart.mark_batch_partitionable: name must be a "
                     f"non-empty str, got {name!r}.")
-  from batchpart import _partitioner  # the callbacks need the planner
   with _lock:
     if name in _batch_partitionable:
       return
-    _partitioner.register(name)
+    if not compat.platforms_with_handler(name):
+      raise ValueError(
+          f"batchpart.mark_batch_partitionable: FFI target '{name}' is not registered "
+          "on any platform. Register its typed FFI handler first with "
+          "batchpart.register_ffi_target or jax.ffi.register_ffi_target.")
+    _batch_partitionable.add(name)
+
+
+def note_called(name: str) -> None:
+  """A batchpart call to ``name`` was lowered: it is batch partitionable."""
+  with _lock:
     _batch_partitionable.add(name)
 
 
 def is_batch_partitionable(name: str) -> bool:
-  """Whether ``name`` has been marked batch partitionable by batchpart."""
+  """Whether ``name`` was marked batch partitionable, or called through batchpart."""
   with _lock:
     return name in _batch_partitionable

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchpart import _jax_adapter as adapter
+from batchpart import _compat as compat
 from batchpart import _primitive
-from batchpart._signature import (
+from batchpart._frontend.signature import (
     BatchSpec, parse_signature, spec_from_num_batch_dims, spec_from_signature)
 
 
@@ -21,6 +21,9 @@ def ffi_call(
     input_layouts: Sequence | None = None,
     output_layouts=None,
     input_output_aliases: dict[int, int] | None = None,
+    vmap_method: str | None = None,
+    custom_call_api_version: int = 4,
+    legacy_backend_config: str | None = None,
 ) -> Callable[..., Any]:
   """Calls an XLA FFI target whose leading dims are independent problems.
 
@@ -48,6 +51,16 @@ def ffi_call(
     output_layouts: the same for the results.
     input_output_aliases: ``{operand index: result index}`` pairs whose
       buffers the kernel may share.
+    vmap_method: accepted for compatibility with :func:`jax.ffi.ffi_call` and
+      validated, but not needed: the declared batch dims define vmap. A
+      vmapped call is one call with one more leading batch dim; an unmapped
+      operand is broadcast (``num_batch_dims``) or passed with a missing
+      leading dim (``signature``), as for any batch dim.
+    custom_call_api_version: must be 4 (the typed FFI). batchpart re-registers
+      the target's typed-FFI handler under a derived name per call
+      description, which a legacy custom call (versions 0-3) does not allow;
+      call those with :func:`jax.ffi.ffi_call`.
+    legacy_backend_config: must be None (legacy custom calls only).
 
   Returns:
     A function taking the operands as positional arrays and the FFI
@@ -59,6 +72,8 @@ def ffi_call(
       given, or (when called) if the operands and results do not fit them. The
       message names the target and the offending argument.
   """
+  _check_jax_options(target_name, vmap_method, custom_call_api_version,
+                     legacy_backend_config)
   if (num_batch_dims is None) == (signature is None):
     raise ValueError(
         f"batchpart.ffi_call('{target_name}'): pass exactly one of num_batch_dims "
@@ -68,8 +83,8 @@ def ffi_call(
                                                           target_name=target_name)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
-  result_avals = adapter.result_avals_from_shape_dtypes(results)
-  if any(r is adapter.abstract_token for r in result_avals):
+  result_avals = compat.result_avals_from_shape_dtypes(results)
+  if any(r is compat.abstract_token for r in result_avals):
     raise ValueError(f"batchpart.ffi_call('{target_name}'): token results are not "
                      "supported; use jax.ffi.ffi_call for ordered effects.")
   out_layouts = output_layouts if multiple_results else (output_layouts,)
@@ -83,7 +98,7 @@ def ffi_call(
         raise TypeError(
             f"batchpart.ffi_call('{target_name}'): operand {i} must be an array, got "
             f"{type(x).__name__}. Pass attributes as keyword arguments.")
-    in_avals = [adapter.typeof(x) for x in args]
+    in_avals = [compat.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
     if not args:
@@ -98,7 +113,7 @@ def ffi_call(
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
                               result_avals, static_in, static_out)
-    args = adapter.auto_insert_reshard(*args)
+    args = compat.auto_insert_reshard(*args)
     outs = _primitive.bind(
         *args,
         target_name=target_name,
@@ -109,9 +124,9 @@ def ffi_call(
         input_layouts=static_in,
         output_layouts=static_out,
         input_output_aliases=aliases,
-        custom_call_api_version=4,
-        legacy_backend_config=None,
-        attributes=_primitive.typed_attributes(adapter.wrap_kwargs_hashable(attributes)),
+        attributes=_primitive.typed_attributes(compat.wrap_kwargs_hashable(attributes)),
+        broadcast_batch=parsed is not None,
+        attribute_rule="",
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)
@@ -122,7 +137,7 @@ def ffi_call(
 
 def _static_layouts(target_name, what, layouts, avals):
   if layouts is None:
-    return tuple(adapter.convert_layout_for_lowering(a) for a in avals)
+    return tuple(compat.convert_layout_for_lowering(a) for a in avals)
   if len(layouts) != len(avals):
     raise ValueError(
         f"batchpart.ffi_call('{target_name}'): {len(layouts)} {what} layouts for "
@@ -133,7 +148,7 @@ def _static_layouts(target_name, what, layouts, avals):
         raise ValueError(
             f"batchpart.ffi_call('{target_name}'): {what} layout {i} {tuple(layout)} "
             f"is not a permutation of the dims of shape {tuple(aval.shape)}.")
-  return tuple(tuple(l) for l in adapter.convert_layouts_for_ffi_call(avals, layouts))
+  return tuple(tuple(l) for l in compat.convert_layouts_for_ffi_call(avals, layouts))
 
 
 def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
@@ -146,7 +161,7 @@ def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
           f"batchpart.ffi_call('{target_name}'): input_output_aliases maps operand "
           f"{i} to result {o}, outside {len(in_avals)} operands and "
           f"{len(result_avals)} results.")
-    if not adapter.check_compatible_avals(in_avals[i], result_avals[o]):
+    if not compat.check_compatible_avals(in_avals[i], result_avals[o]):
       raise ValueError(
           f"batchpart.ffi_call('{target_name}'): input_output_aliases maps operand "
           f"{i} ({in_avals[i].str_short()}) to result {o} "
@@ -158,3 +173,21 @@ def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
           f"{static_out[o]}).")
     out.append((i, o))
   return tuple(out)
+
+
+_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
+                 "broadcast_all", "legacy_vectorized")
+
+
+def _check_jax_options(target_name, vmap_method, api_version, legacy_backend_config):
+  if vmap_method not in _VMAP_METHODS:
+    raise ValueError(
+        f"batchpart.ffi_call('{target_name}'): vmap_method={vmap_method!r} is not one "
+        f"of {_VMAP_METHODS[1:]} (jax.ffi.ffi_call's values; batchpart's declared "
+        "batch dims define vmap either way).")
+  if api_version != 4 or legacy_backend_config is not None:
+    raise ValueError(
+        f"batchpart.ffi_call('{target_name}'): only typed-FFI calls "
+        f"(custom_call_api_version=4, no legacy_backend_config) can be partitioned; got "
+        f"custom_call_api_version={api_version!r}, legacy_backend_config="
+        f"{legacy_backend_config!r}. Call legacy custom calls with jax.ffi.ffi_call.")

@@ -1,0 +1,291 @@
+"""Every jax and jaxlib internal batchpart uses, in one place.
+
+Checked against jax/jaxlib 0.10.2 (Python 3.11) and the newest jax on
+Python 3.12 (0.12.x). The rest of batchpart imports these names from here,
+never from ``jax._src``; ``check_versions`` warns where jax is older than the
+oldest version checked.
+
+What is used, and why:
+- ``jax._src.core``: Primitive machinery (abstract eval, effects, the vma
+  rule, Explicit-mode shardings of avals) for the ``batchpart_ffi_call``
+  primitive.
+- ``jax._src.ffi``: the attribute, layout and result helpers of
+  ``jax.ffi.ffi_call``, so ``bp.ffi_call`` accepts exactly what it accepts,
+  and ``ffi_call_p`` so the decorator can find plain calls in a jaxpr.
+- ``jax._src.interpreters.mlir``: ``register_lowering`` and ``custom_call``
+  (the same emitter ``jax.ffi.ffi_lowering`` uses), MLIR contexts.
+- ``jax._src.custom_partitioning_sharding_rule``: the Shardy rule builder
+  jax's own linalg lowering uses.
+- ``jax._src.lib.xla_client``: ``register_custom_call_partitioner``,
+  ``custom_call_targets`` (a registered handler's capsules, to register it
+  again under a derived name) and ``HloSharding``.
+- ``jax._src.xla_bridge.register_plugin_callbacks``: partitioners on PJRT
+  plugins (CUDA).
+- ``jax._src.export._export``: ``call_exported_p``'s lowering and
+  ``_check_module``, so a deserialized module's derived targets are
+  registered and ``DisabledSafetyCheck.custom_call(name)`` covers them.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.extend.core as jax_extend_core
+from jax._src import config as jax_config
+from jax._src import core
+from jax._src import dispatch
+from jax._src import linear_util as lu
+from jax._src import ffi as jax_ffi
+from jax._src import xla_bridge
+from jax._src.custom_partitioning_sharding_rule import (
+    sdy_sharding_rule_to_mlir,
+    str_to_sdy_sharding_rule,
+)
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lib import xla_client
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import func as func_dialect
+from jax._src.lib.mlir.dialects import hlo
+
+JAX_VERSION_CHECKED = "0.10.2"
+
+# Primitive machinery.
+Primitive = jax_extend_core.Primitive
+ClosedJaxpr = jax_extend_core.ClosedJaxpr
+Literal = jax_extend_core.Literal
+ShapedArray = core.ShapedArray
+abstract_token = core.abstract_token
+typeof = core.typeof
+no_effects = core.no_effects
+standard_vma_rule = core.standard_vma_rule
+get_cur_mesh_sharding = core.get_cur_mesh_sharding
+auto_insert_reshard = core.auto_insert_reshard
+is_constant_shape = core.is_constant_shape
+simple_impl = dispatch.simple_impl
+moveaxis = batching.moveaxis
+primitive_batchers = batching.primitive_batchers
+primitive_jvps = ad.primitive_jvps
+primitive_transposes = ad.primitive_transposes
+
+
+# ---------------------------------------------------------------------------
+# Re-evaluating jaxprs (the decorator)
+# ---------------------------------------------------------------------------
+
+def bind_eqn(eqn, invals):
+  """Binds an equation's primitive again, as ``core.eval_jaxpr`` does."""
+  return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+
+
+def inlinable_jaxpr(eqn):
+  """The closed jaxpr of a call-like eqn that can be inlined (jit, closed_call)."""
+  if eqn.primitive.name not in ("pjit", "jit", "closed_call", "core_call"):
+    return None
+  for key in ("jaxpr", "call_jaxpr"):
+    inner = eqn.params.get(key)
+    if inner is not None:
+      return inner if isinstance(inner, ClosedJaxpr) else ClosedJaxpr(inner, ())
+  return None
+
+
+def is_custom_derivative_call(eqn) -> bool:
+  return eqn.primitive.name in ("custom_vjp_call", "custom_jvp_call")
+
+
+def bind_custom_derivative_call(eqn, invals, rewrite_closed: Callable,
+                                rewrite_function: Callable):
+  """Binds a ``custom_vjp_call`` / ``custom_jvp_call`` eqn with its primal
+  jaxpr rewritten by ``rewrite_closed`` (ClosedJaxpr -> ClosedJaxpr) and its
+  forward/JVP jaxprs and backward function rewritten alike."""
+  params = dict(eqn.params)
+  params["call_jaxpr"] = rewrite_closed(params["call_jaxpr"])
+  if "fwd_jaxpr_thunk" in params:
+    fwd = params["fwd_jaxpr_thunk"]
+
+    def fwd_thunk(*zeros):
+      jaxpr, consts = fwd.call_wrapped(*zeros)
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts))
+      return closed.jaxpr, closed.consts
+
+    params["fwd_jaxpr_thunk"] = lu.wrap_init(fwd_thunk, debug_info=fwd.debug_info)
+    bwd = params["bwd"]
+    params["bwd"] = lu.wrap_init(rewrite_function(bwd.call_wrapped),
+                                 debug_info=bwd.debug_info)
+  if "jvp_jaxpr_fun" in params:
+    jvp = params["jvp_jaxpr_fun"]
+
+    def jvp_fun(*zeros):
+      jaxpr, consts, out_zeros = jvp.call_wrapped(*zeros)
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts))
+      return closed.jaxpr, closed.consts, out_zeros
+
+    params["jvp_jaxpr_fun"] = lu.wrap_init(jvp_fun, debug_info=jvp.debug_info)
+  return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+# jax.ffi.ffi_call's own helpers.
+jax_ffi_call_p = jax_ffi.ffi_call_p
+ffi_effect = jax_ffi._FfiEffect
+wrap_kwargs_hashable = jax_ffi._wrap_kwargs_hashable
+unwrap_kwargs_hashable = jax_ffi._unwrap_kwargs_hashable
+convert_layout_for_lowering = jax_ffi._convert_layout_for_lowering
+convert_layouts_for_ffi_call = jax_ffi._convert_layouts_for_ffi_call
+check_compatible_avals = jax_ffi._check_compatible_avals
+result_avals_from_shape_dtypes = jax_ffi._result_avals
+
+# Lowering.
+ir = ir
+hlo = hlo
+func_dialect = func_dialect
+register_lowering = mlir.register_lowering
+custom_call = mlir.custom_call
+ir_attribute = mlir.ir_attribute
+aval_to_ir_type = mlir.aval_to_ir_type
+dtype_to_ir_type = mlir.dtype_to_ir_type
+make_ir_context = mlir.make_ir_context
+module_to_bytecode = mlir.module_to_bytecode
+module_to_string = mlir.module_to_string
+
+# Partitioning.
+HloSharding = xla_client.HloSharding
+OpShardingType = xla_client.OpSharding.Type
+
+
+def use_shardy() -> bool:
+  return bool(jax_config.use_shardy_partitioner.value)
+
+
+def lowering_platforms(ctx) -> tuple[str, ...]:
+  """The platforms a lowering emits code for (``cpu``, ``cuda``, ...)."""
+  return tuple(ctx.module_context.platforms)
+
+
+def is_manual_lowering(ctx) -> bool:
+  """Whether the op is lowered inside a fully manual region (shard_map)."""
+  axis_context = ctx.module_context.axis_context
+  manual = getattr(axis_context, "manual_axes", frozenset())
+  mesh = getattr(axis_context, "mesh", None)
+  return bool(mesh is not None and manual and
+              frozenset(mesh.axis_names) <= frozenset(manual))
+
+
+def sdy_sharding_rule(rule: str, operand_types, result_types,
+                      need_replication_factors: tuple[str, ...]) -> ir.Attribute:
+  return sdy_sharding_rule_to_mlir(
+      str_to_sdy_sharding_rule(rule, need_replication_factors=need_replication_factors),
+      list(operand_types), list(result_types))
+
+
+# ---------------------------------------------------------------------------
+# FFI handlers and partitioners, per target name
+# ---------------------------------------------------------------------------
+
+def xla_platform_name(platform: str) -> str:
+  """jax's platform name (``cpu``, ``cuda``) as XLA's handler registry keys it."""
+  return {"cpu": "Host", "cuda": "CUDA", "gpu": "CUDA", "rocm": "ROCM"}.get(
+      platform.lower(), platform)
+
+
+def registered_handler(name: str, platform: str):
+  """The typed-FFI handler bundle (``{"execute": capsule, ...}``) registered
+  for ``name`` on ``platform``, or None. Registrations jax still queues
+  (its backend not started yet) count too."""
+  xla_name = xla_platform_name(platform)
+  with xla_client._custom_callback_lock:
+    for queued_name, fn, api_version, _ in xla_client._custom_callback.get(xla_name, ()):
+      if queued_name == name and api_version == 1:
+        return fn if isinstance(fn, dict) else {"execute": fn}
+  if xla_name not in xla_client._custom_callback_handler:
+    return None  # no backend for this platform in this process
+  try:
+    return xla_client.custom_call_targets(xla_name).get(name)
+  except Exception:  # noqa: BLE001 - a platform without a handler registry
+    return None
+
+
+def platforms_with_handler(name: str) -> list[str]:
+  """The platforms (XLA names) on which ``name`` has a typed-FFI handler."""
+  with xla_client._custom_callback_lock:
+    platforms = set(xla_client._custom_callback_handler) | set(xla_client._custom_callback)
+  return sorted(p for p in platforms if registered_handler(name, p) is not None)
+
+
+def register_handler(name: str, handler, platform: str) -> None:
+  jax.ffi.register_ffi_target(name, handler, platform=xla_platform_name(platform),
+                              api_version=1)
+
+
+def register_partitioner(name: str, *, propagate_user_sharding: Callable,
+                         partition: Callable,
+                         infer_sharding_from_operands: Callable) -> None:
+  """Registers callbacks for ``name`` on the CPU client and every PJRT plugin,
+  including plugins discovered later."""
+  register = functools.partial(
+      xla_client.register_custom_call_partitioner,
+      name,
+      propagate_user_sharding,
+      partition,
+      infer_sharding_from_operands,
+      True,  # can_side_effecting_have_replicated_sharding
+  )
+  register()
+  xla_bridge.register_plugin_callbacks(lambda c_api: register(c_api=c_api))
+
+
+# ---------------------------------------------------------------------------
+# jax.export
+# ---------------------------------------------------------------------------
+
+def on_exported_call_lowering(callback: Callable) -> None:
+  """Calls ``callback(mlir_module, platforms)`` whenever a deserialized
+  ``jax.export`` artifact is lowered into a program (jax's ``call_exported``
+  primitive), before the original lowering runs."""
+  from jax._src.export import _export
+  prim = _export.call_exported_p
+  entry = mlir._lowerings[prim]
+  original = entry.rule
+  if getattr(original, "_batchpart_hook", False):
+    return
+
+  def lowering(ctx, *args, exported, **params):
+    callback(exported.mlir_module(), lowering_platforms(ctx))
+    return original(ctx, *args, exported=exported, **params)
+
+  lowering._batchpart_hook = True
+  mlir.register_lowering(prim, lowering, inline=entry.inline)
+
+
+def extend_export_safety_checks(extra_checks: Callable) -> None:
+  """Wraps jax.export's module check so that ``extra_checks(module,
+  disabled_checks)`` can add disabled checks (derived target names of the
+  targets the user allowed)."""
+  from jax._src.export import _export
+  original = _export._check_module
+  if getattr(original, "_batchpart_hook", False):
+    return
+
+  def check_module(mod, *, disabled_checks, **kwargs):
+    disabled = list(disabled_checks) + list(extra_checks(mod, disabled_checks))
+    return original(mod, disabled_checks=disabled, **kwargs)
+
+  check_module._batchpart_hook = True
+  _export._check_module = check_module
+
+
+def disabled_custom_call_target(check) -> str | None:
+  return check.is_custom_call()
+
+
+def custom_call_check(target: str):
+  return jax.export.DisabledSafetyCheck.custom_call(target)
+
+
+def check_versions() -> None:
+  def key(v):
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+  if key(jax.__version__) < key(JAX_VERSION_CHECKED):
+    warnings.warn(f"batchpart was checked against jax >= {JAX_VERSION_CHECKED}; "
+                  f"this is jax {jax.__version__}.", RuntimeWarning, stacklevel=2)

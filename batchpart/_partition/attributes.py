@@ -1,0 +1,69 @@
+"""FFI attributes as XLA hands them to the partitioner (the backend config
+text of a typed-FFI call), and per-shard attribute rules."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from batchpart import _compat as compat
+
+ir = compat.ir
+
+_lock = threading.Lock()
+_rules: dict[str, Callable] = {}
+
+
+def register_rule(name: str, rule: Callable) -> None:
+  """Binds a per-shard attribute rule ``rule(attributes, local_batch_shape)
+  -> {name: new value}`` to ``name``; a name is bound once."""
+  with _lock:
+    if _rules.get(name, rule) is not rule:
+      raise ValueError(f"batchpart: attribute rule '{name}' is already bound to "
+                       "another function")
+    _rules[name] = rule
+
+
+def rule(name: str) -> Callable:
+  with _lock:
+    if name not in _rules:
+      raise RuntimeError(
+          f"batchpart: a call needs the per-shard attribute rule '{name}', which is not "
+          "registered in this process (call batchpart.partition_primitive on the "
+          "primitive again before compiling a deserialized program).")
+    return _rules[name]
+
+
+def parse(config) -> dict:
+  """``{name: MLIR attribute}`` of a typed-FFI backend config (call it inside
+  an MLIR context)."""
+  text = (config.decode() if isinstance(config, bytes) else str(config)).strip()
+  if not text:
+    return {}
+  parsed = ir.DictAttr(ir.Attribute.parse(text))
+  return {named.name: named.attr for named in parsed}
+
+
+def to_python(attr):
+  """A Python/NumPy value of a scalar, string or array attribute."""
+  if ir.BoolAttr.isinstance(attr):
+    return bool(ir.BoolAttr(attr).value)
+  if ir.IntegerAttr.isinstance(attr):
+    a = ir.IntegerAttr(attr)
+    return np.dtype(_int_dtype(a.type)).type(a.value)
+  if ir.FloatAttr.isinstance(attr):
+    a = ir.FloatAttr(attr)
+    return np.dtype({16: np.float16, 32: np.float32, 64: np.float64}[
+        ir.FloatType(a.type).width]).type(a.value)
+  if ir.StringAttr.isinstance(attr):
+    return ir.StringAttr(attr).value
+  if ir.DenseElementsAttr.isinstance(attr):
+    return np.array(ir.DenseElementsAttr(attr))
+  return attr  # left as MLIR: rules may still pass it through
+
+
+def _int_dtype(t) -> str:
+  it = ir.IntegerType(t)
+  return f"{'u' if it.is_unsigned else ''}int{it.width}"

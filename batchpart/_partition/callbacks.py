@@ -1,0 +1,129 @@
+"""XLA's custom-call partitioner callbacks for one derived target name.
+
+Each derived name gets its own callbacks with its description bound, so every
+decision is a function of what XLA hands over for that one instruction
+(shapes, shardings, backend config) and of that immutable description.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+
+from batchpart import _compat as compat
+from batchpart._partition import shard_module
+from batchpart._partition import shardings as sh
+from batchpart._partition.description import CallDescription
+from batchpart._partition.plan import make_plan
+
+_CACHE_SIZE = 1024
+_cache_lock = threading.Lock()
+# Keyed by everything partition() reads: XLA calls it once per call site, and
+# sites that agree on every input get the same answer (compile time of large
+# programs).
+_cache: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+
+
+def _dims(shapes) -> list[list[int]]:
+  return [list(s.dimensions()) for s in shapes]
+
+
+def partition(name: str, d: CallDescription, arg_shapes, arg_shardings, result_shape,
+              result_sharding, backend_config):
+  """XLA's ``partition``: the per-device module and the shardings XLA must
+  reshard the operands to (and will find the results in)."""
+  key = (name, tuple(map(str, arg_shapes)), tuple(map(str, arg_shardings)),
+         str(result_shape), str(result_sharding), bytes(backend_config))
+  with _cache_lock:
+    if key in _cache:
+      _cache.move_to_end(key)
+      return _cache[key]
+  out = _partition(d, arg_shapes, arg_shardings, result_shape, result_sharding,
+                   backend_config)
+  with _cache_lock:
+    _cache[key] = out
+    while len(_cache) > _CACHE_SIZE:
+      _cache.popitem(last=False)
+  return out
+
+
+def _partition(d, arg_shapes, arg_shardings, result_shape, result_sharding,
+               backend_config):
+  result_shapes = sh.array_shapes(result_shape)
+  plan = make_plan(d, _dims(arg_shapes), arg_shardings, _dims(result_shapes),
+                   sh.element_shardings(result_sharding, result_shape))
+  # Every result carries the full batch shape: its local batch dims are the
+  # shard's batch shape.
+  local_batch = (plan.result_local_shapes[0][:d.result_batch_ranks[0]]
+                 if result_shapes else ())
+  module = shard_module.build(
+      d,
+      operand_shapes=plan.operand_local_shapes,
+      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
+      result_shapes=plan.result_local_shapes,
+      result_dtypes=[s.numpy_dtype() for s in result_shapes],
+      backend_config=backend_config,
+      batch_shape=local_batch,
+  )
+  if plan.passthrough:
+    return module, list(arg_shardings), result_sharding
+  return (module, [sh.from_planner(s) for s in plan.operand_shardings],
+          sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings]))
+
+
+def _never_raise(callback):
+  """XLA aborts the process when GSPMD's propagation callbacks raise; only
+  partition() may report an error. On any error these callbacks give no
+  preference (replicated), and partition() raises the real error cleanly."""
+  @functools.wraps(callback)
+  def safe(d, *args):
+    try:
+      return callback(d, *args)
+    except Exception:  # noqa: BLE001 - any failure must not reach XLA here
+      return sh.replicated_like(args[-2])
+  return safe
+
+
+@_never_raise
+def infer_sharding_from_operands(d: CallDescription, arg_shapes, arg_shardings,
+                                 result_shape, backend_config):
+  """GSPMD's forward propagation: the results' sharding the plan gives."""
+  del backend_config
+  result_shapes = sh.array_shapes(result_shape)
+  # Propagation may make this a jit output's sharding, which jax must express
+  # on its mesh: no split mesh axes.
+  plan = make_plan(d, _dims(arg_shapes), arg_shardings, _dims(result_shapes),
+                   split_axes=False)
+  if plan.passthrough:
+    return sh.pack(result_shape, [compat.HloSharding.manual()] * len(result_shapes))
+  return sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings])
+
+
+@_never_raise
+def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
+                            backend_config):
+  """GSPMD's backward propagation: the users' batch sharding, core dims
+  whole. The results stand in for the operands (they carry the full batch
+  shape), so the plan reads the users' shardings as the call's own."""
+  del backend_config
+  result_shapes = _dims(sh.array_shapes(result_shape))
+  as_operands = CallDescription(
+      target=d.target, operand_batch_ranks=d.result_batch_ranks,
+      result_batch_ranks=d.result_batch_ranks, operand_layouts=d.result_layouts,
+      result_layouts=d.result_layouts)
+  plan = make_plan(as_operands, result_shapes,
+                   sh.element_shardings(user_sharding, result_shape), result_shapes,
+                   split_axes=False)
+  if plan.passthrough:
+    return user_sharding
+  return sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings])
+
+
+def register(name: str, d: CallDescription) -> None:
+  compat.register_partitioner(
+      name,
+      propagate_user_sharding=functools.partial(propagate_user_sharding, d),
+      partition=functools.partial(partition, name, d),
+      infer_sharding_from_operands=functools.partial(infer_sharding_from_operands, d),
+  )

@@ -1,0 +1,141 @@
+"""The derived target name: a call's description written into its name.
+
+XLA hands the partitioner callbacks a call's shapes, shardings and backend
+config, but not its frontend attributes, and a partitioner is registered per
+target name. So a batchpart call is emitted under a name derived from the
+user's target and its description; the callbacks registered for that name
+have the description bound, and nothing is looked up at partition time.
+
+The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
+
+- ``$o<r>,<r>,...``: operand batch ranks; ``$r<r>,...``: result batch ranks
+- ``$lo<i>:<d>.<d>...`` / ``$lr<i>:...``: a non-default (minor-to-major)
+  layout of operand / result ``i``, one field each; ranks follow from them
+  and from ``$no`` / ``$nr`` (the ranks of operands / results with default
+  layouts, in order: ``$no2,1``)
+- ``$a<i>:<j>``: operand ``i`` aliases result ``j``
+- ``$s``: the call has a side effect
+- ``$f=<name>``: a registered per-shard attribute rule
+
+Example: ``my_softmax$bp1$o1$r1,1$no2$nr2,1``. The name is readable in HLO,
+and ``decode`` inverts ``encode`` exactly (unit-tested).
+"""
+
+from __future__ import annotations
+
+import re
+
+from batchpart._partition.description import CallDescription, default_layout
+
+MARKER = "$bp1"
+_FIELD = re.compile(r"\$([a-z]+)([^$]*)")
+_RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _ints(values, sep=",") -> str:
+  return sep.join(str(int(v)) for v in values)
+
+
+def encode(d: CallDescription) -> str:
+  """The derived target name of a call."""
+  if d.attribute_rule and not _RULE_NAME.match(d.attribute_rule):
+    raise ValueError(f"attribute rule name {d.attribute_rule!r} must match "
+                     f"{_RULE_NAME.pattern}")
+  fields = [f"$o{_ints(d.operand_batch_ranks)}", f"$r{_ints(d.result_batch_ranks)}"]
+  for kind, layouts in (("o", d.operand_layouts), ("r", d.result_layouts)):
+    fields.append(f"$n{kind}" + _ints(len(l) for l in layouts))
+    for i, layout in enumerate(layouts):
+      if tuple(layout) != default_layout(len(layout)):
+        fields.append(f"$l{kind}{i}:{_ints(layout, '.')}")
+  fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
+  if d.has_side_effect:
+    fields.append("$s")
+  if d.attribute_rule:
+    fields.append(f"$f={d.attribute_rule}")
+  return d.target + MARKER + "".join(fields)
+
+
+def is_derived(name: str) -> bool:
+  return MARKER + "$" in name
+
+
+def user_target(name: str) -> str:
+  """The target the user wrote, for a derived name; other names unchanged."""
+  i = name.rfind(MARKER + "$")
+  return name if i < 0 else name[:i]
+
+
+def decode(name: str) -> CallDescription:
+  """The description a derived name carries.
+
+  Raises:
+    ValueError: naming the target, if ``name`` is not a derived name this
+      version of batchpart wrote.
+  """
+  i = name.rfind(MARKER + "$")
+  if i <= 0:
+    raise ValueError(f"'{name}' is not a batchpart derived target name")
+  target, body = name[:i], name[i + len(MARKER):]
+  try:
+    return _decode_fields(target, body)
+  except (ValueError, IndexError, KeyError) as e:
+    raise ValueError(f"batchpart: cannot read the derived target name '{name}' of FFI "
+                     f"target '{target}': {e}") from None
+
+
+def _parse_ints(text: str, sep=",") -> tuple[int, ...]:
+  return tuple(int(v) for v in text.split(sep)) if text else ()
+
+
+def _decode_fields(target: str, body: str) -> CallDescription:
+  if "".join(m.group(0) for m in _FIELD.finditer(body)) != body:
+    raise ValueError("malformed fields")
+  values: dict[str, str] = {}
+  layouts = {"o": {}, "r": {}}
+  aliases, side_effect, rule = [], False, ""
+  for m in _FIELD.finditer(body):
+    tag, value = m.group(1), m.group(2)
+    if tag in ("o", "r", "no", "nr"):
+      if tag in values:
+        raise ValueError(f"field ${tag} given twice")
+      values[tag] = value
+    elif tag in ("lo", "lr"):
+      index, dims = value.split(":")
+      layouts[tag[1]][int(index)] = _parse_ints(dims, ".")
+    elif tag == "a":
+      operand, result = value.split(":")
+      aliases.append((int(operand), int(result)))
+    elif tag == "s" and not value:
+      side_effect = True
+    elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
+      rule = value[1:]
+    else:
+      raise ValueError(f"unknown field ${tag}{value}")
+  for tag in ("o", "r", "no", "nr"):
+    if tag not in values:
+      raise ValueError(f"field ${tag} missing")
+
+  def full_layouts(kind: str) -> tuple[tuple[int, ...], ...]:
+    ranks = _parse_ints(values["n" + kind])
+    given = layouts[kind]
+    if any(not 0 <= i < len(ranks) for i in given):
+      raise ValueError(f"layout index out of range for {len(ranks)} arrays")
+    return tuple(given.get(i, default_layout(r)) for i, r in enumerate(ranks))
+
+  operand_ranks = _parse_ints(values["o"])
+  result_ranks = _parse_ints(values["r"])
+  operand_layouts, result_layouts = full_layouts("o"), full_layouts("r")
+  for batch, layouts_ in ((operand_ranks, operand_layouts), (result_ranks, result_layouts)):
+    if len(batch) != len(layouts_) or any(
+        not 0 <= b <= len(l) for b, l in zip(batch, layouts_)):
+      raise ValueError("batch ranks do not fit the arrays' ranks")
+  return CallDescription(
+      target=target,
+      operand_batch_ranks=operand_ranks,
+      result_batch_ranks=result_ranks,
+      operand_layouts=operand_layouts,
+      result_layouts=result_layouts,
+      aliases=tuple(sorted(aliases)),
+      has_side_effect=side_effect,
+      attribute_rule=rule,
+  )

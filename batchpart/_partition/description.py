@@ -1,0 +1,60 @@
+"""One description of a batch-partitionable custom call.
+
+Everything the partitioner needs to restate a call on local shapes that XLA
+does not hand its callbacks: which dims are batch dims, layouts, aliases and
+the side-effect flag. XLA does hand over shapes, shardings and the backend
+config (the FFI attributes), so those are not part of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def default_layout(rank: int) -> tuple[int, ...]:
+  """Row-major, minor-to-major: what a call gets when no layout is given."""
+  return tuple(range(rank - 1, -1, -1))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallDescription:
+  """A typed-FFI custom call, as far as partitioning depends on it.
+
+  Layouts are minor-to-major dim orders (XLA's convention); ``aliases`` are
+  ``(operand, result)`` pairs; ``attribute_rule`` names a registered rule
+  that rewrites FFI attributes per shard ("" for none).
+  """
+  target: str
+  operand_batch_ranks: tuple[int, ...]
+  result_batch_ranks: tuple[int, ...]
+  operand_layouts: tuple[tuple[int, ...], ...]
+  result_layouts: tuple[tuple[int, ...], ...]
+  aliases: tuple[tuple[int, int], ...] = ()
+  has_side_effect: bool = False
+  attribute_rule: str = ""
+
+  def __post_init__(self):
+    if len(self.operand_layouts) != len(self.operand_batch_ranks):
+      raise ValueError(f"{self.target}: {len(self.operand_layouts)} operand layouts "
+                       f"for {len(self.operand_batch_ranks)} operands")
+    if len(self.result_layouts) != len(self.result_batch_ranks):
+      raise ValueError(f"{self.target}: {len(self.result_layouts)} result layouts "
+                       f"for {len(self.result_batch_ranks)} results")
+    for what, layouts in (("operand", self.operand_layouts),
+                          ("result", self.result_layouts)):
+      for i, layout in enumerate(layouts):
+        if sorted(layout) != list(range(len(layout))):
+          raise ValueError(f"{self.target}: {what} layout {i} {layout} is not a "
+                           "permutation of its dims")
+    for i, o in self.aliases:
+      if not (0 <= i < len(self.operand_batch_ranks) and
+              0 <= o < len(self.result_batch_ranks)):
+        raise ValueError(f"{self.target}: alias {i}->{o} is out of range")
+
+  @property
+  def operand_ranks(self) -> tuple[int, ...]:
+    return tuple(len(l) for l in self.operand_layouts)
+
+  @property
+  def result_ranks(self) -> tuple[int, ...]:
+    return tuple(len(l) for l in self.result_layouts)

@@ -1,0 +1,39 @@
+"""The per-device module that replaces a partitioned call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchpart import _compat as compat
+from batchpart._partition import attributes
+from batchpart._partition import emit
+from batchpart._partition.description import CallDescription
+
+ir = compat.ir
+
+
+def _tensor_type(shape, dtype) -> ir.Type:
+  return ir.RankedTensorType.get(list(shape), compat.dtype_to_ir_type(np.dtype(dtype)))
+
+
+def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
+          result_dtypes, backend_config: bytes, batch_shape) -> bytes:
+  """The same custom call on local shapes, under the user's target name (it
+  needs no partitioner), restating everything the description holds."""
+  with compat.make_ir_context() as context, ir.Location.unknown(context):
+    module = ir.Module.create()
+    arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
+    res_types = [_tensor_type(s, t) for s, t in zip(result_shapes, result_dtypes)]
+    config = attributes.parse(backend_config)
+    if d.attribute_rule:
+      values = {k: attributes.to_python(v) for k, v in config.items()}
+      new = attributes.rule(d.attribute_rule)(values, tuple(int(b) for b in batch_shape))
+      config.update({k: compat.ir_attribute(v) for k, v in (new or {}).items()})
+    with ir.InsertionPoint(module.body):
+      main = compat.func_dialect.FuncOp("main", ir.FunctionType.get(arg_types, res_types))
+      main.attributes["sym_visibility"] = ir.StringAttr.get("public")
+      block = main.add_entry_block()
+      with ir.InsertionPoint(block):
+        results = emit.custom_call(d.target, d, block.arguments, res_types, config)
+        compat.func_dialect.ReturnOp(results)
+    return compat.module_to_bytecode(module)

@@ -1,0 +1,96 @@
+"""Lowering ``batchpart_ffi_call``: a custom call under the derived name that
+carries its description, with a ``num_batch_dims`` frontend attribute and,
+under Shardy, a sharding rule."""
+
+from __future__ import annotations
+
+from batchpart import _compat as compat
+from batchpart._frontend.registry import note_called
+from batchpart._frontend.signature import BatchSpec, check_spec
+from batchpart._partition import emit
+from batchpart._partition import targets
+from batchpart._partition.description import CallDescription
+from batchpart._primitive.primitive import batchpart_ffi_call_p
+
+
+def sharding_rule(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
+                  batch_shape) -> tuple[str, tuple[str, ...]]:
+  """Shardy rule: batch dims share one factor per batch dim; core dims (and
+  broadcast size-1 batch dims) get factors of their own that need
+  replication, so Shardy never pushes a sharding onto them."""
+  rank = len(batch_shape)
+  replicated: list[str] = []
+
+  def mapping(prefix: str, k: int, shape, core_rank: int) -> str:
+    b = len(shape) - core_rank
+    names = []
+    for m in range(b):
+      i = rank - b + m
+      if shape[m] == batch_shape[i]:
+        names.append(f"b{i}")
+      else:
+        names.append(f"{prefix}{k}_{m}")
+        replicated.append(names[-1])
+    for j in range(core_rank):
+      names.append(f"{prefix}{k}_{b + j}")
+      replicated.append(names[-1])
+    return " ".join(names)
+
+  lhs = ", ".join(mapping("o", k, s, c) for k, (s, c) in
+                  enumerate(zip(operand_shapes, operand_core_ranks)))
+  rhs = ", ".join(mapping("r", k, s, c) for k, (s, c) in
+                  enumerate(zip(result_shapes, result_core_ranks)))
+  return f"{lhs} -> {rhs}", tuple(replicated)
+
+
+def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
+             result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
+             has_side_effect, attribute_rule="") -> CallDescription:
+  return CallDescription(
+      target=target_name,
+      operand_batch_ranks=tuple(len(s) - c for s, c in
+                                zip(operand_shapes, operand_core_ranks)),
+      result_batch_ranks=tuple(len(s) - c for s, c in
+                               zip(result_shapes, result_core_ranks)),
+      operand_layouts=tuple(map(tuple, input_layouts)),
+      result_layouts=tuple(map(tuple, output_layouts)),
+      aliases=tuple(sorted(map(tuple, input_output_aliases))),
+      has_side_effect=bool(has_side_effect),
+      attribute_rule=attribute_rule,
+  )
+
+
+def _ir_types(ctx, avals):
+  return [compat.aval_to_ir_type(ctx.module_context, a) for a in avals]
+
+
+def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
+              has_side_effect, input_layouts, output_layouts, input_output_aliases,
+              attributes, attribute_rule, **_):
+  avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
+  operand_shapes = [a.shape for a in avals_in]
+  result_shapes = [a.shape for a in avals_out]
+  batch_shape = check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
+                           operand_shapes, result_shapes)
+  description = describe(
+      target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
+      input_layouts=input_layouts, output_layouts=output_layouts,
+      input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
+      attribute_rule=attribute_rule)
+  name = targets.ensure_derived(description, compat.lowering_platforms(ctx),
+                                caller=f"batchpart.ffi_call('{target_name}')")
+  note_called(target_name)
+  extra = {"mhlo.frontend_attributes": compat.ir_attribute(
+      {"num_batch_dims": str(len(batch_shape))})}
+  if compat.use_shardy() and avals_in and not compat.is_manual_lowering(ctx):
+    rule, replicated = sharding_rule(operand_shapes, operand_core_ranks, result_shapes,
+                                     result_core_ranks, batch_shape)
+    extra["sdy.sharding_rule"] = compat.sdy_sharding_rule(
+        rule, _ir_types(ctx, avals_in), _ir_types(ctx, avals_out), replicated)
+  attrs = compat.unwrap_kwargs_hashable(tuple((k, v) for k, _, v in attributes))
+  config = {k: compat.ir_attribute(v) for k, v in attrs.items()}
+  return emit.custom_call(name, description, operands, _ir_types(ctx, avals_out), config,
+                          extra_attributes=extra)
+
+
+compat.register_lowering(batchpart_ffi_call_p, _lowering)

@@ -1,0 +1,51 @@
+"""A two-process jax.distributed job on this machine (gloo collectives, 4
+CPU devices per process) gives the single-process results."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from batchpart import _hlo
+from batchpart import testing as kernels
+
+WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_match_one(tmp_path):
+  out = str(tmp_path / "results.npz")
+  port = str(_free_port())
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen([sys.executable, WORKER, port, str(i), out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
+  r = np.load(out)
+  x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+  want_y, want_lse = kernels.softmax_reference(x)
+  m = np.random.default_rng(1).standard_normal((32, 8, 8))
+  want_c = np.linalg.cholesky(m @ np.swapaxes(m, -1, -2) + 8 * np.eye(8))
+  for spec in ("batch", "core"):
+    np.testing.assert_allclose(r[f"softmax_{spec}"], want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r[f"lse_{spec}"], want_lse, rtol=1e-5)
+    np.testing.assert_allclose(r[f"cholesky_{spec}"], want_c, rtol=1e-5, atol=1e-5)
+  # Each device runs the kernel on its own 8 rows, across both processes.
+  for spec in ("batch", "core"):
+    (call,) = _hlo.custom_calls(str(r[f"hlo_{spec}"]), "batchpart_test_softmax")
+    assert [t.shape for t in call.operand_types] == [(8, 16)]
+  assert not _hlo.collectives(str(r["hlo_batch"]))
