@@ -6,11 +6,11 @@ Two phases on 8 simulated CPU devices, RSS read from /proc/self/status:
             test softmax, a core-sharded softmax) called --calls times after
             a warm-up; RSS sampled every --every calls.
   compiles  --compiles distinct programs (softmax over a new core size each
-            time, so every one is a new lowering, a new XLA compile and a new
-            entry in batchpart's lowering records); RSS, the number of
-            records and their approximate size sampled as it goes.
+            time, so every one is a new lowering and a new XLA compile); RSS
+            and batchpart's own state (derived targets registered, entries
+            in the bounded partition cache) sampled as it goes.
             --clear-caches N calls jax.clear_caches() every N compiles, to
-            tell jax's own executable caches from batchpart's records.
+            tell jax's own executable caches from batchpart's state.
 
 Usage::
 
@@ -108,7 +108,7 @@ def phase_compiles(args, mesh) -> dict:
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from batchpart import _partitioner
+  from batchpart._partition import callbacks, targets
   from batchpart import testing as kernels
 
   x_base = np.random.default_rng(1).standard_normal((16, args.compiles + 8))
@@ -124,7 +124,14 @@ def phase_compiles(args, mesh) -> dict:
     compile_and_run(n)
   gc.collect()
   samples = [(0, rss_mib())]
-  records0 = len(_partitioner._records)
+
+  def state():
+    with callbacks._cache_lock:
+      cached = len(callbacks._cache)
+      size = deep_size(callbacks._cache)
+    return {**targets.registered_counts(), "partition_cache": cached,
+            "partition_cache_kib": round(size / 1024, 1)}
+
   t0 = time.perf_counter()
   for i in range(1, args.compiles + 1):
     compile_and_run(args.warmup_compiles + i)
@@ -133,16 +140,10 @@ def phase_compiles(args, mesh) -> dict:
       gc.collect()
     if i % max(1, args.compiles // 20) == 0:
       samples.append((i, rss_mib()))
-      with _partitioner._lock:
-        records = len(_partitioner._records)
-        size = deep_size(_partitioner._records)
-      print(f"compiles {i:5d}  rss {samples[-1][1]:8.1f} MiB  records {records:5d} "
-            f"(~{size / 1024:.0f} KiB)  {(time.perf_counter() - t0) / i:.3f} s/compile",
-            flush=True)
+      print(f"compiles {i:5d}  rss {samples[-1][1]:8.1f} MiB  batchpart {state()}  "
+            f"{(time.perf_counter() - t0) / i:.3f} s/compile", flush=True)
   out = _summary("compiles", samples)
-  with _partitioner._lock:
-    out["records_added"] = len(_partitioner._records) - records0
-    out["records_kib"] = round(deep_size(_partitioner._records) / 1024, 1)
+  out["batchpart_state"] = state()
   out["rss_kib_per_compile"] = round((samples[-1][1] - samples[0][1]) * 1024 /
                                      args.compiles, 1)
   print(f"SUMMARY {out}", flush=True)

@@ -74,3 +74,36 @@ def test_exported_broadcasting_call(tmp_path, mesh8):
   exported = _export(f, mesh8, a, targets=["batchpart_test_matvec"])
   np.testing.assert_allclose(_run_fresh(tmp_path, exported, a), 2 * a @ v, rtol=1e-5,
                              atol=1e-5)
+
+
+def test_exported_float8_call(tmp_path, mesh8):
+  """Operand types the process reading the artifact never parses itself."""
+  f8 = jax.numpy.float8_e4m3fn
+  x = np.random.default_rng(2).integers(0, 120, (16, 4, 4)).astype(np.uint8)
+
+  def f(bits):
+    y = jax.lax.bitcast_convert_type(bits, f8)
+    y = bp.ffi_call("batchpart_test_copy_bytes", jax.ShapeDtypeStruct(y.shape, f8),
+                    signature="(m,n)->(m,n)")(y)
+    return jax.lax.bitcast_convert_type(y, np.uint8)
+
+  exported = _export(f, mesh8, x, targets=["batchpart_test_copy_bytes"])
+  np.testing.assert_array_equal(_run_fresh(tmp_path, exported, x), x)
+
+
+def test_shape_polymorphic_export_names_the_target():
+  (b,) = export.symbolic_shape("b")
+  spec = jax.ShapeDtypeStruct((b, 16), np.float32)
+  with np.testing.assert_raises_regex(NotImplementedError,
+                                      "batchpart_test_softmax.*shape-polymorphic"):
+    export.export(jax.jit(kernels.softmax), disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("batchpart_test_softmax")])(spec)
+
+
+def test_safety_check_names_the_user_target(mesh8):
+  x = np.ones((16, 8), np.float32)
+  with np.testing.assert_raises_regex(ValueError, "custom calls whose targets"):
+    export.export(jax.jit(kernels.softmax))(x)
+  exported = export.export(jax.jit(kernels.softmax), disabled_checks=[
+      export.DisabledSafetyCheck.custom_call("batchpart_test_softmax")])(x)
+  assert "batchpart_test_softmax$bp1$" in exported.mlir_module()

@@ -150,3 +150,22 @@ def test_not_differentiable_message():
   x = np.ones((2, 3), np.float32)
   with pytest.raises(ValueError, match="batchpart_test_softmax.*cannot be differentiated"):
     jax.grad(lambda x: kernels.softmax(x)[1].sum())(x)
+
+
+def test_copy_bytes_on_packed_sub_byte_types():
+  """int4 is stored two per byte: the kernel copies the packed storage."""
+  x = (np.arange(8 * 4 * 6) % 15 - 7).reshape(8, 4, 6)
+  for dtype in (jnp.int4, jnp.uint4):
+    a = jnp.asarray(x % 8 if dtype == jnp.uint4 else x, dtype)
+    out = bp.ffi_call("batchpart_test_copy_bytes", jax.ShapeDtypeStruct(a.shape, dtype),
+                      signature="(m,n)->(m,n)")(a)
+    np.testing.assert_array_equal(np.asarray(out, np.int32), np.asarray(a, np.int32))
+
+
+def test_ffi_call_accepts_jax_ffi_call_keywords():
+  x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+  f = bp.ffi_call("batchpart_test_softmax", (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                             jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)),
+                  signature="(n)->(n),()", vmap_method="broadcast_all",
+                  custom_call_api_version=4, legacy_backend_config=None)
+  np.testing.assert_allclose(f(x)[0], kernels.softmax_reference(x)[0], rtol=1e-5)

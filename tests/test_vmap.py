@@ -73,3 +73,20 @@ def test_vmap_with_layouts():
                             num_batch_dims=1, input_layouts=[(0, 2, 1)])(x)
   out = jax.vmap(f)(x)
   np.testing.assert_array_equal(out, np.swapaxes(x, -1, -2))
+
+
+def test_vmap_num_batch_dims_broadcasts_unmapped_operands():
+  """num_batch_dims promises equal batch dims to the kernel: an unmapped
+  operand gets the mapped dim materialised (axpy needs equal shapes)."""
+  x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+  y = rng.standard_normal((4, 5)).astype(np.float32)
+
+  def axpy(x, y):
+    return bp.ffi_call("batchpart_test_axpy", jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       num_batch_dims=1)(x, y, alpha=np.float64(3.0))
+
+  out = jax.jit(jax.vmap(axpy, in_axes=(0, None)))(x, y)
+  np.testing.assert_allclose(out, 3 * x + y, rtol=1e-6)
+  x2 = np.swapaxes(x, 0, 1)   # (4, 3, 5), mapped along dim 1
+  out = jax.jit(jax.vmap(axpy, in_axes=(None, 1), out_axes=1))(y, x2)
+  np.testing.assert_allclose(out, 3 * y[:, None] + x2, rtol=1e-6)

@@ -8,7 +8,8 @@ from typing import Any
 from batchpart import _compat as compat
 from batchpart import _primitive
 from batchpart._frontend.signature import (
-    BatchSpec, parse_signature, spec_from_num_batch_dims, spec_from_signature)
+    BatchSpec, parse_signature, require_static_shapes, spec_from_num_batch_dims,
+    spec_from_signature)
 
 
 def ffi_call(
@@ -101,6 +102,7 @@ def ffi_call(
     in_avals = [compat.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
+    require_static_shapes(target_name, operand_shapes, result_shapes)
     if not args:
       # Nothing to shard the results like: XLA's default treatment.
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))

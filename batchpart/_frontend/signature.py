@@ -11,6 +11,8 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 _DIM = r"\s*(?:\w+)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"
 _CORES = rf"{_CORE}(?:\s*,\s*{_CORE})*"
@@ -48,6 +50,18 @@ class BatchSpec:
   """How many trailing dims of each operand and result are core dims."""
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
+
+
+def require_static_shapes(target_name: str, operand_shapes, result_shapes) -> None:
+  """batchpart plans on concrete shapes; a symbolic (shape-polymorphic) dim
+  is refused by name rather than failing deep inside jax."""
+  for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
+    for i, shape in enumerate(shapes):
+      if not all(isinstance(d, (int, np.integer)) for d in shape):
+        raise NotImplementedError(
+            f"batchpart.ffi_call('{target_name}'): {what} {i} has the symbolic shape "
+            f"({', '.join(map(str, shape))}); shape-polymorphic export of batchpart "
+            "calls is not supported. Export with concrete shapes.")
 
 
 def _fmt(shape) -> str:

@@ -17,23 +17,11 @@ name, or "").
 from __future__ import annotations
 
 from batchpart import _compat as compat
-from batchpart._frontend.signature import BatchSpec, check_spec
+from batchpart._frontend.signature import BatchSpec, check_spec, require_static_shapes
 
 batchpart_ffi_call_p = compat.Primitive("batchpart_ffi_call")
 batchpart_ffi_call_p.multiple_results = True
 compat.simple_impl(batchpart_ffi_call_p)
-
-
-def require_static_shapes(target_name: str, avals) -> None:
-  """batchpart plans on concrete shapes; a symbolic (shape-polymorphic) dim
-  is refused by name rather than failing deep inside jax."""
-  for what, group in (("operand", avals[0]), ("result", avals[1])):
-    for i, aval in enumerate(group):
-      if not compat.is_constant_shape(aval.shape):
-        raise NotImplementedError(
-            f"batchpart.ffi_call('{target_name}'): {what} {i} has the symbolic shape "
-            f"{tuple(map(str, aval.shape))}; shape-polymorphic export of batchpart "
-            "calls is not supported. Export with concrete shapes.")
 
 
 def _batch_spec_entries(avals_in, operand_core_ranks, batch_rank: int):
@@ -76,7 +64,8 @@ def _result_sharder(avals_in, operand_core_ranks, batch_rank: int):
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
                    result_core_ranks, has_side_effect, **_):
-  require_static_shapes(target_name, (avals_in, result_avals))
+  require_static_shapes(target_name, [a.shape for a in avals_in],
+                        [a.shape for a in result_avals])
   check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
              [a.shape for a in avals_in], [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
