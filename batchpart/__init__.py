@@ -6,6 +6,7 @@ kernel on its own slice of the batch.
 """
 
 from batchpart import _compat
+from batchpart._frontend.adopt import ffi_lowering, partition_primitive
 from batchpart._frontend.decorator import batch_partitionable
 from batchpart._frontend.ffi_call import ffi_call
 from batchpart._frontend.registry import (
@@ -25,9 +26,11 @@ __all__ = [
     "batch_partitionable",
     "explain",
     "ffi_call",
+    "ffi_lowering",
     "is_batch_partitionable",
     "linalg",
     "mark_batch_partitionable",
+    "partition_primitive",
     "register_ffi_target",
 ]
 __version__ = "0.1.0"

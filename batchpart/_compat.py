@@ -28,6 +28,7 @@ What is used, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -233,6 +234,58 @@ def register_partitioner(name: str, *, propagate_user_sharding: Callable,
   )
   register()
   xla_bridge.register_plugin_callbacks(lambda c_api: register(c_api=c_api))
+
+
+# ---------------------------------------------------------------------------
+# Other primitives (batchpart.partition_primitive)
+# ---------------------------------------------------------------------------
+
+def wrap_lowering_rules(primitive, wrap: Callable) -> bool:
+  """Replaces each lowering rule registered for ``primitive`` (the default
+  one and every platform's) by ``wrap(rule)``; False if it has none."""
+  found = False
+  tables = [(None, mlir._lowerings)] + list(mlir._platform_specific_lowerings.items())
+  for platform, table in tables:
+    entry = table.get(primitive)
+    if entry is None:
+      continue
+    found = True
+    table[primitive] = dataclasses.replace(entry, rule=wrap(entry.rule))
+  return found
+
+
+def wrap_abstract_eval(primitive, retype: Callable) -> None:
+  """Passes ``primitive``'s output avals through ``retype(avals_in,
+  avals_out) -> avals_out``."""
+  original = primitive.abstract_eval
+
+  def abstract_eval(*avals, **params):
+    out, effects = original(*avals, **params)
+    if primitive.multiple_results:
+      return type(out)(retype(avals, list(out))), effects
+    return retype(avals, [out])[0], effects
+
+  primitive.abstract_eval = abstract_eval
+
+
+def explicit_spec(aval) -> tuple | None:
+  """The PartitionSpec entries of an aval typed with an Explicit-mode
+  sharding, padded to its rank; None otherwise."""
+  sharding = getattr(aval, "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or not mesh.explicit_axes:
+    return None
+  spec = tuple(sharding.spec)
+  return spec + (None,) * (len(aval.shape) - len(spec))
+
+
+def with_leading_spec(aval, entries):
+  """``aval`` typed with ``entries`` on its leading dims, the rest whole."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  mesh = aval.sharding.mesh if getattr(aval, "sharding", None) is not None else None
+  mesh = mesh if mesh is not None and not mesh.empty else get_cur_mesh_sharding().mesh
+  spec = PartitionSpec(*entries, *([None] * (len(aval.shape) - len(entries))))
+  return aval.update(sharding=NamedSharding(mesh, spec))
 
 
 # ---------------------------------------------------------------------------

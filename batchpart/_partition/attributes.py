@@ -20,7 +20,8 @@ def register_rule(name: str, rule: Callable) -> None:
   """Binds a per-shard attribute rule ``rule(attributes, local_batch_shape)
   -> {name: new value}`` to ``name``; a name is bound once."""
   with _lock:
-    if _rules.get(name, rule) is not rule:
+    old = _rules.get(name, rule)
+    if getattr(old, "__code__", old) is not getattr(rule, "__code__", rule):
       raise ValueError(f"batchpart: attribute rule '{name}' is already bound to "
                        "another function")
     _rules[name] = rule
@@ -48,19 +49,17 @@ def parse(config) -> dict:
 
 def to_python(attr):
   """A Python/NumPy value of a scalar, string or array attribute."""
-  if ir.BoolAttr.isinstance(attr):
-    return bool(ir.BoolAttr(attr).value)
-  if ir.IntegerAttr.isinstance(attr):
-    a = ir.IntegerAttr(attr)
-    return np.dtype(_int_dtype(a.type)).type(a.value)
-  if ir.FloatAttr.isinstance(attr):
-    a = ir.FloatAttr(attr)
-    return np.dtype({16: np.float16, 32: np.float32, 64: np.float64}[
-        ir.FloatType(a.type).width]).type(a.value)
-  if ir.StringAttr.isinstance(attr):
-    return ir.StringAttr(attr).value
-  if ir.DenseElementsAttr.isinstance(attr):
-    return np.array(ir.DenseElementsAttr(attr))
+  if isinstance(attr, ir.BoolAttr):
+    return bool(attr.value)
+  if isinstance(attr, ir.IntegerAttr):
+    return np.dtype(_int_dtype(attr.type)).type(attr.value)
+  if isinstance(attr, ir.FloatAttr):
+    width = ir.FloatType(attr.type).width
+    return np.dtype({16: np.float16, 32: np.float32, 64: np.float64}[width]).type(attr.value)
+  if isinstance(attr, ir.StringAttr):
+    return attr.value
+  if isinstance(attr, (ir.DenseIntElementsAttr, ir.DenseFPElementsAttr)):
+    return np.array(attr)
   return attr  # left as MLIR: rules may still pass it through
 
 
