@@ -1,0 +1,86 @@
+"""bp.ffi_lowering and bp.partition_primitive on one device: retargeting,
+argument checks, idempotence."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax.interpreters import mlir
+
+import batchpart as bp
+from batchpart import _compat as compat
+from batchpart import testing as kernels
+
+
+def _softmax_primitive(name, rule=None):
+  """A package-style primitive: its own abstract eval and lowering rule."""
+  p = compat.Primitive(name)
+  p.multiple_results = True
+  p.def_abstract_eval(lambda x: (compat.ShapedArray(x.shape, x.dtype),
+                                 compat.ShapedArray(x.shape[:-1], x.dtype)))
+  p.def_impl(lambda x: jax.jit(p.bind)(x))
+  mlir.register_lowering(p, rule or jax.ffi.ffi_lowering("batchpart_test_softmax"),
+                         platform="cpu")
+  return p
+
+
+def _targets(text):
+  return re.findall(r'custom_call @"?([^"(\s]+)', text)
+
+
+def test_ffi_lowering_emits_a_derived_call():
+  p = _softmax_primitive("adopt_softmax_1",
+                         bp.ffi_lowering("batchpart_test_softmax", num_batch_dims=1))
+  x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+  text = jax.jit(p.bind).lower(x).as_text()
+  assert _targets(text) == ["batchpart_test_softmax$bp1$o1$r1,1$no2$nr2,1"]
+  assert 'num_batch_dims = "1"' in text
+  np.testing.assert_allclose(jax.jit(p.bind)(x)[0], kernels.softmax_reference(x)[0],
+                             rtol=1e-5)
+
+
+def test_partition_primitive_with_a_signature_and_a_callable():
+  p = _softmax_primitive("adopt_softmax_2")
+  assert bp.partition_primitive(p, signature="(n)->(n),()") is p
+  bp.partition_primitive(p, signature="(n)->(n),()")   # idempotent
+  x = np.ones((2, 3, 5), np.float32)
+  assert _targets(jax.jit(p.bind).lower(x).as_text()) == [
+      "batchpart_test_softmax$bp1$o2$r2,2$no3$nr3,2"]
+  q = _softmax_primitive("adopt_softmax_3")
+  bp.partition_primitive(q, num_batch_dims=lambda ops, res: len(ops[0]) - 1)
+  assert _targets(jax.jit(q.bind).lower(x).as_text()) == [
+      "batchpart_test_softmax$bp1$o2$r2,2$no3$nr3,2"]
+
+
+def test_rewrapping_with_other_arguments_names_the_primitive():
+  p = _softmax_primitive("adopt_softmax_4")
+  bp.partition_primitive(p, num_batch_dims=1)
+  with pytest.raises(ValueError, match="adopt_softmax_4"):
+    bp.partition_primitive(p, num_batch_dims=2)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({}, "exactly one of"),
+    ({"num_batch_dims": 1, "signature": "(n)->(n),()"}, "exactly one of"),
+    ({"num_batch_dims": -1}, "non-negative"),
+    ({"num_batch_dims": 1, "shard_attributes": 3}, "shard_attributes"),
+    ({"signature": "n->n"}, "gufunc signature"),
+])
+def test_bad_arguments_name_the_primitive(kwargs, error):
+  p = _softmax_primitive(f"adopt_bad_{abs(hash(str(kwargs)))}")
+  with pytest.raises((ValueError, TypeError), match=error):
+    bp.partition_primitive(p, **kwargs)
+
+
+def test_primitive_without_lowering_is_refused():
+  p = compat.Primitive("adopt_no_lowering")
+  with pytest.raises(ValueError, match="adopt_no_lowering.*no lowering rule"):
+    bp.partition_primitive(p, num_batch_dims=1)
+
+
+def test_num_batch_dims_beyond_the_calls_rank_names_the_target():
+  p = _softmax_primitive("adopt_softmax_5")
+  bp.partition_primitive(p, num_batch_dims=3)
+  with pytest.raises(ValueError, match="adopt_softmax_5.*batchpart_test_softmax"):
+    jax.jit(p.bind).lower(np.ones((4, 6), np.float32))
