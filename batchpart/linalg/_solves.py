@@ -23,8 +23,10 @@ def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
     a: triangular matrices ``(..., m, m)``; the other triangle is not read.
     b: right-hand sides ``(..., m, n)`` if ``left_side`` else ``(..., n, m)``.
       The batch dims of ``a`` and ``b`` broadcast without being materialised.
-      As in jax, ``b`` may have one dim fewer than ``a``, ``(..., m)``: one
-      right-hand side per matrix (a column for ``left_side``, else a row).
+      As in jax, ``b`` may have one dim fewer than ``a``, ``(..., m)`` with
+      ``a``'s batch dims: one right-hand side per matrix (a column for
+      ``left_side``, else a row). (A ``b`` of that rank that is not of that
+      shape is a matrix with broadcast batch dims.)
     left_side: solve ``op(a) @ x = b`` (True) or ``x @ op(a) = b``.
     lower: whether ``a`` is lower (True) or upper triangular.
     transpose_a: ``op(a) = a^T`` (with ``conjugate_a``, ``a^H``).
@@ -36,7 +38,9 @@ def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
   """
   a, b = as_inexact("triangular_solve", a, b)
   check_matrix("triangular_solve", "a", a, square=True)
-  vector = b.ndim == a.ndim - 1  # jax.lax.linalg.triangular_solve's rule
+  # jax.lax.linalg.triangular_solve's rule, where jax accepts it.
+  vector = (b.ndim == a.ndim - 1 and tuple(b.shape[:-1]) == tuple(a.shape[:-2]) and
+            b.shape[-1] == a.shape[-1])
   if vector:
     b = jnp.expand_dims(b, -1 if left_side else -2)
   check_matrix("triangular_solve", "b", b)
