@@ -152,8 +152,8 @@ def require_cpu(fn: str, option: str, target: str, *operands) -> None:
   if platform != "cpu":
     raise NotImplementedError(
         f"batchpart.linalg.{fn}: {option} uses the CPU-only LAPACK target {target}, which has "
-        f"no kernel for platform {platform!r}; run it on CPU devices or leave {option.split('=')[0]} "
-        "at its default.")
+        f"no kernel for platform {platform!r}; run it on CPU devices or leave "
+        f"{option.split('=')[0]} at its default.")
 
 
 def geqrf(a):
