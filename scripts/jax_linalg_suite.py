@@ -77,7 +77,9 @@ def _sharder(devices: int):
     return lambda x: x
   import jax
   import numpy as np
-  mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
+  from jax.sharding import AxisType
+  # Auto axes: with_sharding_constraint on traced operands needs them.
+  mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
 
   def shard(x):
     if not isinstance(x, (np.ndarray, jax.Array)) or not hasattr(x, "ndim"):
