@@ -233,7 +233,10 @@ def _load_tests(tests_dir):
       if isinstance(item, unittest.TestSuite):
         stack.extend(item)
       else:
-        tests[f"{filename[:-3]}:{item.id().split('.', 1)[1]}"] = item
+        # Parameters that are functions print with their address: drop it, so
+        # that every process names a test alike.
+        name = re.sub(r" at 0x[0-9a-f]+", "", item.id().split(".", 1)[1])
+        tests[f"{filename[:-3]}:{name}"] = item
   return tests
 
 
