@@ -58,7 +58,8 @@ def _mesh_sharding(x, mesh):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
   shape = getattr(x, "shape", ())
-  if len(shape) < 3 or shape[0] == 0:
+  # Empty operands stay put: jax's device_put cannot split them.
+  if len(shape) < 3 or 0 in shape:
     return None
   for axes in (("a", "b", "c"), ("a", "b"), ("a",)):
     size = 1

@@ -270,6 +270,18 @@ def test_triangular_solve_vector_rhs_like_jax(batch, n, dtype, left_side, lower,
     close(x, sp, dtype, scale=n)
 
 
+def test_pivoted_qr_jvp_under_jit():
+  a = rand(np.random.default_rng(15), (4, 3), np.float32)
+  qr = jax.jit(lambda a: tuple(bp.linalg.qr(a, pivoting=True)))
+
+  def identity(a):  # q r with the pivoting undone
+    q, r, p = qr(a)
+    return (q @ r)[:, jnp.argsort(p)]
+
+  _, tangent = jax.jvp(identity, (a,), (a,))
+  close(tangent, a, np.float32, scale=10)
+
+
 def test_triangular_solve_vector_rhs_gradient():
   rng = np.random.default_rng(11)
   a = np.tril(rand(rng, (4, 4), np.float64)) + 5 * np.eye(4)

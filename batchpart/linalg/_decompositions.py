@@ -166,7 +166,7 @@ def qr(a, *, mode: str = "reduced", pivoting: bool = False):
 
 @jax.custom_jvp
 def _qr_raw(a):
-  return _kernels.geqrf(a)
+  return tuple(_kernels.geqrf(a))
 
 
 @_qr_raw.defjvp
@@ -190,7 +190,7 @@ def _qr_jvp(full_matrices, primals, tangents):
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _pivoted_qr(a, full_matrices):
-  return _kernels.geqp3(a, full_matrices=full_matrices)
+  return tuple(_kernels.geqp3(a, full_matrices=full_matrices))  # the JVP's structure
 
 
 @_pivoted_qr.defjvp
