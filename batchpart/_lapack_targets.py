@@ -7,6 +7,11 @@ needed. ``register()`` hands those pointers to the compiled module and
 registers one FFI target per operation for the CPU platform. Operand and
 result contracts are documented in ``cc/lapack/kernels.h``; every matrix is
 passed column-major (see ``column_major``).
+
+The targets in ``CPU_ONLY_TARGET_NAMES`` (``cc/lapack/option_kernels.h``)
+serve options that LAPACK has and cuSOLVER's kernels here do not: pivoted and
+raw QR, the QR-iteration SVD, the Cholesky solve. They are registered for the
+CPU platform only; batchpart.linalg refuses them on other platforms.
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ TARGET_NAMES: tuple[str, ...] = (
   "batchpart_gesv",
 )
 
+# CPU-only targets: no CUDA handler has these names (see the module docstring).
+CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
+  "batchpart_geqrf",
+  "batchpart_geqp3",
+  "batchpart_gesvd",
+  "batchpart_posv",
+)
+
 _lock = threading.Lock()
 _registered = False
 
 
 def register() -> None:
-  """Initializes LAPACK and registers every target in TARGET_NAMES (once)."""
+  """Initializes LAPACK and registers every target in TARGET_NAMES and
+  CPU_ONLY_TARGET_NAMES (once)."""
   global _registered
   with _lock:
     if _registered:
@@ -50,11 +64,12 @@ def register() -> None:
     # docs/reliability.md). One device may use them, as jaxlib does.
     _core.lapack.set_single_threaded_blas(len(jax.devices("cpu")) > 1)
     handlers = _core.lapack.handlers()
-    if set(handlers) != set(TARGET_NAMES):
+    names = TARGET_NAMES + CPU_ONLY_TARGET_NAMES
+    if set(handlers) != set(names):
       raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
-                         f"expected {sorted(TARGET_NAMES)}")
+                         f"expected {sorted(names)}")
     from batchpart._frontend.registry import register_ffi_target
-    for name in TARGET_NAMES:  # registers with XLA and marks batch partitionable
+    for name in names:  # registers with XLA and marks batch partitionable
       register_ffi_target(name, handlers[name], platform="cpu")
     _registered = True
 

@@ -4,10 +4,14 @@ measured interleaved in one process.
   python benchmarks/linalg.py            # full grid, writes docs/benchmarks-linalg.md
   python benchmarks/linalg.py --quick    # a few points, for CI-sized runs
   python benchmarks/linalg.py --gpu      # on a GPU: batchpart vs jnp.linalg
+  python benchmarks/linalg.py --options  # only section (4)
 
 Sections: (1) one device, batches of 8..2048 matrices of size 8..256, every
 op; (2) eight simulated devices, batch-sharded and core-sharded inputs;
-(3) batchpart vs jax.pure_callback calling NumPy.
+(3) batchpart vs jax.pure_callback calling NumPy; (4) the options with their
+own LAPACK routines (pivoted and raw QR, gesvd, hermitian SVD, Cholesky solve,
+one-triangle eigh and Cholesky) against the jnp/lax/jax.scipy call with the
+same option, one device.
 """
 
 from __future__ import annotations
@@ -53,6 +57,36 @@ def _ops(jnp, bp):
   }
 
 
+def _option_ops(jnp, bp):
+  """name -> (batchpart fn, jax fn with the same option, input kind)."""
+  import jax
+  from jax.lax.linalg import SvdAlgorithm
+  rhs = lambda a: a[..., :, :4]
+  return {
+      "qr pivoting=True": (lambda a: tuple(bp.linalg.qr(a, pivoting=True)),
+                           lambda a: jax.lax.linalg.qr(a, pivoting=True, full_matrices=False),
+                           "general"),
+      "qr mode='raw'": (lambda a: tuple(bp.linalg.qr(a, mode="raw")),
+                        lambda a: tuple(jnp.linalg.qr(a, mode="raw")), "general"),
+      "svd algorithm=QR": (
+          lambda a: bp.linalg.svd(a, compute_uv=False, algorithm=SvdAlgorithm.QR),
+          lambda a: jax.lax.linalg.svd(a, compute_uv=False, algorithm=SvdAlgorithm.QR),
+          "general"),
+      "svd hermitian=True": (lambda a: bp.linalg.svd(a, compute_uv=False, hermitian=True),
+                             lambda a: jnp.linalg.svd(a, compute_uv=False, hermitian=True),
+                             "spd"),
+      "solve assume_a='pos'": (
+          lambda a: bp.linalg.solve(a, rhs(a), assume_a="pos"),
+          lambda a: jax.scipy.linalg.solve(a, rhs(a), assume_a="pos"), "spd"),
+      "eigh symmetrize_input=False": (
+          lambda a: bp.linalg.eigh(a, symmetrize_input=False)[0],
+          lambda a: jnp.linalg.eigh(a, symmetrize_input=False)[0], "spd"),
+      "cholesky symmetrize_input=False": (
+          lambda a: bp.linalg.cholesky(a, symmetrize_input=False),
+          lambda a: jnp.linalg.cholesky(a, symmetrize_input=False), "spd"),
+  }
+
+
 def _matrices(np, batch, n, kind, seed=0):
   x = np.random.default_rng(seed).standard_normal((batch, n, n)).astype(np.float32)
   if kind == "spd":
@@ -64,6 +98,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser()
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--gpu", action="store_true")
+  parser.add_argument("--options", action="store_true", help="only section (4)")
   parser.add_argument("--out", default=None, help="Markdown file for the tables")
   args = parser.parse_args(argv)
   jax = _setup(args.gpu)
@@ -86,6 +121,24 @@ def main(argv=None) -> int:
   emit(f"# batchpart.linalg benchmarks\n\njax {jax.__version__}, {device.platform}, "
        f"{os.cpu_count()} cores; float32; median of interleaved rounds; ratio > 1 means "
        "batchpart is faster.\n")
+
+  if args.options:
+    # (4) options with their own LAPACK routines
+    grid = [(128, 8), (128, 32), (8, 128)]
+    emit("## Options: batchpart vs the jax call with the same option, one device\n")
+    emit("| op | batch | n | batchpart | jax | ratio |")
+    emit("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, (ours, theirs, kind) in _option_ops(jnp, bp).items():
+      for batch, n in grid:
+        a = jax.device_put(_matrices(np, batch, n, kind), device)
+        t = interleaved({"bp": jax.jit(ours), "jax": jax.jit(theirs)}, (a,),
+                        repeats=3 if args.quick else 5)
+        emit(f"| {name} | {batch} | {n} | {fmt_time(t['bp'])} | {fmt_time(t['jax'])} | "
+             f"{t['jax'] / t['bp']:.2f}x |")
+    if args.out:
+      with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
 
   # (1) one device
   if args.quick:

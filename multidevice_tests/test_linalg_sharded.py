@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
+import scipy.linalg
+from jax.lax.linalg import SvdAlgorithm
+
 import batchpart as bp
 from helpers import collective_kinds, compiled_text, local_shapes, put, rng, the_custom_call
 
@@ -32,6 +35,17 @@ CASES = {
                          "batchpart_trsm",
                          lambda a: np.asarray(jax.lax.linalg.triangular_solve(
                              a, a[..., :, :2], left_side=True, lower=True))),
+    # The options with CPU-only targets.
+    "qr_pivoted": (lambda a: jnp.abs(bp.linalg.qr(a, mode="r", pivoting=True)[0]),
+                   "batchpart_geqp3",
+                   lambda a: np.stack([np.abs(scipy.linalg.qr(x, mode="r", pivoting=True)[0])
+                                       for x in a])),
+    "qr_raw": (lambda a: jnp.abs(bp.linalg.qr(a, mode="raw")[1]), "batchpart_geqrf",
+               lambda a: np.stack([np.abs(np.linalg.qr(x, mode="raw")[1]) for x in a])),
+    "svd_qr": (lambda a: bp.linalg.svd(a, compute_uv=False, algorithm=SvdAlgorithm.QR),
+               "batchpart_gesvd", lambda a: np.linalg.svd(a, compute_uv=False)),
+    "solve_pos": (lambda a: bp.linalg.solve(a, a[..., :, :2], assume_a="pos"), "batchpart_posv",
+                  lambda a: np.linalg.solve(a, a[..., :, :2])),
 }
 
 

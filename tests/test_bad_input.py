@@ -149,7 +149,7 @@ CASES = [
          "JaxRuntimeError", r"dtype", SOFTMAX),
     Case("linalg_float16",
          "def call(): return bp.linalg.cholesky(np.eye(3, dtype=np.float16)[None])",
-         "TypeError", r"unsupported dtype float16", r"batchpart\.linalg\.cholesky"),
+         "NotImplementedError", r"Unsupported dtype float16", r"batchpart\.linalg\.cholesky"),
     Case("linalg_string_operand",
          "def call(): return bp.linalg.eigh('abc')",
          "TypeError", r"(not a valid JAX array type|dtype)", r"batchpart\.linalg\.eigh"),
@@ -177,7 +177,7 @@ CASES = [
          "ValueError", r"b of shape \(4,\) does not fit a of shape \(3, 3\)",
          r"batchpart\.linalg\.solve"),
     Case("linalg_bad_option",
-         "def call(): return bp.linalg.qr(np.ones((3, 3), f32), mode='full')",
+         "def call(): return bp.linalg.qr(np.ones((3, 3), f32), mode='economic')",
          "ValueError", r"mode must be", r"batchpart\.linalg\.qr"),
     # ---- attributes --------------------------------------------------------------
     Case("attribute_of_wrong_type",

@@ -197,11 +197,10 @@ def test_integer_input_is_promoted_like_jnp():
 @pytest.mark.parametrize("fn,args,match", [
     (lambda a: bp.linalg.cholesky(a), (np.ones((3, 2)),), "cholesky: a must be square"),
     (lambda a: bp.linalg.eigh(a), (np.ones(3),), "eigh: a must have at least 2 dims"),
-    (lambda a: bp.linalg.qr(a, mode="full"), (np.ones((3, 3)),), "qr: mode must be"),
+    (lambda a: bp.linalg.qr(a, mode="economic"), (np.ones((3, 3)),), "qr: mode must be"),
     (lambda a, b: bp.linalg.solve(a, b), (np.ones((3, 3)), np.ones(4)), "solve: b of shape"),
     (lambda a, b: bp.linalg.triangular_solve(a, b), (np.ones((3, 3)), np.ones((4, 2))),
      "triangular_solve: b of shape"),
-    (lambda a: bp.linalg.lu(a), (np.ones((2, 2), np.float16),), "unsupported dtype float16"),
 ])
 def test_bad_input(fn, args, match):
   with pytest.raises((ValueError, TypeError), match=match):

@@ -1,5 +1,9 @@
 """Cholesky, LU, QR, eigh and SVD over batchpart's LAPACK targets, with
-jax's conventions and JVP rules (the same math as jax.lax.linalg's)."""
+jax's conventions, options and JVP rules (the same math as jax.lax.linalg's).
+
+The JVP rules build every identity and diagonal at the rank of the arrays
+they meet, so they run under ``jax_numpy_rank_promotion='raise'`` (jax's test
+setting) and on empty batches."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import jax.numpy as jnp
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
-    EighResult, QRResult, SVDResult, H, as_inexact, check_matrix, eye_like, int_zeros, matmul, mT, symmetrize, tril, triu)
+    EighResult, PivotedQRResult, QRResult, SVDResult, H, as_inexact, check_matrix, eye_like,
+    hermitian_from_triangle, int_zeros, matmul, mT, symmetrize, tril, triu)
 
 
 def _tangent_trsm(a, b, *, left_side=False, lower=False, transpose_a=False,
@@ -23,15 +28,18 @@ def _tangent_trsm(a, b, *, left_side=False, lower=False, transpose_a=False,
 
 # ---- Cholesky -----------------------------------------------------------------
 
-def cholesky(a, *, lower: bool = True):
+def cholesky(a, *, lower: bool = True, symmetrize_input: bool = True):
   """Cholesky factor of Hermitian positive-definite matrices.
 
-  Like :func:`jax.numpy.linalg.cholesky` (``upper = not lower``): the input is
-  symmetrized, ``(a + a^H) / 2``, and only its factor is returned.
+  Like :func:`jax.numpy.linalg.cholesky` (``upper = not lower``).
 
   Args:
     a: array of shape ``(..., n, n)``.
     lower: return the lower factor ``L`` (``a = L L^H``) or the upper ``L^H``.
+    symmetrize_input: factor ``(a + a^H) / 2`` (True, as jax's default), or
+      the Hermitian matrix given by ``a``'s lower triangle alone (False, as
+      jax: the strict upper triangle is never read, whichever factor is
+      returned). Derivatives follow what is read.
 
   Returns:
     The factor, ``(..., n, n)``; a batch element that is not positive definite
@@ -39,12 +47,12 @@ def cholesky(a, *, lower: bool = True):
   """
   a, = as_inexact("cholesky", a)
   check_matrix("cholesky", "a", a, square=True)
-  factor = _cholesky_lower(symmetrize(a))
+  factor = _cholesky_lower(symmetrize(a) if symmetrize_input else a)
   return factor if lower else H(factor)
 
 
 @jax.custom_jvp
-def _cholesky_lower(a):  # `a` is Hermitian (symmetrized by the caller)
+def _cholesky_lower(a):  # reads a's lower triangle only
   factor, _ = _kernels.potrf_hermitian(a)
   return factor
 
@@ -53,6 +61,9 @@ def _cholesky_lower(a):  # `a` is Hermitian (symmetrized by the caller)
 def _cholesky_jvp(primals, tangents):
   a, = primals
   a_dot, = tangents
+  # The kernel reads only the lower triangle, so only it varies (for
+  # symmetrized input, whose tangent is Hermitian, this changes nothing).
+  a_dot = hermitian_from_triangle(a_dot, lower=True)
   L = _cholesky_lower(a)
   # Murray 2016 (arXiv:1602.07527): dL = L phi(L^-1 dA L^-H).
   tmp = _tangent_trsm(L, a_dot, left_side=False, transpose_a=True, conjugate_a=True,
@@ -97,7 +108,8 @@ def _lu_jvp(primals, tangents):
   l = jnp.pad(tril(lu_[..., :, :k], -1), [(0, 0)] * (a.ndim - 1) + [(0, m - k)])
   l = l + eye_like(l, m)
   u_eye = jnp.pad(jnp.eye(n - k, dtype=a.dtype), ((k, 0), (k, 0)))
-  u = jnp.pad(triu(lu_[..., :k, :]), [(0, 0)] * (a.ndim - 2) + [(0, n - k), (0, 0)]) + u_eye
+  u = jnp.pad(triu(lu_[..., :k, :]), [(0, 0)] * (a.ndim - 2) + [(0, n - k), (0, 0)])
+  u = u + u_eye.reshape((1,) * (a.ndim - 2) + (n, n))
   la = _tangent_trsm(l, x, left_side=True, lower=True, unit_diagonal=True)
   lau = _tangent_trsm(u, la, left_side=False, lower=False)
   lu_dot = matmul(l, tril(lau, -1)) + matmul(triu(lau), u)
@@ -107,25 +119,60 @@ def _lu_jvp(primals, tangents):
 
 # ---- QR -----------------------------------------------------------------------
 
-def qr(a, *, mode: str = "reduced"):
-  """QR decomposition, as :func:`jax.numpy.linalg.qr`.
+_QR_MODES = ("reduced", "complete", "r", "raw", "full")
+
+
+def qr(a, *, mode: str = "reduced", pivoting: bool = False):
+  """QR decomposition, as :func:`jax.numpy.linalg.qr` (modes) and
+  :func:`jax.lax.linalg.qr` (``pivoting``).
 
   Args:
     a: array of shape ``(..., m, n)``.
-    mode: ``"reduced"`` (``q`` is ``(..., m, k)``, ``r`` ``(..., k, n)``,
-      ``k = min(m, n)``), ``"complete"`` (``q`` ``(..., m, m)``, ``r``
-      ``(..., m, n)``) or ``"r"`` (only ``r``, reduced).
+    mode: jnp's modes: ``"reduced"`` (``q`` is ``(..., m, k)``, ``r``
+      ``(..., k, n)``, ``k = min(m, n)``), ``"complete"`` (``q`` ``(..., m, m)``,
+      ``r`` ``(..., m, n)``), ``"r"`` (only ``r``, reduced), ``"full"`` (numpy's
+      old name, the same as ``"reduced"``, as in jnp), or ``"raw"`` (LAPACK's
+      geqrf output ``(h, tau)``: ``h`` ``(..., n, m)`` holds ``R`` and the
+      Householder reflectors, transposed as numpy returns them; not
+      differentiable, as in jax).
+    pivoting: column-pivoted QR (LAPACK geqp3): ``a[..., :, p] = q @ r`` with
+      ``|diag(r)|`` non-increasing. Not with ``mode="raw"``.
 
   Returns:
-    ``QRResult(Q, R)`` (a named tuple), or ``r`` for ``mode="r"``.
+    ``QRResult(Q, R)`` (a named tuple), ``r`` for ``mode="r"``, ``(h, tau)`` for
+    ``"raw"``; with ``pivoting``, ``PivotedQRResult(Q, R, P)`` or ``(r, p)``,
+    ``p`` int32 ``(..., n)``.
   """
-  if mode not in ("reduced", "complete", "r"):
-    raise ValueError(f"batchpart.linalg.qr: mode must be 'reduced', 'complete' or 'r', "
-                     f"got {mode!r}.")
+  if mode not in _QR_MODES:
+    raise ValueError(f"batchpart.linalg.qr: mode must be one of {', '.join(map(repr, _QR_MODES))}"
+                     f", got {mode!r}.")
   a, = as_inexact("qr", a)
   check_matrix("qr", "a", a)
-  q, r = _qr(a, mode == "complete")
+  if mode == "raw":
+    if pivoting:
+      raise NotImplementedError("batchpart.linalg.qr: mode='raw' with pivoting=True is not "
+                                "supported (nor in jax).")
+    _kernels.require_cpu("qr", "mode='raw'", "batchpart_geqrf", a)
+    h, tau = _qr_raw(a)
+    return QRResult(mT(h), tau)
+  full_matrices = mode == "complete"
+  if pivoting:
+    _kernels.require_cpu("qr", "pivoting=True", "batchpart_geqp3", a)
+    q, r, p = _pivoted_qr(a, full_matrices)
+    return (r, p) if mode == "r" else PivotedQRResult(q, r, p)
+  q, r = _qr(a, full_matrices)
   return r if mode == "r" else QRResult(q, r)
+
+
+@jax.custom_jvp
+def _qr_raw(a):
+  return tuple(_kernels.geqrf(a))
+
+
+@_qr_raw.defjvp
+def _qr_raw_jvp(primals, tangents):
+  raise NotImplementedError("batchpart.linalg.qr: mode='raw' is not differentiable (neither is "
+                            "jax's); differentiate mode='reduced' or 'complete'.")
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -138,40 +185,94 @@ def _qr_jvp(full_matrices, primals, tangents):
   a, = primals
   a_dot, = tangents
   q, r = _qr(a, full_matrices)
-  *_, m, n = a.shape
-  if m < n or (full_matrices and m != n):
-    raise NotImplementedError(
-        "batchpart.linalg.qr: the derivative is defined for m >= n (and, with "
-        "mode='complete', square matrices), as in jax.")
-  # Townsend, "Differentiating the QR decomposition".
-  dx_rinv = _tangent_trsm(r, a_dot)  # right side: X r = dA
+  return (q, r), _qr_tangents(a, a_dot, q, r, full_matrices)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _pivoted_qr(a, full_matrices):
+  return tuple(_kernels.geqp3(a, full_matrices=full_matrices))  # the JVP's structure
+
+
+@_pivoted_qr.defjvp
+def _pivoted_qr_jvp(full_matrices, primals, tangents):
+  a, = primals
+  a_dot, = tangents
+  q, r, p = _pivoted_qr(a, full_matrices)
+  # The permutation is locally constant: differentiate the QR of a[..., p].
+  permute = lambda x: jnp.take_along_axis(x, p[..., None, :], axis=-1)
+  dq, dr = _qr_tangents(permute(a), permute(a_dot), q, r, full_matrices)
+  return (q, r, p), (dq, dr, int_zeros(p))
+
+
+def _thin_qr_jvp(q, r, dx):
+  """Tangents of q (m, n) and r (n, n) for an (m, n) input, m >= n
+  (Townsend, "Differentiating the QR decomposition")."""
+  dx_rinv = _tangent_trsm(r, dx)  # right side: X r = dA
   qt_dx_rinv = matmul(H(q), dx_rinv)
   lower = tril(qt_dx_rinv, -1)
-  do = lower - H(lower)
-  do = do + eye_like(do, n) * (qt_dx_rinv - qt_dx_rinv.real.astype(qt_dx_rinv.dtype))
+  do = lower - H(lower)  # skew-Hermitian
+  # Complex inputs: the diagonal's imaginary part.
+  do = do + eye_like(do) * (qt_dx_rinv - qt_dx_rinv.real.astype(qt_dx_rinv.dtype))
   dq = matmul(q, do - qt_dx_rinv) + dx_rinv
   dr = matmul(qt_dx_rinv - do, r)
-  return (q, r), (dq, dr)
+  return dq, dr
+
+
+def _qr_tangents(x, dx, q, r, full_matrices):
+  """(dq, dr) for x = q r, every shape jax differentiates."""
+  *batch, m, n = x.shape
+  if m < n:
+    # Wide: x = [x1 x2] with x1 square, x1 = q r1 and r2 = q^H x2, so
+    # dr2 = dq^H x2 + q^H dx2.
+    dq, dr1 = _thin_qr_jvp(q, r[..., :, :m], dx[..., :, :m])
+    dr2 = matmul(H(dq), x[..., :, m:]) + matmul(H(q), dx[..., :, m:])
+    return dq, jnp.concatenate([dr1, dr2], axis=-1)
+  q_mn = q[..., :, :n] if full_matrices else q
+  r_nn = r[..., :n, :n] if full_matrices else r
+  dq_mn, dr_nn = _thin_qr_jvp(q_mn, r_nn, dx)
+  if not full_matrices or m == n:
+    return dq_mn, dr_nn
+  # Tall and complete: the last m - n columns of q span the orthogonal
+  # complement; their tangent (Roberts & Roberts, arXiv:2409.13374, eqs. 32-33)
+  # is dq_mp = dq_mn Z^H - (q_mn + q_mp Z)(dq_pn - Z dq_nn)^H with
+  # Z = q_pn (q_nn - I)^-1.
+  q_nn, q_pn, q_mp = q_mn[..., :n, :], q_mn[..., n:, :], q[..., :, n:]
+  dq_nn, dq_pn = dq_mn[..., :n, :], dq_mn[..., n:, :]
+  z_h = _tangent_solves.solve(H(q_nn - eye_like(q_nn)), H(q_pn))
+  z = H(z_h)
+  dq_mp = matmul(dq_mn, z_h) - matmul(q_mn + matmul(q_mp, z), H(dq_pn - matmul(z, dq_nn)))
+  dq = jnp.concatenate([dq_mn, dq_mp], axis=-1)
+  dr = jnp.concatenate([dr_nn, jnp.zeros((*batch, m - n, n), dr_nn.dtype)], axis=-2)
+  return dq, dr
 
 
 # ---- eigh ---------------------------------------------------------------------
 
-def eigh(a, *, lower: bool = True):
+def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
+         sort_eigenvalues: bool = True):
   """Eigenvalues and eigenvectors of Hermitian matrices, as
-  :func:`jax.numpy.linalg.eigh` (``UPLO="L"`` for ``lower``).
+  :func:`jax.numpy.linalg.eigh` (``UPLO="L"`` for ``lower``) and
+  :func:`jax.lax.linalg.eigh` (which returns them in the other order).
 
   Args:
-    a: array of shape ``(..., n, n)``; it is symmetrized first, as jax does.
-    lower: which triangle the kernel reads (after symmetrization both agree).
+    a: array of shape ``(..., n, n)``.
+    lower: which triangle LAPACK's syevd/heevd reads.
+    symmetrize_input: decompose ``(a + a^H) / 2`` (True, jax's default), or
+      the Hermitian matrix given by the ``lower`` (or upper) triangle alone
+      (False: the other triangle is never read). Derivatives follow what is
+      read.
+    sort_eigenvalues: accepted for jax's signature; syevd returns the
+      eigenvalues ascending either way (jax allows any order when False).
 
   Returns:
     ``EighResult(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
     ``(..., n, n)`` with eigenvectors in columns. A batch element whose
     decomposition fails (e.g. non-finite input) is NaN.
   """
+  del sort_eigenvalues  # always sorted
   a, = as_inexact("eigh", a)
   check_matrix("eigh", "a", a, square=True)
-  return EighResult(*_eigh(symmetrize(a), bool(lower)))
+  return EighResult(*_eigh(symmetrize(a) if symmetrize_input else a, bool(lower)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -184,6 +285,8 @@ def _eigh(a, lower):
 def _eigh_jvp(lower, primals, tangents):
   a, = primals
   a_dot, = tangents
+  # Only the triangle the kernel reads varies.
+  a_dot = hermitian_from_triangle(a_dot, lower)
   w_real, v = _eigh(a, lower)
   w = w_real.astype(a.dtype)
   eye = eye_like(a)
@@ -197,63 +300,109 @@ def _eigh_jvp(lower, primals, tangents):
 
 # ---- SVD ----------------------------------------------------------------------
 
-def svd(a, *, full_matrices: bool = False, compute_uv: bool = True):
+def svd(a, *, full_matrices: bool = False, compute_uv: bool = True, hermitian: bool = False,
+        algorithm=None):
   """Singular value decomposition, as :func:`jax.numpy.linalg.svd` (whose
-  ``full_matrices`` default is ``True``; batchpart's is ``False``).
+  ``full_matrices`` default is ``True``; batchpart's is ``False``) and
+  :func:`jax.lax.linalg.svd` (``algorithm``).
 
   Args:
     a: array of shape ``(..., m, n)``.
     full_matrices: ``u`` ``(..., m, m)`` and ``vh`` ``(..., n, n)`` instead of
       ``(..., m, k)`` and ``(..., k, n)``, ``k = min(m, n)``.
     compute_uv: return ``(u, s, vh)``, or only ``s``.
+    hermitian: ``a`` is Hermitian (it is symmetrized): the SVD comes from
+      :func:`eigh`, as in jnp (``s = |w|`` sorted descending).
+    algorithm: ``None``, ``jax.lax.linalg.SvdAlgorithm.DEFAULT`` or
+      ``DIVIDE_AND_CONQUER`` (LAPACK gesdd), or ``QR`` (gesvd, CPU only).
+      ``JACOBI`` and ``POLAR`` raise ``NotImplementedError``, as jax does on CPU.
 
   Returns:
     ``SVDResult(U, S, Vh)`` with ``a = U @ diag(S) @ Vh``, ``S`` real, descending;
     or ``s``. A batch element whose decomposition fails is NaN.
   """
   a, = as_inexact("svd", a)
-  check_matrix("svd", "a", a)
+  check_matrix("svd", "a", a, square=bool(hermitian))
+  if hermitian:
+    if algorithm is not None:
+      raise NotImplementedError("batchpart.linalg.svd: algorithm applies to hermitian=False "
+                                "only (hermitian=True goes through eigh, as in jnp).")
+    return _hermitian_svd(a, bool(compute_uv))
+  gesvd = _uses_gesvd(algorithm)
+  if gesvd:
+    _kernels.require_cpu("svd", "algorithm=SvdAlgorithm.QR", "batchpart_gesvd", a)
   if not compute_uv:
-    return _singular_values(a)
-  return SVDResult(*_svd(a, bool(full_matrices)))
+    return _singular_values(a, gesvd)
+  return SVDResult(*_svd(a, bool(full_matrices), gesvd))
 
 
-@jax.custom_jvp
-def _singular_values(a):
-  s, _, _, _ = _kernels.svd(a, full_matrices=False, compute_uv=False)
+def _uses_gesvd(algorithm) -> bool:
+  """Whether `algorithm` selects gesvd (True) or gesdd (False)."""
+  from jax.lax.linalg import SvdAlgorithm
+  if algorithm is None or algorithm in (SvdAlgorithm.DEFAULT, SvdAlgorithm.DIVIDE_AND_CONQUER):
+    return False
+  if algorithm == SvdAlgorithm.QR:
+    return True
+  if isinstance(algorithm, SvdAlgorithm):
+    raise NotImplementedError(
+        f"batchpart.linalg.svd: algorithm={algorithm} is not implemented on CPU; LAPACK offers "
+        "DIVIDE_AND_CONQUER (gesdd, the default) and QR (gesvd).")
+  raise ValueError(f"batchpart.linalg.svd: algorithm must be None or a "
+                   f"jax.lax.linalg.SvdAlgorithm, got {algorithm!r}.")
+
+
+def _hermitian_svd(a, compute_uv):
+  w, v = eigh(a)
+  s = jnp.abs(w)
+  order = jnp.flip(jnp.argsort(s, axis=-1, stable=True), axis=-1)
+  s = jnp.take_along_axis(s, order, axis=-1)
+  if not compute_uv:
+    return s
+  sign = jnp.take_along_axis(jnp.sign(w), order, axis=-1)
+  u = jnp.take_along_axis(v, order[..., None, :], axis=-1)
+  return SVDResult(u, s, H(u * sign[..., None, :].astype(u.dtype)))
+
+
+def _svd_kernel(gesvd):
+  return _kernels.gesvd if gesvd else _kernels.svd
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _singular_values(a, gesvd):
+  s, _, _, _ = _svd_kernel(gesvd)(a, full_matrices=False, compute_uv=False)
   return s
 
 
 @_singular_values.defjvp
-def _singular_values_jvp(primals, tangents):
+def _singular_values_jvp(gesvd, primals, tangents):
   a, = primals
   a_dot, = tangents
-  u, s, vh = _svd(a, False)
+  u, s, vh = _svd(a, False, gesvd)
   ds = jnp.real(jnp.diagonal(matmul(matmul(H(u), a_dot), H(vh)), axis1=-2, axis2=-1))
   return s, ds
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _svd(a, full_matrices):
-  s, u, vt, _ = _kernels.svd(a, full_matrices=full_matrices, compute_uv=True)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _svd(a, full_matrices, gesvd):
+  s, u, vt, _ = _svd_kernel(gesvd)(a, full_matrices=full_matrices, compute_uv=True)
   return u, s, vt
 
 
 @_svd.defjvp
-def _svd_jvp(full_matrices, primals, tangents):
+def _svd_jvp(full_matrices, gesvd, primals, tangents):
   a, = primals
   a_dot, = tangents
   if full_matrices and a.shape[-1] != a.shape[-2]:
     raise NotImplementedError(
         "batchpart.linalg.svd: the derivative with full_matrices=True is defined for "
         "square matrices only, as in jax.")
-  u, s, vt = _svd(a, full_matrices)
+  u, s, vt = _svd(a, full_matrices, gesvd)
   ut, v = H(u), H(vt)
   s_row = s[..., None, :]
   ds_mat = matmul(matmul(ut, a_dot), v)
   ds = jnp.real(jnp.diagonal(ds_mat, axis1=-2, axis2=-1))
   k = s.shape[-1]
-  eye = jnp.eye(k, dtype=s.dtype)
+  eye = eye_like(s_row, k)
   s_diffs = (s_row + mT(s_row)) * (s_row - mT(s_row))
   f = (1 / (s_diffs + eye) - eye).astype(a.dtype)
   dss = s_row.astype(a.dtype) * ds_mat

@@ -129,3 +129,66 @@ def gesv(a, b):
   batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
   return _call("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
                [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])
+
+
+# ---- CPU-only targets (cc/lapack/option_kernels.h) ------------------------------
+
+def _platform_of(operands) -> str:
+  """The platform the operands live on: that of a concrete array's devices,
+  else jax's default backend (what a traced computation compiles for)."""
+  for x in operands:
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+      try:
+        return next(iter(x.devices())).platform
+      except (AttributeError, StopIteration, RuntimeError):
+        pass
+  return jax.default_backend()
+
+
+def require_cpu(fn: str, option: str, target: str, *operands) -> None:
+  """Raises NotImplementedError naming the option and target when a
+  CPU-only target would be compiled for another platform."""
+  platform = _platform_of(operands)
+  if platform != "cpu":
+    raise NotImplementedError(
+        f"batchpart.linalg.{fn}: {option} uses the CPU-only LAPACK target {target}, which has "
+        f"no kernel for platform {platform!r}; run it on CPU devices or leave "
+        f"{option.split('=')[0]} at its default.")
+
+
+def geqrf(a):
+  *batch, m, n = a.shape
+  batch = tuple(batch)
+  return _call("batchpart_geqrf", "(m,n)->(m,n),(k)", [a],
+               [S(a.shape, a.dtype), S((*batch, min(m, n)), a.dtype)], aliases={0: 0})
+
+
+def geqp3(a, *, full_matrices: bool):
+  *batch, m, n = a.shape
+  batch = tuple(batch)
+  k = m if full_matrices else min(m, n)
+  return _call("batchpart_geqp3", "(m,n)->(m,k),(k,n),(n)", [a],
+               [S((*batch, m, k), a.dtype), S((*batch, k, n), a.dtype), S((*batch, n), i32)],
+               full_matrices=bool(full_matrices))
+
+
+def gesvd(a, *, full_matrices: bool, compute_uv: bool):
+  *batch, m, n = a.shape
+  batch = tuple(batch)
+  k = min(m, n)
+  if not compute_uv:
+    u_cols, vt_rows = 0, 0
+  elif full_matrices:
+    u_cols, vt_rows = m, n
+  else:
+    u_cols, vt_rows = k, k
+  return _call("batchpart_gesvd", "(m,n)->(k),(m,p),(q,n),()", [a],
+               [S((*batch, k), _real(a.dtype)), S((*batch, m, u_cols), a.dtype),
+                S((*batch, vt_rows, n), a.dtype), S(batch, i32)],
+               full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
+
+
+def posv(a, b, *, lower: bool):
+  batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+  return _call("batchpart_posv", "(n,n),(n,r)->(n,r),()", [a, b],
+               [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)], lower=bool(lower))

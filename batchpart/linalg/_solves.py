@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from batchpart.linalg import _kernels, _tangent_solves
-from batchpart.linalg._util import as_inexact, check_matrix, matmul, tril, triu
+from batchpart.linalg._util import (
+    as_inexact, check_matrix, hermitian_from_triangle, matmul, mT, tril, triu)
 
 
 def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
@@ -22,6 +23,10 @@ def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
     a: triangular matrices ``(..., m, m)``; the other triangle is not read.
     b: right-hand sides ``(..., m, n)`` if ``left_side`` else ``(..., n, m)``.
       The batch dims of ``a`` and ``b`` broadcast without being materialised.
+      As in jax, ``b`` may have one dim fewer than ``a``, ``(..., m)`` with
+      ``a``'s batch dims: one right-hand side per matrix (a column for
+      ``left_side``, else a row). (A ``b`` of that rank that is not of that
+      shape is a matrix with broadcast batch dims.)
     left_side: solve ``op(a) @ x = b`` (True) or ``x @ op(a) = b``.
     lower: whether ``a`` is lower (True) or upper triangular.
     transpose_a: ``op(a) = a^T`` (with ``conjugate_a``, ``a^H``).
@@ -33,15 +38,24 @@ def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
   """
   a, b = as_inexact("triangular_solve", a, b)
   check_matrix("triangular_solve", "a", a, square=True)
+  # jax.lax.linalg.triangular_solve's rule, where jax accepts it.
+  vector = (b.ndim == a.ndim - 1 and tuple(b.shape[:-1]) == tuple(a.shape[:-2]) and
+            b.shape[-1] == a.shape[-1])
+  if vector:
+    b = jnp.expand_dims(b, -1 if left_side else -2)
   check_matrix("triangular_solve", "b", b)
   m = a.shape[-1]
   if (b.shape[-2] if left_side else b.shape[-1]) != m:
     raise ValueError(
-        f"batchpart.linalg.triangular_solve: b of shape {tuple(b.shape)} does not fit a "
+        f"batchpart.linalg.triangular_solve: b of shape "
+        f"{tuple(b.shape[:-1] if left_side and vector else b.shape)} does not fit a "
         f"of shape {tuple(a.shape)} with left_side={left_side}.")
   options = (bool(left_side), bool(lower), bool(transpose_a), bool(conjugate_a),
              bool(unit_diagonal))
-  return _trsm(a, b, options)
+  x = _trsm(a, b, options)
+  if vector:
+    x = x[..., 0] if left_side else x[..., 0, :]
+  return x
 
 
 def _op(a, transpose_a, conjugate_a):
@@ -74,29 +88,71 @@ def _trsm_jvp(options, primals, tangents):
   return x, x_dot
 
 
-def solve(a, b):
-  """Solves ``a @ x = b``, as :func:`jax.numpy.linalg.solve`.
+_ASSUME_A = ("gen", "sym", "her", "pos")
+
+
+def solve(a, b, *, assume_a: str = "gen", lower: bool = False):
+  """Solves ``a @ x = b``, as :func:`jax.numpy.linalg.solve` (shapes) and
+  :func:`jax.scipy.linalg.solve` (``assume_a``, ``lower``).
 
   Args:
     a: ``(..., n, n)``.
     b: ``(n,)``, or ``(..., n, k)``; batch dims broadcast against ``a``'s.
+    assume_a: ``"gen"`` (LU, getrf + getrs, reads all of ``a``); ``"pos"``
+      (Hermitian positive definite: Cholesky, potrf + potrs, CPU only);
+      ``"sym"`` / ``"her"`` (symmetric / Hermitian: LU of the matrix that
+      the ``lower`` triangle defines, so the result is scipy's; jax reads all
+      of ``a`` instead, which agrees whenever ``a`` is what it claims).
+    lower: for ``assume_a != "gen"``, read the lower (True) or upper (False,
+      scipy's default) triangle of ``a`` only.
 
   Returns:
     ``x`` of shape ``(..., n)`` for a vector ``b``, else ``(..., n, k)``. A batch
-    element whose ``a`` is singular is all NaN.
+    element whose ``a`` is singular (or, for ``"pos"``, not positive definite)
+    is all NaN.
   """
+  if assume_a not in _ASSUME_A:
+    raise ValueError(f"batchpart.linalg.solve: assume_a must be one of "
+                     f"{', '.join(map(repr, _ASSUME_A))}, got {assume_a!r}.")
   a, b = as_inexact("solve", a, b)
   check_matrix("solve", "a", a, square=True)
   n = a.shape[-1]
-  if b.ndim == 1:
+  vector = b.ndim == 1
+  if vector:
     if b.shape[0] != n:
       raise ValueError(f"batchpart.linalg.solve: b of shape {tuple(b.shape)} does not fit "
                        f"a of shape {tuple(a.shape)}.")
-    return _solve(a, b[:, None])[..., 0]
-  if b.shape[-2] != n:
+    b = b[:, None]
+  elif b.shape[-2] != n:
     raise ValueError(f"batchpart.linalg.solve: b of shape {tuple(b.shape)} does not fit "
                      f"a of shape {tuple(a.shape)}; b is (n,) or (..., n, k).")
-  return _solve(a, b)
+  if assume_a == "pos":
+    _kernels.require_cpu("solve", "assume_a='pos'", "batchpart_posv", a, b)
+    x = _posv(a, b, bool(lower))
+  else:
+    if assume_a == "her":
+      a = hermitian_from_triangle(a, bool(lower))
+    elif assume_a == "sym":
+      strict = tril(a, -1) if lower else triu(a, 1)
+      a = strict + mT(strict) + (a - tril(a, -1) - triu(a, 1))
+    x = _solve(a, b)
+  return x[..., 0] if vector else x
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _posv(a, b, lower):
+  x, _ = _kernels.posv(a, b, lower=lower)
+  return x
+
+
+@_posv.defjvp
+def _posv_jvp(lower, primals, tangents):
+  a, b = primals
+  a_dot, b_dot = tangents
+  x = _posv(a, b, lower)
+  # The kernel reads one triangle of a: only it varies.
+  a_dot = hermitian_from_triangle(a_dot, lower)
+  return x, _tangent_solves.cholesky_solve(a, b_dot - matmul(a_dot, x), lower=lower)
 
 
 @jax.custom_jvp

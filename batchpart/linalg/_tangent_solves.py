@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from batchpart.linalg import _kernels
-from batchpart.linalg._util import matmul, mT, tril, triu
+from batchpart.linalg._util import eye_like, hermitian_from_triangle, matmul, mT, tril, triu
 
 
 def triangular_solve(a, b, *, left_side: bool, lower: bool, transpose_a: bool = False,
@@ -22,7 +22,7 @@ def triangular_solve(a, b, *, left_side: bool, lower: bool, transpose_a: bool = 
   """Solves op(a) x = b (left) or x op(a) = b, transposably."""
   tri = tril(a) if lower else triu(a)
   if unit_diagonal:
-    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+    eye = eye_like(a)
     tri = tri * (1 - eye) + eye
   op = mT(tri) if transpose_a else tri
   op = jnp.conj(op) if conjugate_a else op
@@ -44,3 +44,14 @@ def solve(a, b):
       lambda x: matmul(a, x), b,
       lambda _, rhs: _kernels.gesv(a, rhs)[0],
       lambda _, rhs: _kernels.gesv(mT(a), rhs)[0])
+
+
+def cholesky_solve(a, b, *, lower: bool):
+  """Solves h x = b transposably, h the Hermitian positive-definite matrix
+  given by a's `lower` (or upper) triangle."""
+  h = hermitian_from_triangle(a, lower)
+  # h^T = conj(h): solve the transposed system through conjugates.
+  return lax.custom_linear_solve(
+      lambda x: matmul(h, x), b,
+      lambda _, rhs: _kernels.posv(a, rhs, lower=lower)[0],
+      lambda _, rhs: jnp.conj(_kernels.posv(a, jnp.conj(rhs), lower=lower)[0]))

@@ -21,6 +21,13 @@ class EighResult(NamedTuple):
   eigenvectors: jax.Array
 
 
+class PivotedQRResult(NamedTuple):
+  """Column-pivoted QR: ``a[..., :, P] = Q @ R`` (jax.lax.linalg.qr's order)."""
+  Q: jax.Array
+  R: jax.Array
+  P: jax.Array
+
+
 class SVDResult(NamedTuple):
   """Like jax.numpy.linalg's SVDResult."""
   U: jax.Array
@@ -38,8 +45,11 @@ def as_inexact(fn: str, *arrays):
   if not jnp.issubdtype(dtype, jnp.inexact):
     dtype = jnp.result_type(dtype, float)  # jax's default float
   if dtype not in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128):
-    raise TypeError(f"batchpart.linalg.{fn}: unsupported dtype {np.dtype(dtype).name}; "
-                    "float32, float64, complex64 and complex128 are supported.")
+    # Other floating types (float16, bfloat16) are valid jax dtypes that LAPACK
+    # lacks: jax's CPU lowering raises NotImplementedError for them, and so do we.
+    error = NotImplementedError if jnp.issubdtype(dtype, jnp.inexact) else TypeError
+    raise error(f"batchpart.linalg.{fn}: Unsupported dtype {np.dtype(dtype).name}; "
+                "float32, float64, complex64 and complex128 are supported.")
   return [a.astype(dtype) for a in arrays]
 
 
@@ -73,8 +83,18 @@ def triu(x, k: int = 0):
 
 
 def eye_like(x, n: int | None = None):
+  """An identity of x's rank (leading dims of size 1), so that adding it to
+  x needs no rank promotion (jax_numpy_rank_promotion='raise' forbids that)."""
   n = x.shape[-1] if n is None else n
-  return jnp.eye(n, dtype=x.dtype)
+  return jnp.eye(n, dtype=x.dtype).reshape((1,) * (x.ndim - 2) + (n, n))
+
+
+def hermitian_from_triangle(x, lower: bool):
+  """The Hermitian matrix whose `lower` (or upper) triangle is x's: what a
+  LAPACK routine that reads one triangle sees."""
+  strict = tril(x, -1) if lower else triu(x, 1)
+  diagonal = jnp.real(jnp.diagonal(x, axis1=-2, axis2=-1)).astype(x.dtype)
+  return strict + H(strict) + eye_like(x) * diagonal[..., None, :]
 
 
 def matmul(a, b):

@@ -53,6 +53,9 @@ void BindType(const SymbolLookup& lapack, const SymbolLookup& blas, Binder& bind
   binder.Add(lapack, p, kIsComplex<T> ? "ungqr" : "orgqr", Table::orgqr);
   binder.Add(lapack, p, kIsComplex<T> ? "heevd" : "syevd", Table::syevd);
   binder.Add(lapack, p, "gesdd", Table::gesdd);
+  binder.Add(lapack, p, "potrs", Table::potrs);
+  binder.Add(lapack, p, "geqp3", Table::geqp3);
+  binder.Add(lapack, p, "gesvd", Table::gesvd);
   binder.Add(blas, p, "trsm", Table::trsm);
 }
 

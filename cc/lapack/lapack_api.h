@@ -64,6 +64,17 @@ struct Lapack {
   using GesddComplexFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
                               L* ldvt, T* work, L* lwork, R* rwork, L* iwork, L* info);
   using GesddFn = std::conditional_t<kIsComplex<T>, GesddComplexFn, GesddRealFn>;
+  // Routines behind the option targets (option_kernels.h).
+  using PotrsFn = void(char* uplo, L* n, L* nrhs, T* a, L* lda, T* b, L* ldb, L* info);
+  using Geqp3RealFn = void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork, L* info);
+  using Geqp3ComplexFn = void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork,
+                              R* rwork, L* info);
+  using Geqp3Fn = std::conditional_t<kIsComplex<T>, Geqp3ComplexFn, Geqp3RealFn>;
+  using GesvdRealFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu,
+                           T* vt, L* ldvt, T* work, L* lwork, L* info);
+  using GesvdComplexFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u,
+                              L* ldu, T* vt, L* ldvt, T* work, L* lwork, R* rwork, L* info);
+  using GesvdFn = std::conditional_t<kIsComplex<T>, GesvdComplexFn, GesvdRealFn>;
   // BLAS.
   using TrsmFn = void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha, T* a,
                       L* lda, T* b, L* ldb);
@@ -75,6 +86,9 @@ struct Lapack {
   static inline OrgqrFn* orgqr = nullptr;
   static inline SyevdFn* syevd = nullptr;
   static inline GesddFn* gesdd = nullptr;
+  static inline PotrsFn* potrs = nullptr;
+  static inline Geqp3Fn* geqp3 = nullptr;
+  static inline GesvdFn* gesvd = nullptr;
   static inline TrsmFn* trsm = nullptr;
 };
 

@@ -10,6 +10,7 @@
 #include "lapack/batch_loop.h"
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
+#include "lapack/option_kernels.h"
 
 namespace nb = nanobind;
 
@@ -45,6 +46,7 @@ void SetBlasThreadControl(uintptr_t address) {
 nb::dict HandlerCapsules() {
   nb::dict out;
   for (const auto& [name, fn] : Handlers()) out[name.c_str()] = nb::capsule(fn);
+  for (const auto& [name, fn] : OptionHandlers()) out[name.c_str()] = nb::capsule(fn);
   return out;
 }
 

@@ -1,0 +1,64 @@
+// CPU LAPACK kernels behind batchpart.linalg's options (pivoted and raw QR,
+// the QR-iteration SVD, the Cholesky solve). Same conventions as the targets
+// in kernels.h (column-major matrices, batch loops, NaN on failure, int32
+// integer results); they have no CUDA twin, so they are registered for the
+// CPU platform only.
+//
+// Targets (k = min(m, n)):
+//
+// batchpart_geqrf      Householder QR without forming Q (geqrf), numpy's "raw".
+//   operand  a       (..., m, n)
+//   results  h       (..., m, n)   R on and above the diagonal, reflectors below
+//            tau     (..., k)      the reflectors' scalar factors
+//
+// batchpart_geqp3      Column-pivoted QR (geqp3 + orgqr/ungqr), A[:, p] = Q R.
+//   operand  a       (..., m, n)
+//   attrs    full_matrices: bool
+//   results  q       (..., m, m) if full_matrices else (..., m, k)
+//            r       (..., m, n) if full_matrices else (..., k, n); zero below the diagonal
+//            p       (..., n) int32   0-based column permutation (0, 1, ... for k = 0)
+//
+// batchpart_gesvd      SVD by QR iteration (gesvd); the contract of batchpart_svd.
+//   operand  a       (..., m, n)
+//   attrs    full_matrices: bool, compute_uv: bool
+//   results  s       (..., k) real dtype, descending
+//            u       (..., m, m) full / (..., m, k) reduced / (..., m, 0) if !compute_uv
+//            vt      (..., n, n) full / (..., k, n) reduced / (..., 0, n) if !compute_uv
+//            info    (...) int32   nonzero (-4: non-finite input): that element is NaN
+//
+// batchpart_posv       Hermitian positive-definite solve A X = B (potrf + potrs).
+//   operands a       (..., n, n)   only the `lower` (or upper) triangle is read
+//            b       (..., n, r)
+//   attrs    lower: bool
+//   results  x       (..., n, r)   batch dims = the broadcast of a's and b's;
+//                                  all NaN where info != 0
+//            info    (...) int32   potrf's info; > 0: A not positive definite
+#ifndef BATCHPART_LAPACK_OPTION_KERNELS_H_
+#define BATCHPART_LAPACK_OPTION_KERNELS_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xla/ffi/api/api.h"
+
+namespace batchpart::lapack {
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqrf);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqp3);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartPosv);
+
+// (target name, XLA_FFI_Handler*) for every kernel above.
+inline std::vector<std::pair<std::string, void*>> OptionHandlers() {
+  return {
+      {"batchpart_geqrf", reinterpret_cast<void*>(BatchpartGeqrf)},
+      {"batchpart_geqp3", reinterpret_cast<void*>(BatchpartGeqp3)},
+      {"batchpart_gesvd", reinterpret_cast<void*>(BatchpartGesvd)},
+      {"batchpart_posv", reinterpret_cast<void*>(BatchpartPosv)},
+  };
+}
+
+}  // namespace batchpart::lapack
+
+#endif  // BATCHPART_LAPACK_OPTION_KERNELS_H_

@@ -1,0 +1,216 @@
+// batchpart_geqrf (QR reflectors, numpy's "raw" mode) and batchpart_geqp3
+// (column-pivoted QR); contracts in option_kernels.h.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "lapack/batch_loop.h"
+#include "lapack/kernel_helpers.h"
+#include "lapack/option_kernels.h"
+
+namespace batchpart::lapack {
+namespace {
+
+constexpr char kGeqrfTarget[] = "batchpart_geqrf";
+constexpr char kGeqp3Target[] = "batchpart_geqp3";
+
+struct QrOptionShape {
+  Dims batch;
+  int64_t m, n, k;
+  int64_t q_cols;  // m (full) or k (reduced); geqrf: unused
+  int64_t r_rows;  // m (full) or k (reduced); geqrf: unused
+};
+
+ffi::Error ReadShape(const char* target, const ffi::AnyBuffer& a, bool full_matrices,
+                     QrOptionShape& shape) {
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(target, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(target, "operand a", a.dimensions()));
+  const Dims dims = a.dimensions();
+  shape.batch = BatchDims(dims, 2);
+  shape.m = dims[dims.size() - 2];
+  shape.n = dims.back();
+  shape.k = std::min(shape.m, shape.n);
+  shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(target, "m", shape.m));
+  return ExpectLapackInt(target, "n", shape.n);
+}
+
+// ---- geqrf (raw) --------------------------------------------------------------
+
+template <typename T>
+ffi::Error Geqrf(ffi::ThreadPool& pool, const QrOptionShape& shape, const ffi::AnyBuffer& a,
+                 ffi::AnyBuffer& h, ffi::AnyBuffer& tau) {
+  const int64_t batch = Product(shape.batch);
+  if (batch == 0 || shape.k == 0) return ffi::Error::Success();  // h = a (aliased or copied)
+  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+  lapack_int lda = LeadingDim(shape.m), query = -1, info = 0;
+  T size{};
+  Lapack<T>::geqrf(&m, &n, nullptr, &lda, nullptr, &size, &query, &info);
+  const int64_t lwork = QueriedSize(size);
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kGeqrfTarget, "workspace size", lwork));
+  const T* a_data = a.typed_data<T>();
+  T* h_data = h.typed_data<T>();
+  T* tau_data = tau.typed_data<T>();
+  const int64_t a_size = shape.m * shape.n;
+  const double flops = kFlopScale<T> * 2.0 * shape.k * shape.m * shape.n;
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
+    std::vector<T> work(lwork);
+    lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+    lapack_int lda = LeadingDim(shape.m), lw = static_cast<lapack_int>(lwork), info = 0;
+    for (int64_t b = begin; b < end; ++b) {
+      T* hb = h_data + b * a_size;
+      CopyIfDistinct(a_data + b * a_size, hb, a_size);
+      Lapack<T>::geqrf(&m, &n, hb, &lda, tau_data + b * shape.k, work.data(), &lw, &info);
+    }
+  });
+}
+
+ffi::Error GeqrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> h,
+                     ffi::Result<ffi::AnyBuffer> tau) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kGeqrfTarget));
+  QrOptionShape shape;
+  BATCHPART_RETURN_IF_ERROR(ReadShape(kGeqrfTarget, a, false, shape));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqrfTarget, "result h", *h, WithCore(shape.batch,
+                                         {shape.m, shape.n}), a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqrfTarget, "result tau", *tau,
+                                         WithCore(shape.batch, {shape.k}), a.element_type()));
+  return DispatchByDtype(kGeqrfTarget, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (shape.k == 0) {  // nothing to factor; h is a
+      const int64_t count = Product(shape.batch) * shape.m * shape.n;
+      CopyIfDistinct(a.typed_data<T>(), h->typed_data<T>(), count);
+    }
+    return Geqrf<T>(pool, shape, a, *h, *tau);
+  });
+}
+
+// ---- geqp3 (pivoted) ----------------------------------------------------------
+
+// geqp3's real workspace (complex only): 2n, which LAPACK does not query.
+int64_t Geqp3RealWorkspace(const QrOptionShape& s) { return std::max<int64_t>(1, 2 * s.n); }
+
+template <typename T>
+int32_t CallGeqp3(const QrOptionShape& shape, T* a, lapack_int* jpvt, T* tau, T* work,
+                  lapack_int lwork, Real<T>* rwork) {
+  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
+  lapack_int lda = LeadingDim(shape.m), info = 0;
+  if constexpr (kIsComplex<T>) {
+    Lapack<T>::geqp3(&m, &n, a, &lda, jpvt, tau, work, &lwork, rwork, &info);
+  } else {
+    Lapack<T>::geqp3(&m, &n, a, &lda, jpvt, tau, work, &lwork, &info);
+  }
+  return info;
+}
+
+// One workspace serves geqp3 and orgqr: the larger of their queried sizes.
+template <typename T>
+int64_t QueryGeqp3Workspace(const QrOptionShape& shape) {
+  lapack_int m = static_cast<lapack_int>(shape.m), k = static_cast<lapack_int>(shape.k);
+  lapack_int q_cols = static_cast<lapack_int>(shape.q_cols);
+  lapack_int lda = LeadingDim(shape.m), query = -1, info = 0, jpvt = 0;
+  T geqp3_size{}, orgqr_size{};
+  Real<T> rwork{};
+  CallGeqp3<T>(shape, nullptr, &jpvt, nullptr, &geqp3_size, -1, &rwork);
+  Lapack<T>::orgqr(&m, &q_cols, &k, nullptr, &lda, nullptr, &orgqr_size, &query, &info);
+  return std::max(QueriedSize(geqp3_size), QueriedSize(orgqr_size));
+}
+
+template <typename T>
+struct Geqp3Scratch {
+  Geqp3Scratch(const QrOptionShape& shape, int64_t lwork)
+      : a(shape.m * shape.n),
+        tau(std::max<int64_t>(1, shape.k)),
+        work(lwork),
+        rwork(kIsComplex<T> ? Geqp3RealWorkspace(shape) : 0),
+        jpvt(std::max<int64_t>(1, shape.n)) {}
+  std::vector<T> a, tau, work;
+  std::vector<Real<T>> rwork;
+  std::vector<lapack_int> jpvt;
+};
+
+template <typename T>
+void PivotedQrOne(const QrOptionShape& shape, const T* a, T* q, T* r, int32_t* p,
+                  Geqp3Scratch<T>& s) {
+  if (shape.k == 0) {  // nothing to factor: Q = I, R = 0, no column moves
+    FillIdentity(q, shape.m, shape.q_cols);
+    std::fill_n(r, shape.r_rows * shape.n, T(0));
+    std::iota(p, p + shape.n, 0);
+    return;
+  }
+  std::copy_n(a, shape.m * shape.n, s.a.data());
+  std::fill(s.jpvt.begin(), s.jpvt.end(), 0);  // every column free to move
+  CallGeqp3<T>(shape, s.a.data(), s.jpvt.data(), s.tau.data(), s.work.data(),
+               static_cast<lapack_int>(s.work.size()), s.rwork.data());
+  for (int64_t j = 0; j < shape.n; ++j) p[j] = s.jpvt[j] - 1;
+  CopyMatrix(s.a.data(), shape.m, r, shape.r_rows, shape.r_rows, shape.n);
+  ZeroBelowDiagonal(r, shape.r_rows, shape.n);
+  lapack_int m = static_cast<lapack_int>(shape.m), k = static_cast<lapack_int>(shape.k);
+  lapack_int q_cols = static_cast<lapack_int>(shape.q_cols), lda = LeadingDim(shape.m);
+  lapack_int lwork = static_cast<lapack_int>(s.work.size()), info = 0;
+  CopyMatrix(s.a.data(), shape.m, q, shape.m, shape.m, shape.k);
+  Lapack<T>::orgqr(&m, &q_cols, &k, q, &lda, s.tau.data(), s.work.data(), &lwork, &info);
+}
+
+template <typename T>
+ffi::Error PivotedQr(ffi::ThreadPool& pool, const QrOptionShape& shape, const ffi::AnyBuffer& a,
+                     ffi::AnyBuffer& q, ffi::AnyBuffer& r, ffi::AnyBuffer& p) {
+  const int64_t batch = Product(shape.batch);
+  if (batch == 0) return ffi::Error::Success();
+  const int64_t lwork = shape.k ? QueryGeqp3Workspace<T>(shape) : 1;
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kGeqp3Target, "workspace size", lwork));
+  const T* a_data = a.typed_data<T>();
+  T* q_data = q.typed_data<T>();
+  T* r_data = r.typed_data<T>();
+  int32_t* p_data = p.typed_data<int32_t>();
+  const int64_t a_size = shape.m * shape.n, q_size = shape.m * shape.q_cols,
+                r_size = shape.r_rows * shape.n;
+  const double flops = kFlopScale<T> * 2.0 * shape.k * (shape.m * shape.n + shape.m * shape.q_cols);
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
+    Geqp3Scratch<T> scratch(shape, lwork);
+    for (int64_t b = begin; b < end; ++b) {
+      PivotedQrOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size,
+                      p_data + b * shape.n, scratch);
+    }
+  });
+}
+
+ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,
+                     ffi::Result<ffi::AnyBuffer> r, ffi::Result<ffi::AnyBuffer> p,
+                     bool full_matrices) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kGeqp3Target));
+  QrOptionShape shape;
+  BATCHPART_RETURN_IF_ERROR(ReadShape(kGeqp3Target, a, full_matrices, shape));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result q", *q,
+                                         WithCore(shape.batch, {shape.m, shape.q_cols}),
+                                         a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result r", *r,
+                                         WithCore(shape.batch, {shape.r_rows, shape.n}),
+                                         a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result p", *p,
+                                         WithCore(shape.batch, {shape.n}), ffi::DataType::S32));
+  return DispatchByDtype(kGeqp3Target, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return PivotedQr<T>(pool, shape, a, *q, *r, *p);
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGeqrf, GeqrfImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()   // a
+                                  .Ret<ffi::AnyBuffer>()   // h
+                                  .Ret<ffi::AnyBuffer>());  // tau
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGeqp3, Geqp3Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Ret<ffi::AnyBuffer>()  // q
+                                  .Ret<ffi::AnyBuffer>()  // r
+                                  .Ret<ffi::AnyBuffer>()  // p
+                                  .Attr<bool>("full_matrices"));
+
+}  // namespace batchpart::lapack
