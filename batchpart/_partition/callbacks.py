@@ -17,7 +17,7 @@ from batchpart._partition import shardings as sh
 from batchpart._partition.description import CallDescription
 from batchpart._partition.plan import make_plan
 
-_CACHE_SIZE = 1024
+_CACHE_SIZE = 256
 _cache_lock = threading.Lock()
 # Keyed by everything partition() reads: XLA calls it once per call site, and
 # sites that agree on every input get the same answer (compile time of large

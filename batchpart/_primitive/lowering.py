@@ -15,32 +15,54 @@ from batchpart._primitive.primitive import batchpart_ffi_call_p
 
 def sharding_rule(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
                   batch_shape) -> tuple[str, tuple[str, ...]]:
-  """Shardy rule: batch dims share one factor per batch dim; core dims (and
-  broadcast size-1 batch dims) get factors of their own that need
-  replication, so Shardy never pushes a sharding onto them."""
+  """Shardy rule: one factor per batch dim, shared by every operand and
+  result that has it. A result's core dim shares the factor of the same core
+  dim of the first operand with the same core rank and size (its input's
+  layout, as for an elementwise op), so a core-sharded input gives a result
+  sharded the same way instead of a replicated one; batchpart's partitioner
+  still runs the kernel on batch shards (an all-to-all each way). Every
+  other core dim, and every broadcast size-1 batch dim, is a factor of its
+  own that needs replication, so Shardy never pushes a sharding onto it."""
   rank = len(batch_shape)
   replicated: list[str] = []
+  operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
 
-  def mapping(prefix: str, k: int, shape, core_rank: int) -> str:
+  def batch_names(prefix, k, shape, core_rank):
     b = len(shape) - core_rank
     names = []
     for m in range(b):
-      i = rank - b + m
-      if shape[m] == batch_shape[i]:
-        names.append(f"b{i}")
+      if shape[m] == batch_shape[rank - b + m]:
+        names.append(f"b{rank - b + m}")
       else:
         names.append(f"{prefix}{k}_{m}")
         replicated.append(names[-1])
-    for j in range(core_rank):
-      names.append(f"{prefix}{k}_{b + j}")
-      replicated.append(names[-1])
-    return " ".join(names)
+    return names, b
 
-  lhs = ", ".join(mapping("o", k, s, c) for k, (s, c) in
+  def operand(k, shape, core_rank):
+    names, b = batch_names("o", k, shape, core_rank)
+    cores = [f"o{k}_{b + j}" for j in range(core_rank)]
+    operand_cores.append((cores, tuple(shape[b:])))
+    return " ".join(names + cores)
+
+  def result(k, shape, core_rank):
+    names, b = batch_names("r", k, shape, core_rank)
+    core_shape = tuple(shape[b:])
+    shared = next((cores for cores, s in operand_cores
+                   if core_rank and s == core_shape), None)
+    cores = shared or [f"r{k}_{b + j}" for j in range(core_rank)]
+    if shared is None:
+      replicated.extend(cores)
+    return " ".join(names + cores)
+
+  lhs = ", ".join(operand(k, s, c) for k, (s, c) in
                   enumerate(zip(operand_shapes, operand_core_ranks)))
-  rhs = ", ".join(mapping("r", k, s, c) for k, (s, c) in
+  rhs = ", ".join(result(k, s, c) for k, (s, c) in
                   enumerate(zip(result_shapes, result_core_ranks)))
-  return f"{lhs} -> {rhs}", tuple(replicated)
+  shared_names = set(rhs.replace(",", " ").split())
+  replicated += [n for cores, _ in operand_cores for n in cores if n not in shared_names]
+  # Shardy wants the special factors in the order factors first appear.
+  order = list(dict.fromkeys(f"{lhs} {rhs}".replace(",", " ").split()))
+  return f"{lhs} -> {rhs}", tuple(sorted(set(replicated), key=order.index))
 
 
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,

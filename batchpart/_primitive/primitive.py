@@ -24,55 +24,99 @@ batchpart_ffi_call_p.multiple_results = True
 compat.simple_impl(batchpart_ffi_call_p)
 
 
-def _batch_spec_entries(avals_in, operand_core_ranks, batch_rank: int):
-  """Per batch dim, the mesh axes the operands' types shard it over (Explicit
-  mode); None where no operand shards it."""
-  entries = [None] * batch_rank
+def _axes(entry) -> tuple:
+  return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def _entry(axes: tuple):
+  return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
+  """Per batch dim, the mesh axes the results are typed with in Explicit
+  mode: the operands' batch sharding, plus each axis that shards an
+  operand's core dim moved onto the first batch dim it divides (whole axes:
+  a type must be expressible on the mesh), as the partitioner moves the
+  work. Returns (entries, mesh); mesh is None without Explicit operands."""
+  rank = len(batch_shape)
+  entries: list[tuple] = [()] * rank
+  used: set = set()
   mesh = None
+  specs = []
   for aval, c in zip(avals_in, operand_core_ranks):
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is None or sharding.mesh.empty:
       continue
-    b = len(aval.shape) - c
+    mesh = sharding.mesh
+    spec = tuple(spec) + (None,) * (len(aval.shape) - len(spec))
+    specs.append((aval.shape, len(aval.shape) - c, spec))
+  for shape, b, spec in specs:   # batch dims first: they stay where they are
     for m in range(b):
-      i = batch_rank - b + m
-      entry = spec[m] if m < len(spec) else None
-      if entry is not None and entries[i] is None and aval.shape[m] != 1:
-        entries[i] = entry
-        mesh = sharding.mesh
-  return entries, mesh
+      i = rank - b + m
+      axes = _axes(spec[m])
+      if axes and not entries[i] and shape[m] != 1 and not used & set(axes):
+        entries[i] = axes
+        used |= set(axes)
+  for shape, b, spec in specs:   # then core-dim axes, moved onto batch dims
+    for j in range(b, len(shape)):
+      axes = tuple(a for a in _axes(spec[j]) if a not in used)
+      if not axes:
+        continue
+      size = 1
+      for a in axes:
+        size *= mesh.shape[a]
+      for m in range(b):
+        i = rank - b + m
+        tiles = 1
+        for a in entries[i]:
+          tiles *= mesh.shape[a]
+        if shape[m] == batch_shape[i] and batch_shape[i] % (tiles * size) == 0:
+          entries[i] = entries[i] + axes
+          used |= set(axes)
+          break
+  return [_entry(e) for e in entries], mesh
 
 
-def _result_sharder(avals_in, operand_core_ranks, batch_rank: int):
-  """A function of a result's core rank giving its sharding: the operands'
-  batch sharding (Explicit mode), core dims unsharded."""
-  entries, mesh = _batch_spec_entries(avals_in, operand_core_ranks, batch_rank)
+def _result_sharder(avals_in, operand_core_ranks, batch_shape):
+  """A function of a result's core rank giving its sharding in Explicit
+  mode (batch dims as _explicit_batch_entries, core dims whole)."""
+  entries, mesh = _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape)
   if mesh is None or all(e is None for e in entries):
     return lambda core_rank: compat.get_cur_mesh_sharding()
-  used = set()
-  for i, e in enumerate(entries):  # a mesh axis may shard one dim only
-    axes = e if isinstance(e, tuple) else (e,)
-    if e is not None and used & set(axes):
-      entries[i] = None
-    elif e is not None:
-      used |= set(axes)
   from jax.sharding import NamedSharding, PartitionSpec
   return lambda core_rank: NamedSharding(
       mesh, PartitionSpec(*entries, *([None] * core_rank)))
+
+
+def reshard_core_to_batch(x, core_rank: int):
+  """In Explicit mode, ``x`` resharded so its last ``core_rank`` dims are
+  whole, each of their mesh axes moved onto the batch dims as the call's
+  result types are (jax ops on matrices, e.g. a transpose, cannot mix the
+  two); unchanged otherwise."""
+  aval = compat.typeof(x)
+  sharding = getattr(aval, "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  if spec is None or sharding.mesh.empty or not sharding.mesh.explicit_axes:
+    return x
+  spec = tuple(spec) + (None,) * (len(aval.shape) - len(spec))
+  if all(e is None for e in spec[len(aval.shape) - core_rank:]):
+    return x
+  b = len(aval.shape) - core_rank
+  entries, _ = _explicit_batch_entries([aval], [core_rank], tuple(aval.shape[:b]))
+  from jax.sharding import PartitionSpec, reshard
+  return reshard(x, PartitionSpec(*entries, *([None] * core_rank)))
 
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
                    result_core_ranks, has_side_effect, **_):
   require_static_shapes(target_name, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
-  check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
-             [a.shape for a in avals_in], [a.shape for a in result_avals])
+  batch_shape = check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
+                           [a.shape for a in avals_in], [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
-  batch_rank = max((len(a.shape) - c for a, c in zip(avals_in, operand_core_ranks)),
-                   default=0)
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
-  sharding = _result_sharder(avals_in, operand_core_ranks, batch_rank)
+  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape)
   return tuple(r.update(sharding=sharding(c))
                for r, c in zip(result_avals, result_core_ranks)), effects
 

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from batchpart._primitive import reshard_core_to_batch
+
 
 class QRResult(NamedTuple):
   """Like jax.numpy.linalg's QRResult."""
@@ -50,7 +52,9 @@ def as_inexact(fn: str, *arrays):
     error = NotImplementedError if jnp.issubdtype(dtype, jnp.inexact) else TypeError
     raise error(f"batchpart.linalg.{fn}: Unsupported dtype {np.dtype(dtype).name}; "
                 "float32, float64, complex64 and complex128 are supported.")
-  return [a.astype(dtype) for a in arrays]
+  # Matrix dims sharded in Explicit mode: move their mesh axes onto the
+  # batch dims first, as the kernels' result types do.
+  return [reshard_core_to_batch(a.astype(dtype), min(a.ndim, 2)) for a in arrays]
 
 
 def check_matrix(fn: str, name: str, a, *, square: bool = False):
