@@ -17,10 +17,10 @@ def sharding_rule(operand_shapes, operand_core_ranks, result_shapes, result_core
                   batch_shape) -> tuple[str, tuple[str, ...]]:
   """Shardy rule: one factor per batch dim, shared by every operand and
   result that has it. A result's core dim shares the factor of the same core
-  dim of the first operand with the same core rank and size (its input's
-  layout, as for an elementwise op), so a core-sharded input gives a result
-  sharded the same way instead of a replicated one; batchpart's partitioner
-  still runs the kernel on batch shards (an all-to-all each way). Every
+  dim at the same core position of the first operand with that size there
+  (its input's layout, as for an elementwise op), so a core-sharded input
+  gives a result sharded the same way instead of a replicated one;
+  batchpart's partitioner still runs the kernel on batch shards. Every
   other core dim, and every broadcast size-1 batch dim, is a factor of its
   own that needs replication, so Shardy never pushes a sharding onto it."""
   rank = len(batch_shape)
@@ -46,12 +46,13 @@ def sharding_rule(operand_shapes, operand_core_ranks, result_shapes, result_core
 
   def result(k, shape, core_rank):
     names, b = batch_names("r", k, shape, core_rank)
-    core_shape = tuple(shape[b:])
-    shared = next((cores for cores, s in operand_cores
-                   if core_rank and s == core_shape), None)
-    cores = shared or [f"r{k}_{b + j}" for j in range(core_rank)]
-    if shared is None:
-      replicated.extend(cores)
+    cores = []
+    for j, size in enumerate(shape[b:]):
+      shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
+      if shared is None or shared in cores:
+        shared = f"r{k}_{b + j}"
+        replicated.append(shared)
+      cores.append(shared)
     return " ".join(names + cores)
 
   lhs = ", ".join(operand(k, s, c) for k, (s, c) in
