@@ -1,0 +1,187 @@
+"""Existing FFI primitives made batch partitionable, stock vs partitioned,
+on 8 simulated CPU devices, interleaved in one process.
+
+  python benchmarks/adopt.py            # writes docs/benchmarks-adopt.md and .png
+  python benchmarks/adopt.py --quick
+
+Each stock program is compiled before ``bp.partition_primitive`` wraps its
+primitive (the wrap is process-wide; a compiled executable is not affected),
+then the partitioned one; the two executables are timed side by side.
+
+- jax-finufft ``nufft1`` / ``nufft2`` (1-D, complex64), batch-sharded: stock
+  all-gathers the batch and every device runs every transform.
+- ``jnp.linalg`` cholesky / eigh / qr / svd on a matrix-dim-sharded input:
+  stock replicates the batch (each device factors all of it). Run in a child
+  process with a time limit: jaxlib's LAPACK kernels can deadlock XLA's CPU
+  pool on 8 simulated devices (docs/reliability.md); a run that hangs is
+  retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DOCS = os.path.join(os.path.dirname(HERE), "docs")
+
+
+def _setup():
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  sys.path.insert(0, HERE)
+  import jax
+  from jax.sharding import AxisType
+  return jax, jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+
+
+
+
+def run_finufft(quick: bool) -> list[dict]:
+  jax, mesh = _setup()
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  import jax_finufft
+  from jax_finufft import ops
+  from _timing import interleaved
+
+  def wrap():
+    rule = lambda attrs, batch: {"n_tot": np.int64(np.prod(batch))}
+    for p in (ops.nufft1_p, ops.nufft2_p, ops.nufft3_p):
+      bp.partition_primitive(p, num_batch_dims=1, shard_attributes=rule)
+
+  rows = []
+  r = np.random.default_rng(0)
+  batch, points, modes = (16, 20_000, 256) if quick else (64, 100_000, 1024)
+  sharding = NamedSharding(mesh, P("x"))
+  x = jax.device_put(r.uniform(-np.pi, np.pi, (batch, points)).astype(np.float32), sharding)
+  c = jax.device_put((r.standard_normal((batch, points)) +
+                      1j * r.standard_normal((batch, points))).astype(np.complex64), sharding)
+  f = jax.device_put((r.standard_normal((batch, modes)) + 0j).astype(np.complex64), sharding)
+  cases = {
+      "nufft1": (lambda c, x: jax_finufft.nufft1(modes, c, x), (c, x)),
+      "nufft2": (lambda f, x: jax_finufft.nufft2(f, x), (f, x)),
+  }
+  stocks = {name: jax.jit(fn).lower(*args).compile() for name, (fn, args) in cases.items()}
+  wrap()
+  for name, (fn, args) in cases.items():
+    partitioned = jax.jit(fn).lower(*args).compile()
+    want = np.asarray(stocks[name](*args))
+    np.testing.assert_allclose(np.asarray(partitioned(*args)), want, rtol=1e-4,
+                               atol=1e-4 * np.abs(want).max())
+    t = interleaved({"stock": stocks[name], "batchpart": partitioned}, args,
+                    repeats=3 if quick else 7)
+    rows.append({"op": f"jax-finufft {name}", "shape": f"{batch} x {points} points, "
+                 f"{modes} modes", "sharding": 'P("x")', "stock_s": t["stock"],
+                 "batchpart_s": t["batchpart"]})
+    print(rows[-1], flush=True)
+  return rows
+
+
+def run_linalg(quick: bool) -> list[dict]:
+  jax, mesh = _setup()
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from _timing import interleaved
+
+  L = jax.lax.linalg
+  batch, n = (256, 32) if quick else (512, 64)
+  m = np.random.default_rng(1).standard_normal((batch, n, n)).astype(np.float32)
+  a = jax.device_put(m @ np.swapaxes(m, -1, -2) + n * np.eye(n, dtype=np.float32),
+                     NamedSharding(mesh, P(None, "x")))
+  cases = {
+      "cholesky": jnp.linalg.cholesky,
+      "eigh": lambda a: jnp.linalg.eigh(a)[0],
+      "qr": lambda a: jnp.linalg.qr(a)[1],
+      "svd": lambda a: jnp.linalg.svd(a, compute_uv=False),
+  }
+  stocks = {name: jax.jit(fn).lower(a).compile() for name, fn in cases.items()}
+  nbd = lambda operand_shapes, result_shapes: len(operand_shapes[0]) - 2
+  for p in (L.cholesky_p, L.eigh_p, L.qr_p, L.svd_p):
+    bp.partition_primitive(p, num_batch_dims=nbd)
+  rows = []
+  for name, fn in cases.items():
+    partitioned = jax.jit(fn).lower(a).compile()
+    np.testing.assert_allclose(np.asarray(partitioned(a)), np.asarray(stocks[name](a)),
+                               rtol=1e-3, atol=1e-3)
+    t = interleaved({"stock": stocks[name], "batchpart": partitioned}, (a,),
+                    repeats=3 if quick else 7)
+    rows.append({"op": f"jnp.linalg.{name}", "shape": f"{batch} x {n} x {n}",
+                 "sharding": 'P(None, "x")', "stock_s": t["stock"],
+                 "batchpart_s": t["batchpart"]})
+    print(rows[-1], flush=True)
+  return rows
+
+
+def _child(part: str, quick: bool, timeout: float, tries: int = 3) -> list[dict]:
+  for attempt in range(tries):
+    try:
+      proc = subprocess.run([sys.executable, __file__, "--child", part] +
+                            (["--quick"] if quick else []),
+                            capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+      print(f"{part}: timed out (attempt {attempt + 1}), retrying", flush=True)
+      continue
+    if proc.returncode != 0:
+      raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+  raise RuntimeError(f"{part}: timed out {tries} times")
+
+
+def write(rows, quick: bool) -> None:
+  lines = [
+      "# Adoption benchmark: existing primitives, stock vs `bp.partition_primitive`",
+      "",
+      "8 simulated CPU devices on a 2-core machine; stock and partitioned executables of",
+      "the same function timed interleaved in one process (`benchmarks/adopt.py`"
+      + (" --quick" if quick else "") + "). Values checked equal before timing.",
+      "",
+      "| op | shape | input sharding | stock | batchpart | speed-up |",
+      "| --- | --- | --- | --- | --- | --- |",
+  ]
+  for r in rows:
+    lines.append(f"| {r['op']} | {r['shape']} | `{r['sharding']}` | "
+                 f"{r['stock_s'] * 1e3:.2f} ms | {r['batchpart_s'] * 1e3:.2f} ms | "
+                 f"{r['stock_s'] / r['batchpart_s']:.2f}x |")
+  lines += ["", "![adoption](benchmarks-adopt.png)", ""]
+  with open(os.path.join(DOCS, "benchmarks-adopt.md"), "w") as f:
+    f.write("\n".join(lines))
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib missing: no plot (pip install -e '.[bench]')")
+    return
+  fig, ax = plt.subplots(figsize=(7, 3.2))
+  names = [r["op"] for r in rows]
+  ax.barh(names, [r["stock_s"] / r["batchpart_s"] for r in rows], color="#4c72b0")
+  ax.axvline(1, color="k", lw=0.8)
+  ax.set_xlabel("speed-up of the partitioned primitive over stock (8 devices)")
+  fig.tight_layout()
+  fig.savefig(os.path.join(DOCS, "benchmarks-adopt.png"), dpi=120)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--child", choices=["finufft", "linalg"])
+  args = parser.parse_args()
+  if args.child:
+    rows = (run_finufft if args.child == "finufft" else run_linalg)(args.quick)
+    print(json.dumps(rows))
+    return
+  rows = _child("finufft", args.quick, 900) + _child("linalg", args.quick, 900)
+  write(rows, args.quick)
+
+
+if __name__ == "__main__":
+  main()
