@@ -6,20 +6,13 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "common/dims_string.h"
 #include "partition/device_axes.h"
 
 namespace batchpart::partition {
 namespace {
 
 using Tag = Axis::Tag;
-
-std::string ShapeToString(const Shape& shape) {
-  std::ostringstream out;
-  out << "(";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << (shape.size() == 1 ? ",)" : ")");
-  return out.str();
-}
 
 [[noreturn]] void Invalid(const std::string& what, size_t index,
                           const std::string& message) {
@@ -34,7 +27,7 @@ void ValidateSharding(const Sharding& sharding, const Shape& shape,
   if (sharding.kind != Sharding::Kind::kTiled) return;
   if (sharding.tile_dims.size() != shape.size()) {
     Invalid(what, index, "sharding has " + std::to_string(sharding.tile_dims.size()) +
-                             " tile dims for an array of shape " + ShapeToString(shape));
+                             " tile dims for an array of shape " + DimsToString(shape));
   }
   if (sharding.subgroup_dims.size() != sharding.subgroup_kinds.size()) {
     Invalid(what, index, "subgroup dims and subgroup kinds differ in number");
@@ -69,11 +62,11 @@ void ValidateArrays(const std::vector<Shape>& shapes, const std::vector<int>& ba
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     for (int64_t d : shapes[i]) {
-      if (d < 0) Invalid(what, i, "negative dimension in " + ShapeToString(shapes[i]));
+      if (d < 0) Invalid(what, i, "negative dimension in " + DimsToString(shapes[i]));
     }
     if (batch_ranks[i] < 0 || batch_ranks[i] > static_cast<int>(shapes[i].size())) {
       Invalid(what, i, "batch rank " + std::to_string(batch_ranks[i]) +
-                           " does not fit shape " + ShapeToString(shapes[i]));
+                           " does not fit shape " + DimsToString(shapes[i]));
     }
     if (!shardings.empty()) ValidateSharding(shardings[i], shapes[i], what, i);
   }
@@ -247,7 +240,7 @@ Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
   for (size_t k = 0; k < shapes.size(); ++k) {
     if (batch_ranks[k] < 0 || batch_ranks[k] > static_cast<int>(shapes[k].size())) {
       Invalid("operand", k, "batch rank " + std::to_string(batch_ranks[k]) +
-                                " does not fit shape " + ShapeToString(shapes[k]));
+                                " does not fit shape " + DimsToString(shapes[k]));
     }
   }
   int rank = 0;
@@ -264,7 +257,7 @@ Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
         continue;
       }
       std::vector<int64_t> batch(shapes[k].begin(), shapes[k].begin() + batch_ranks[k]);
-      Invalid("operand", k, "batch shape " + ShapeToString(batch) +
+      Invalid("operand", k, "batch shape " + DimsToString(batch) +
                                 " does not broadcast with the other operands' (size " +
                                 std::to_string(size) + " against " +
                                 std::to_string(target) + ")");
@@ -286,9 +279,9 @@ Plan MakePlan(const Problem& problem) {
     if (b > rank_b ||
         !std::equal(problem.result_shapes[r].begin(), problem.result_shapes[r].begin() + b,
                     batch_shape.end() - b)) {
-      Invalid("result", r, "shape " + ShapeToString(problem.result_shapes[r]) +
+      Invalid("result", r, "shape " + DimsToString(problem.result_shapes[r]) +
                                " does not start with the batch shape " +
-                               ShapeToString(batch_shape));
+                               DimsToString(batch_shape));
     }
   }
 

@@ -4,7 +4,7 @@
 // batch-partitionable call's operands and results, how many leading dims of
 // each are batch dims, and the shardings XLA proposes, it decides how every
 // operand and result must be sharded so that each device runs the kernel on
-// its own slice of the batch (DESIGN.md, "Partitioning semantics").
+// its own slice of the batch (docs/partitioning.md, "What the planner decides").
 #ifndef BATCHPART_PARTITION_PLANNER_H_
 #define BATCHPART_PARTITION_PLANNER_H_
 
@@ -44,7 +44,7 @@ struct Problem {
   // Shardings XLA proposes for the results (Shardy's propagation result);
   // empty when there is none. A hint, never a constraint.
   std::vector<Sharding> result_shardings;
-  // Move mesh axes that tile core dims onto batch dims (DESIGN.md rule 2).
+  // Move mesh axes that tile core dims onto batch dims (docs/partitioning.md, step 2).
   bool rebatch = true;
   // Allow moving only a factor of such an axis (the rest replicated). A
   // split axis is fine inside a program but cannot be expressed on jax's

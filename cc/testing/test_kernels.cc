@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/batch_broadcast.h"
+#include "common/dims_string.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -25,14 +26,6 @@ int64_t Product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
   int64_t n = 1;
   for (size_t i = begin; i < end; ++i) n *= dims[i];
   return n;
-}
-
-std::string DimsToString(ffi::Span<const int64_t> dims) {
-  std::string out = "(";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(dims[i]);
-  }
-  return out + (dims.size() == 1 ? ",)" : ")");
 }
 
 // Errors name the FFI target the kernel is registered as (batchpart/testing.py).
@@ -215,7 +208,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAxpy, AxpyImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyBytes, CopyBytesImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
-std::vector<std::pair<std::string, void*>> Handlers() {
+HandlerTable Handlers() {
   return {
       {"softmax", reinterpret_cast<void*>(kSoftmax)},
       {"matvec", reinterpret_cast<void*>(kMatvec)},
