@@ -8,31 +8,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_eigh";
-
-struct EighShape {
-  Dims batch;
-  int64_t n;
-  int64_t v_cols;  // n, or 0 when eigenvectors are not computed
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& v,
-                    const ffi::AnyBuffer& info, bool compute_vectors, EighShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
-  shape.batch = lapack::BatchDims(a.dimensions(), 2);
-  shape.n = a.dimensions().back();
-  shape.v_cols = compute_vectors ? shape.n : 0;
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result eigenvalues", w,
-                                                 lapack::WithCore(shape.batch, {shape.n}),
-                                                 lapack::RealDtype(a.element_type())));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result eigenvectors", v,
-                                                 lapack::WithCore(shape.batch, {shape.n, shape.v_cols}),
-                                                 a.element_type()));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(shape.batch, {}),
-                              ffi::DataType::S32);
-}
+constexpr const char* kTarget = kEighTarget;
 
 struct SyevjParams {
   ~SyevjParams() {
@@ -46,7 +22,7 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                      bool lower, const ffi::AnyBuffer& a, ffi::AnyBuffer& w, ffi::AnyBuffer& v,
                      ffi::AnyBuffer& info) {
   using R = GpuReal<T>;
-  const int64_t batch = lapack::Product(shape.batch), n = shape.n, size = n * n;
+  const int64_t batch = Product(shape.batch), n = shape.n, size = n * n;
   int32_t* info_data = Data<int32_t>(info);
   if (batch == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, batch);
@@ -120,8 +96,8 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
 ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                     ffi::Result<ffi::AnyBuffer> w, ffi::Result<ffi::AnyBuffer> v,
                     ffi::Result<ffi::AnyBuffer> info, bool lower, bool compute_vectors) {
-  EighShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *w, *v, *info, compute_vectors, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const EighShape shape,
+                             ValidateEigh(a, *w, *v, *info, compute_vectors));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(stream, scratch, shape, lower, a, *w, *v, *info);
@@ -131,14 +107,6 @@ ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEighCuda, EighImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // eigenvalues
-                                  .Ret<ffi::AnyBuffer>()  // eigenvectors
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("lower")
-                                  .Attr<bool>("compute_vectors"));
+                              BindEigh(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

@@ -8,53 +8,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_gesv";
-
-struct GesvShape {
-  Dims a_batch, b_batch, x_batch;
-  int64_t n, nrhs;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& x,
-                    const ffi::AnyBuffer& info, GesvShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand b", b.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "result x", x.dimensions()));
-  const Dims b_dims = b.dimensions();
-  shape.n = a.dimensions().back();
-  shape.nrhs = b_dims.back();
-  shape.a_batch = lapack::BatchDims(a.dimensions(), 2);
-  shape.b_batch = lapack::BatchDims(b_dims, 2);
-  shape.x_batch = lapack::BatchDims(x.dimensions(), 2);
-  if (b_dims[b_dims.size() - 2] != shape.n) {
-    return lapack::InvalidArgument(
-        kTarget, "operand b of shape " + lapack::DimsToString(b_dims) + " does not fit a of shape " +
-                     lapack::DimsToString(a.dimensions()) + " (b's rows must equal a's size)");
-  }
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "b columns", shape.nrhs));
-  BATCHPART_RETURN_IF_ERROR(
-      lapack::ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result x", x,
-                                                 lapack::WithCore(shape.x_batch, {shape.n, shape.nrhs}),
-                                                 a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result info", info,
-                                                 lapack::WithCore(shape.x_batch, {}),
-                                                 ffi::DataType::S32));
-  BATCHPART_RETURN_IF_ERROR(
-      lapack::ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
-  return lapack::ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
-}
-
-ffi::Error OperandIndex(const char* what, Dims operand_batch, Dims out_batch, int64_t count,
-                        BroadcastIndex* index) {
-  if (lapack::Product(operand_batch) == count) {
-    *index = IdentityIndex(count);
-    return ffi::Error::Success();
-  }
-  return MakeBroadcastIndex(kTarget, what, out_batch, operand_batch, index);
-}
+constexpr const char* kTarget = kGesvTarget;
 
 // LU of every batch element of A (not of the broadcast: each distinct A is
 // factored once), as batchpart_getrf does it.
@@ -96,8 +50,8 @@ template <typename T>
 ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const GesvShape& shape,
                  const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
                  ffi::AnyBuffer& info) {
-  const int64_t x_count = lapack::Product(shape.x_batch), n = shape.n, nrhs = shape.nrhs;
-  const int64_t a_count = lapack::Product(shape.a_batch), x_size = n * nrhs;
+  const int64_t x_count = Product(shape.x_batch), n = shape.n, nrhs = shape.nrhs;
+  const int64_t a_count = Product(shape.a_batch), x_size = n * nrhs;
   int32_t* info_data = Data<int32_t>(info);
   if (x_count == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, x_count);  // x is empty
@@ -112,9 +66,9 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
   BATCHPART_RETURN_IF_ERROR(FactorAll<T>(stream, scratch, a_count, n, lu, pivots, a_info));
 
   BroadcastIndex a_index, b_index;
-  BATCHPART_RETURN_IF_ERROR(OperandIndex("operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
-  BATCHPART_RETURN_IF_ERROR(OperandIndex("operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
-  if (lapack::Product(shape.b_batch) == x_count) {
+  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
+  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
+  if (Product(shape.b_batch) == x_count) {
     BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(b), x_data, x_count * x_size));
   } else {
     BATCHPART_RETURN_IF_ERROR(CudaStatus(
@@ -177,8 +131,7 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
 ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                     ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x,
                     ffi::Result<ffi::AnyBuffer> info) {
-  GesvShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, b, *x, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Solve<T>(stream, scratch, shape, a, b, *x, *info);
@@ -188,12 +141,6 @@ ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesvCuda, GesvImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Arg<ffi::AnyBuffer>()   // b
-                                  .Ret<ffi::AnyBuffer>()   // x
-                                  .Ret<ffi::AnyBuffer>());  // info
+                              BindGesv(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));  // info
 
 }  // namespace batchpart::cusolver

@@ -84,12 +84,6 @@ ffi::Error BlasStatus(const char* target, const char* what, cublasStatus_t statu
                               cublasGetStatusString(status) + ")");
 }
 
-ffi::Error ExpectInt(const char* target, const char* what, int64_t value) {
-  if (value <= std::numeric_limits<int>::max()) return ffi::Error::Success();
-  return lapack::InvalidArgument(target, std::string(what) + " = " + std::to_string(value) +
-                                             " exceeds cuSOLVER's 32-bit integer range");
-}
-
 void ReturnHandle(cudaStream_t stream, cusolverDnHandle_t handle) {
   Pool<cusolverDnHandle_t>::Get().Put(stream, handle);
 }
@@ -148,9 +142,9 @@ ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_bat
     }
   }
   if (dims.size() > static_cast<size_t>(kMaxBroadcastRank)) {
-    return lapack::InvalidArgument(
+    return InvalidArgument(
         target, std::string("the broadcast of ") + what + "'s batch dims " +
-                    lapack::DimsToString(in_batch) + " over " + lapack::DimsToString(out_batch) +
+                    DimsToString(in_batch) + " over " + DimsToString(out_batch) +
                     " needs more than " + std::to_string(kMaxBroadcastRank) +
                     " dims on the GPU; reshape the batch dims");
   }
@@ -161,6 +155,15 @@ ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_bat
     index->strides[d] = kept[d];
   }
   return ffi::Error::Success();
+}
+
+ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch,
+                        Dims out_batch, int64_t count, BroadcastIndex* index) {
+  if (Product(operand_batch) == count) {
+    *index = IdentityIndex(count);
+    return ffi::Error::Success();
+  }
+  return MakeBroadcastIndex(target, what, out_batch, operand_batch, index);
 }
 
 BroadcastIndex IdentityIndex(int64_t count) {

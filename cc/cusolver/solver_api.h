@@ -2,8 +2,9 @@
 // type, status checks that name the target, handle pools, scratch memory from
 // XLA's FFI allocator, dtype dispatch and broadcast maps.
 //
-// The shape/dtype validation is the CPU kernels' (lapack/kernel_helpers.h),
-// so a malformed call gets the same message on both platforms.
+// Validation and messages are every platform's (common/contracts.h,
+// common/ffi_helpers.h), so a malformed call gets the same message on the
+// CPU and the GPU.
 #ifndef BATCHPART_CUSOLVER_SOLVER_API_H_
 #define BATCHPART_CUSOLVER_SOLVER_API_H_
 
@@ -21,14 +22,10 @@
 #include <utility>
 
 #include "cusolver/device_kernels.h"
-#include "lapack/kernel_helpers.h"
+#include "common/ffi_helpers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace batchpart::cusolver {
-
-namespace ffi = xla::ffi;
-using lapack::Dims;
-using lapack::TypeTag;
 
 // ---- per-type entry points ---------------------------------------------------
 
@@ -89,21 +86,18 @@ T HostOne() {
   }
 }
 
+// cuSOLVER's scalar types: its own complex types in place of std::complex.
+struct CudaScalars {
+  using F32 = float;
+  using F64 = double;
+  using C64 = cuComplex;
+  using C128 = cuDoubleComplex;
+};
+
 // Calls fn(TypeTag<T>{}) with T the cuSOLVER type of `dtype`.
 template <typename Fn>
 ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
-  switch (dtype) {
-    case ffi::DataType::F32:
-      return fn(TypeTag<float>{});
-    case ffi::DataType::F64:
-      return fn(TypeTag<double>{});
-    case ffi::DataType::C64:
-      return fn(TypeTag<cuComplex>{});
-    case ffi::DataType::C128:
-      return fn(TypeTag<cuDoubleComplex>{});
-    default:
-      return lapack::ExpectLinalgDtype(target, dtype);
-  }
+  return batchpart::DispatchByDtype<CudaScalars>(target, dtype, std::forward<Fn>(fn));
 }
 
 // ---- status checks (solver_api.cc) -------------------------------------------
@@ -111,9 +105,6 @@ ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
 ffi::Error CudaStatus(const char* target, const char* what, cudaError_t status);
 ffi::Error SolverStatus(const char* target, const char* what, cusolverStatus_t status);
 ffi::Error BlasStatus(const char* target, const char* what, cublasStatus_t status);
-
-// `value` (a dim, a batch or a workspace size) fits cuSOLVER's 32-bit int.
-ffi::Error ExpectInt(const char* target, const char* what, int64_t value);
 
 // ---- handles -------------------------------------------------------------------
 
@@ -217,6 +208,10 @@ ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_bat
                               Dims in_batch, BroadcastIndex* index);
 // The identity map over `count` elements.
 BroadcastIndex IdentityIndex(int64_t count);
+// An operand's map: the identity where its batch has `count` elements (the
+// output's), else MakeBroadcastIndex's.
+ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch,
+                        Dims out_batch, int64_t count, BroadcastIndex* index);
 
 // cuSOLVER/cuBLAS batched calls take an int batch count; this walks [0,
 // total) in chunks that fit.
@@ -231,8 +226,7 @@ ffi::Error ForEachBatchChunk(int64_t total, Fn&& fn) {
 
 // Whether a batch goes to a batched routine (one call, pointer arrays) or to
 // a loop of per-matrix calls: batched when there are enough matrices for
-// their size. This is jaxlib's rule for LU (jaxlib/gpu/solver_kernels_ffi.cc:
-// batch > 1 && n / batch <= 128); batchpart applies it to potrfBatched,
+// their size. This is jaxlib's rule for LU (batch > 1 && n / batch <= 128); batchpart applies it to potrfBatched,
 // getrfBatched and getrsBatched alike.
 inline bool UseBatched(int64_t n, int64_t batch) { return batch > 1 && n / batch <= 128; }
 

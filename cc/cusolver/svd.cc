@@ -8,44 +8,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_svd";
-
-struct SvdShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t u_cols;   // m (full), k (reduced) or 0 (no U/Vt)
-  int64_t vt_rows;  // n (full), k (reduced) or 0 (no U/Vt)
-  bool compute_uv, full_matrices;
-};
-
-SvdShape MakeShape(Dims dims, bool full_matrices, bool compute_uv) {
-  SvdShape s;
-  s.batch = lapack::BatchDims(dims, 2);
-  s.m = dims[dims.size() - 2];
-  s.n = dims.back();
-  s.k = std::min(s.m, s.n);
-  s.u_cols = !compute_uv ? 0 : full_matrices ? s.m : s.k;
-  s.vt_rows = !compute_uv ? 0 : full_matrices ? s.n : s.k;
-  s.compute_uv = compute_uv;
-  s.full_matrices = full_matrices;
-  return s;
-}
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi::AnyBuffer& u,
-                    const ffi::AnyBuffer& vt, const ffi::AnyBuffer& info, const SvdShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  const ffi::DataType dtype = a.element_type();
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result s", s,
-                                                 lapack::WithCore(shape.batch, {shape.k}),
-                                                 lapack::RealDtype(dtype)));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(
-      kTarget, "result u", u, lapack::WithCore(shape.batch, {shape.m, shape.u_cols}), dtype));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(
-      kTarget, "result vt", vt, lapack::WithCore(shape.batch, {shape.vt_rows, shape.n}), dtype));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(shape.batch, {}),
-                              ffi::DataType::S32);
-}
+constexpr const char* kTarget = kSvdTarget;
 
 struct GesvdjParams {
   ~GesvdjParams() {
@@ -167,7 +130,7 @@ template <typename T>
 ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const SvdShape& shape,
                      const ffi::AnyBuffer& a, ffi::AnyBuffer& s, ffi::AnyBuffer& u,
                      ffi::AnyBuffer& vt, ffi::AnyBuffer& info) {
-  const int64_t batch = lapack::Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
+  const int64_t batch = Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
   if (batch == 0) return ffi::Error::Success();
   GpuReal<T>* s_data = Data<GpuReal<T>>(s);
   T* u_data = Data<T>(u);
@@ -223,10 +186,8 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
                    ffi::Result<ffi::AnyBuffer> s, ffi::Result<ffi::AnyBuffer> u,
                    ffi::Result<ffi::AnyBuffer> vt, ffi::Result<ffi::AnyBuffer> info,
                    bool full_matrices, bool compute_uv) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const SvdShape shape = MakeShape(a.dimensions(), full_matrices, compute_uv);
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *s, *u, *vt, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const SvdShape shape,
+                             ValidateSvd(a, *s, *u, *vt, *info, full_matrices, compute_uv));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(stream, scratch, shape, a, *s, *u, *vt, *info);
@@ -236,15 +197,6 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvdCuda, SvdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // s
-                                  .Ret<ffi::AnyBuffer>()  // u
-                                  .Ret<ffi::AnyBuffer>()  // vt
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("full_matrices")
-                                  .Attr<bool>("compute_uv"));
+                              BindSvd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver
