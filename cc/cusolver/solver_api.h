@@ -226,8 +226,8 @@ ffi::Error ForEachBatchChunk(int64_t total, Fn&& fn) {
 
 // Whether a batch goes to a batched routine (one call, pointer arrays) or to
 // a loop of per-matrix calls: batched when there are enough matrices for
-// their size. This is jaxlib's rule for LU (batch > 1 && n / batch <= 128); batchpart applies it to potrfBatched,
-// getrfBatched and getrsBatched alike.
+// their size. This is jaxlib's rule for LU (batch > 1 && n / batch <= 128);
+// batchpart applies it to potrfBatched, getrfBatched and getrsBatched alike.
 inline bool UseBatched(int64_t n, int64_t batch) { return batch > 1 && n / batch <= 128; }
 
 // The largest matrices cuSOLVER's Jacobi batched routines take
