@@ -153,9 +153,14 @@ ffi::ErrorOr<SvdShape> ValidateSvd(const ffi::AnyBuffer& a, const ffi::AnyBuffer
     MatrixDims dims;
     BATCHPART_RETURN_IF_ERROR(ExpectOperandA(kTarget, a, /*square=*/false, dims));
     const int64_t m = dims.rows, n = dims.cols, k = std::min(m, n);
-    const int64_t u_cols = full_matrices ? m : k, vt_rows = full_matrices ? n : k;
-    shape = {dims.batch, m, n, k, compute_uv ? u_cols : 0, compute_uv ? vt_rows : 0,
-             compute_uv, full_matrices};
+    shape.batch = dims.batch;
+    shape.m = m;
+    shape.n = n;
+    shape.k = k;
+    shape.u_cols = compute_uv ? (full_matrices ? m : k) : 0;
+    shape.vt_rows = compute_uv ? (full_matrices ? n : k) : 0;
+    shape.compute_uv = compute_uv;
+    shape.full_matrices = full_matrices;
     const ffi::DataType dtype = a.element_type();
     BATCHPART_RETURN_IF_ERROR(
         ExpectBuffer(kTarget, "result s", s, WithCore(shape.batch, {k}), RealDtype(dtype)));
