@@ -10,13 +10,6 @@ namespace {
 
 constexpr const char* kTarget = kEighTarget;
 
-struct SyevjParams {
-  ~SyevjParams() {
-    if (params != nullptr) cusolverDnDestroySyevjInfo(params);
-  }
-  syevjInfo_t params = nullptr;
-};
-
 template <typename T>
 ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const EighShape& shape,
                      bool lower, const ffi::AnyBuffer& a, ffi::AnyBuffer& w, ffi::AnyBuffer& v,
@@ -52,7 +45,7 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   const int n_int = static_cast<int>(n);
   if (n <= kSmallMatrix) {
     // Jacobi, all matrices in one call; eigenvalues sorted ascending.
-    SyevjParams params;
+    JacobiParams<syevjInfo_t, cusolverDnDestroySyevjInfo> params;
     BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnCreateSyevjInfo",
                                            cusolverDnCreateSyevjInfo(&params.params)));
     BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnXsyevjSetSortEig",

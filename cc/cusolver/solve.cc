@@ -68,13 +68,8 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
   BroadcastIndex a_index, b_index;
   BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
   BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
-  if (Product(shape.b_batch) == x_count) {
-    BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(b), x_data, x_count * x_size));
-  } else {
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "BroadcastCopy",
-        BroadcastCopy(stream, Data<T>(b), x_size, b_index, x_count, x_data)));
-  }
+  BATCHPART_RETURN_IF_ERROR(
+      CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, x_count, x_size, x_data));
 
   const int n_int = static_cast<int>(n), nrhs_int = static_cast<int>(nrhs);
   if (nrhs == 0) {

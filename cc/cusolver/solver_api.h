@@ -198,6 +198,19 @@ ffi::Error CopyIfDistinct(const char* target, cudaStream_t stream, const T* src,
                                     cudaMemcpyDeviceToDevice, stream));
 }
 
+// The parameters of a Jacobi solver (syevjInfo_t, gesvdjInfo_t), destroyed
+// with their scope.
+template <typename Info, cusolverStatus_t (*Destroy)(Info)>
+struct JacobiParams {
+  JacobiParams() = default;
+  JacobiParams(const JacobiParams&) = delete;
+  JacobiParams& operator=(const JacobiParams&) = delete;
+  ~JacobiParams() {
+    if (params != nullptr) Destroy(params);
+  }
+  Info params = nullptr;
+};
+
 // ---- broadcasting --------------------------------------------------------------
 
 // The device map from the output batch (out_batch) to an operand's batch
@@ -212,6 +225,15 @@ BroadcastIndex IdentityIndex(int64_t count);
 // output's), else MakeBroadcastIndex's.
 ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch,
                         Dims out_batch, int64_t count, BroadcastIndex* index);
+
+// Fills `count` output matrices of `size` elements with operand b's: one
+// copy where b's batch is the output's, else through b's broadcast map.
+template <typename T>
+ffi::Error CopyBroadcast(const char* target, cudaStream_t stream, const T* b, Dims b_batch,
+                         const BroadcastIndex& b_index, int64_t count, int64_t size, T* x) {
+  if (Product(b_batch) == count) return CopyIfDistinct(target, stream, b, x, count * size);
+  return CudaStatus(target, "BroadcastCopy", BroadcastCopy(stream, b, size, b_index, count, x));
+}
 
 // cuSOLVER/cuBLAS batched calls take an int batch count; this walks [0,
 // total) in chunks that fit.

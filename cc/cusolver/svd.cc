@@ -10,13 +10,6 @@ namespace {
 
 constexpr const char* kTarget = kSvdTarget;
 
-struct GesvdjParams {
-  ~GesvdjParams() {
-    if (params != nullptr) cusolverDnDestroyGesvdjInfo(params);
-  }
-  gesvdjInfo_t params = nullptr;
-};
-
 // Matrices of at most 32 x 32: gesvdjBatched (Jacobi) on all of them at
 // once. It computes full U (m x m) and V (n x n) into scratch; u takes U's
 // first u_cols columns and vt the first vt_rows rows of V^H.
@@ -28,7 +21,7 @@ ffi::Error SmallSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
   T *u_full, *v_full;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "U", batch * m * m, &u_full));
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "V", batch * n * n, &v_full));
-  GesvdjParams params;
+  JacobiParams<gesvdjInfo_t, cusolverDnDestroyGesvdjInfo> params;
   BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnCreateGesvdjInfo",
                                          cusolverDnCreateGesvdjInfo(&params.params)));
   BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnXgesvdjSetSortEig",

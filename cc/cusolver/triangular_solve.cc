@@ -22,12 +22,8 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Trsm
   BroadcastIndex a_index, b_index;
   BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, batch, &a_index));
   BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, batch, &b_index));
-  if (Product(shape.b_batch) == batch) {
-    BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(b), x_data, batch * x_size));
-  } else {
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "BroadcastCopy", BroadcastCopy(stream, Data<T>(b), x_size, b_index, batch, x_data)));
-  }
+  BATCHPART_RETURN_IF_ERROR(
+      CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, batch, x_size, x_data));
 
   // cuBLAS has no "conjugate, don't transpose": conj(A) X = B is solved as
   // A conj(X) = conj(B).
