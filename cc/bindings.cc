@@ -70,8 +70,8 @@ NB_MODULE(_core, m) {
   batchpart::lapack::DefineLapackSubmodule(m);  // LAPACK kernels
 
   nb::module_ testing = m.def_submodule("testing", "Kernels for batchpart's tests.");
-  testing.def("handlers", [] { return batchpart::HandlerCapsules(batchpart::testing::Handlers()); });
+  testing.def("handlers",
+              [] { return batchpart::HandlerCapsules(batchpart::testing::Handlers()); });
   testing.def("batch_elements_processed", &batchpart::testing::BatchElementsProcessed);
-  testing.def("reset_batch_elements_processed",
-              &batchpart::testing::ResetBatchElementsProcessed);
+  testing.def("reset_batch_elements_processed", &batchpart::testing::ResetBatchElementsProcessed);
 }

@@ -42,9 +42,9 @@ ffi::Error ExpectInfo(const char* target, const ffi::AnyBuffer& info, Dims batch
 
 // Operands a (square) and b and result x of a solve: dtype and ranks, and
 // their batch dims.
-ffi::Error ExpectSolveOperands(const char* target, const ffi::AnyBuffer& a,
-                               const ffi::AnyBuffer& b, const ffi::AnyBuffer& x, Dims& a_batch,
-                               Dims& b_batch, Dims& x_batch) {
+ffi::Error ExpectSolveOperands(const char* target, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                               const ffi::AnyBuffer& x, Dims& a_batch, Dims& b_batch,
+                               Dims& x_batch) {
   BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(target, a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectSquare(target, "operand a", a.dimensions()));
   BATCHPART_RETURN_IF_ERROR(ExpectMatrix(target, "operand b", b.dimensions()));
@@ -56,7 +56,7 @@ ffi::Error ExpectSolveOperands(const char* target, const ffi::AnyBuffer& a,
 }
 
 ffi::Error BDoesNotFit(const char* target, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                  const char* rule) {
+                       const char* rule) {
   return InvalidArgument(target, "operand b of shape " + DimsToString(b.dimensions()) +
                                      " does not fit a of shape " + DimsToString(a.dimensions()) +
                                      " (" + rule + ")");
@@ -65,10 +65,9 @@ ffi::Error BDoesNotFit(const char* target, const ffi::AnyBuffer& a, const ffi::A
 // Operand b's dtype and result x of a solve, and that both operands'
 // batch dims broadcast to x's. `info`, where the target has one, is checked
 // between x and the broadcasts.
-ffi::Error ExpectSolveResults(const char* target, const ffi::AnyBuffer& a,
-                              const ffi::AnyBuffer& b, const ffi::AnyBuffer& x,
-                              const ffi::AnyBuffer* info, Dims a_batch, Dims b_batch,
-                              Dims x_batch, int64_t rows, int64_t cols) {
+ffi::Error ExpectSolveResults(const char* target, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                              const ffi::AnyBuffer& x, const ffi::AnyBuffer* info, Dims a_batch,
+                              Dims b_batch, Dims x_batch, int64_t rows, int64_t cols) {
   BATCHPART_RETURN_IF_ERROR(ExpectDtype(target, "operand b", b.element_type(), a.element_type()));
   BATCHPART_RETURN_IF_ERROR(
       ExpectBuffer(target, "result x", x, WithCore(x_batch, {rows, cols}), a.element_type()));
@@ -184,8 +183,8 @@ ffi::ErrorOr<TrsmShape> ValidateTrsm(const ffi::AnyBuffer& a, const ffi::AnyBuff
     shape.cols = b_dims.back();
     if ((left_side ? shape.rows : shape.cols) != shape.p) {
       return BDoesNotFit(kTarget, a, b,
-                    left_side ? "left_side: b's rows must equal a's size"
-                              : "right side: b's columns must equal a's size");
+                         left_side ? "left_side: b's rows must equal a's size"
+                                   : "right side: b's columns must equal a's size");
     }
     BATCHPART_RETURN_IF_ERROR(ExpectInt32(kTarget, "b rows", shape.rows));
     BATCHPART_RETURN_IF_ERROR(ExpectInt32(kTarget, "b columns", shape.cols));
@@ -208,8 +207,8 @@ ffi::ErrorOr<GesvShape> ValidateGesv(const ffi::AnyBuffer& a, const ffi::AnyBuff
     }
     BATCHPART_RETURN_IF_ERROR(ExpectInt32(kTarget, "n", shape.n));
     BATCHPART_RETURN_IF_ERROR(ExpectInt32(kTarget, "b columns", shape.nrhs));
-    return ExpectSolveResults(kTarget, a, b, x, &info, shape.a_batch, shape.b_batch,
-                              shape.x_batch, shape.n, shape.nrhs);
+    return ExpectSolveResults(kTarget, a, b, x, &info, shape.a_batch, shape.b_batch, shape.x_batch,
+                              shape.n, shape.nrhs);
   });
 }
 

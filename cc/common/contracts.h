@@ -160,8 +160,7 @@ struct SvdShape {
 };
 ffi::ErrorOr<SvdShape> ValidateSvd(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s,
                                    const ffi::AnyBuffer& u, const ffi::AnyBuffer& vt,
-                                   const ffi::AnyBuffer& info, bool full_matrices,
-                                   bool compute_uv);
+                                   const ffi::AnyBuffer& info, bool full_matrices, bool compute_uv);
 
 struct TrsmOptions {
   bool left_side, lower, transpose_a, conjugate_a, unit_diagonal;

@@ -36,16 +36,16 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t b
     }));
   } else {
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "potrf_bufferSize",
-        Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "potrf_bufferSize",
+                     Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "potrf workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "potrf",
-          Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
-                           info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "potrf",
+                       Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
+                                        info_data + b)));
     }
   }
   return CudaStatus(kTarget, "FinishCholesky",
@@ -65,6 +65,8 @@ ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrfCuda, PotrfImpl,
-                              BindPotrf(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+                              BindPotrf(ffi::Ffi::Bind()
+                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                            .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

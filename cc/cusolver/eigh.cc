@@ -33,10 +33,10 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), matrix, batch * size));
   int32_t* flags;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "flags", batch, &flags));
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "SanitizeNonFinite",
-      SanitizeNonFinite(stream, matrix, n, n, batch, lower ? Region::kLower : Region::kUpper,
-                        flags)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "SanitizeNonFinite",
+                 SanitizeNonFinite(stream, matrix, n, n, batch,
+                                   lower ? Region::kLower : Region::kUpper, flags)));
 
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
@@ -56,34 +56,34 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
       int lwork = 0;
       BATCHPART_RETURN_IF_ERROR(SolverStatus(
           kTarget, "syevjBatched_bufferSize",
-          Solver<T>::syevjBatched_bufferSize(handle.get(), jobz, uplo, n_int, chunk, n_int,
-                                             chunk_w, &lwork, params.params, count)));
+          Solver<T>::syevjBatched_bufferSize(handle.get(), jobz, uplo, n_int, chunk, n_int, chunk_w,
+                                             &lwork, params.params, count)));
       T* work;
       BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "syevj workspace", lwork, &work));
-      return SolverStatus(kTarget, "syevjBatched",
-                          Solver<T>::syevjBatched(handle.get(), jobz, uplo, n_int, chunk, n_int,
-                                                  chunk_w, work, lwork, info_data + begin,
-                                                  params.params, count));
+      return SolverStatus(
+          kTarget, "syevjBatched",
+          Solver<T>::syevjBatched(handle.get(), jobz, uplo, n_int, chunk, n_int, chunk_w, work,
+                                  lwork, info_data + begin, params.params, count));
     }));
   } else {
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "syevd_bufferSize",
-        Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int, w_data,
-                                    &lwork)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "syevd_bufferSize",
+                     Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int,
+                                                 w_data, &lwork)));
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "syevd workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "syevd",
-          Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
-                           w_data + b * n, work, lwork, info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "syevd",
+                       Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
+                                        w_data + b * n, work, lwork, info_data + b)));
     }
   }
-  return CudaStatus(kTarget, "FinishDecomposition",
-                    FinishDecomposition<T>(stream, flags, info_data, batch, w_data, n,
-                                           vectors ? matrix : nullptr, vectors ? size : 0,
-                                           nullptr, 0));
+  return CudaStatus(
+      kTarget, "FinishDecomposition",
+      FinishDecomposition<T>(stream, flags, info_data, batch, w_data, n, vectors ? matrix : nullptr,
+                             vectors ? size : 0, nullptr, 0));
 }
 
 ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
@@ -100,6 +100,8 @@ ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEighCuda, EighImpl,
-                              BindEigh(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+                              BindEigh(ffi::Ffi::Bind()
+                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                           .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

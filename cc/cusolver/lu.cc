@@ -30,9 +30,9 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     T** ptrs;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, lu_data, size, IdentityIndex(batch), batch, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, lu_data, size, IdentityIndex(batch), batch, ptrs)));
     const int n_int = static_cast<int>(n);
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
       return BlasStatus(kTarget, "getrfBatched",
@@ -50,10 +50,10 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "getrf",
-          Solver<T>::getrf(handle.get(), m_int, n_int, lu_data + b * size, m_int, work,
-                           piv_data + b * k, info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "getrf",
+                       Solver<T>::getrf(handle.get(), m_int, n_int, lu_data + b * size, m_int, work,
+                                        piv_data + b * k, info_data + b)));
     }
   }
   return CudaStatus(kTarget, "PivotsToPermutation",
@@ -73,6 +73,8 @@ ffi::Error GetrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrfCuda, GetrfImpl,
-                              BindGetrf(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));  // info
+                              BindGetrf(ffi::Ffi::Bind()
+                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                            .Ctx<ffi::ScratchAllocator>()));  // info
 
 }  // namespace batchpart::cusolver

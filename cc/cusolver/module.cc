@@ -26,8 +26,7 @@ namespace nb = nanobind;
 NB_MODULE(_cuda, m) {
   m.doc() = "batchpart's CUDA kernels: typed XLA FFI handlers over cuSOLVER and cuBLAS.";
   m.def(
-      "handlers",
-      [] { return batchpart::HandlerCapsules(batchpart::cusolver::Handlers()); },
+      "handlers", [] { return batchpart::HandlerCapsules(batchpart::cusolver::Handlers()); },
       "{target name: XLA FFI handler capsule}, one per target of the CUDA registration table");
   // For tests (no GPU needed): the operand batch element that feeds each
   // output batch element, as the device kernels compute it from the merged

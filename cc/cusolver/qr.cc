@@ -40,18 +40,18 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrS
   BATCHPART_RETURN_IF_ERROR(SolverStatus(
       kTarget, "geqrf_bufferSize",
       Solver<T>::geqrf_bufferSize(handle.get(), m_int, n_int, work, m_int, &geqrf_lwork)));
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "orgqr_bufferSize",
-      Solver<T>::orgqr_bufferSize(handle.get(), m_int, q_cols_int, k_int, q_data, m_int, tau,
-                                  &orgqr_lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "orgqr_bufferSize",
+                   Solver<T>::orgqr_bufferSize(handle.get(), m_int, q_cols_int, k_int, q_data,
+                                               m_int, tau, &orgqr_lwork)));
   const int lwork = std::max(geqrf_lwork, orgqr_lwork);
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "workspace", lwork, &lapack_work));
 
   for (int64_t b = 0; b < batch; ++b) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "geqrf",
-        Solver<T>::geqrf(handle.get(), m_int, n_int, work + b * a_size, m_int, tau + b * k,
-                         lapack_work, lwork, dev_info)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "geqrf",
+                     Solver<T>::geqrf(handle.get(), m_int, n_int, work + b * a_size, m_int,
+                                      tau + b * k, lapack_work, lwork, dev_info)));
   }
   // R: the first r_rows rows of the factored matrix, upper triangle only.
   BATCHPART_RETURN_IF_ERROR(CudaStatus(
@@ -59,17 +59,17 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrS
       CopyMatrix(stream, work, m, a_size, r_data, r_rows, r_size, r_rows, n, batch, true)));
   // Q: the k reflectors (below the diagonal of the first k columns) and unit
   // columns after them, expanded in place by orgqr.
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "CopyMatrix",
-      CopyMatrix(stream, work, m, a_size, q_data, m, q_size, m, k, batch, false)));
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "FillIdentityColumns",
-      FillIdentityColumns(stream, q_data, m, q_size, m, k, q_cols, batch)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "CopyMatrix",
+                 CopyMatrix(stream, work, m, a_size, q_data, m, q_size, m, k, batch, false)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "FillIdentityColumns",
+                 FillIdentityColumns(stream, q_data, m, q_size, m, k, q_cols, batch)));
   for (int64_t b = 0; b < batch; ++b) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "orgqr",
-        Solver<T>::orgqr(handle.get(), m_int, q_cols_int, k_int, q_data + b * q_size, m_int,
-                         tau + b * k, lapack_work, lwork, dev_info)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "orgqr",
+                     Solver<T>::orgqr(handle.get(), m_int, q_cols_int, k_int, q_data + b * q_size,
+                                      m_int, tau + b * k, lapack_work, lwork, dev_info)));
   }
   return ffi::Error::Success();
 }
@@ -86,7 +86,8 @@ ffi::Error QrImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQrCuda, QrImpl,
-                              BindQr(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    BatchpartQrCuda, QrImpl,
+    BindQr(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

@@ -21,8 +21,9 @@ ffi::Error FactorAll(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     T** ptrs;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", count, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers", MakePointers(stream, lu, n * n, IdentityIndex(count), count, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, lu, n * n, IdentityIndex(count), count, ptrs)));
     return ForEachBatchChunk(count, [&](int64_t begin, int chunk) {
       return BlasStatus(kTarget, "getrfBatched",
                         Solver<T>::getrfBatched(handle.get(), n_int, ptrs + begin, n_int,
@@ -32,16 +33,16 @@ ffi::Error FactorAll(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
   int lwork = 0;
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "getrf_bufferSize",
-      Solver<T>::getrf_bufferSize(handle.get(), n_int, n_int, lu, n_int, &lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "getrf_bufferSize",
+                   Solver<T>::getrf_bufferSize(handle.get(), n_int, n_int, lu, n_int, &lwork)));
   T* work;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
   for (int64_t i = 0; i < count; ++i) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "getrf",
-        Solver<T>::getrf(handle.get(), n_int, n_int, lu + i * n * n, n_int, work, pivots + i * n,
-                         info + i)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "getrf",
+                     Solver<T>::getrf(handle.get(), n_int, n_int, lu + i * n * n, n_int, work,
+                                      pivots + i * n, info + i)));
   }
   return ffi::Error::Success();
 }
@@ -66,8 +67,10 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
   BATCHPART_RETURN_IF_ERROR(FactorAll<T>(stream, scratch, a_count, n, lu, pivots, a_info));
 
   BroadcastIndex a_index, b_index;
-  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
-  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
   BATCHPART_RETURN_IF_ERROR(
       CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, x_count, x_size, x_data));
 
@@ -87,20 +90,21 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", x_count, &x_ptrs));
     BATCHPART_RETURN_IF_ERROR(CudaStatus(
         kTarget, "MakePointers", MakePointers(stream, lu, n * n, a_index, x_count, a_ptrs)));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, x_data, x_size, IdentityIndex(x_count), x_count, x_ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, x_data, x_size, IdentityIndex(x_count), x_count, x_ptrs)));
     BlasHandle handle;
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(x_count, [&](int64_t begin, int chunk) {
       int argument_info = 0;  // host: nonzero only for an invalid argument
-      BATCHPART_RETURN_IF_ERROR(BlasStatus(
-          kTarget, "getrsBatched",
-          Solver<T>::getrsBatched(handle.get(), CUBLAS_OP_N, n_int, nrhs_int, a_ptrs + begin,
-                                  n_int, x_pivots + begin * n, x_ptrs + begin, n_int,
-                                  &argument_info, chunk)));
+      BATCHPART_RETURN_IF_ERROR(
+          BlasStatus(kTarget, "getrsBatched",
+                     Solver<T>::getrsBatched(handle.get(), CUBLAS_OP_N, n_int, nrhs_int,
+                                             a_ptrs + begin, n_int, x_pivots + begin * n,
+                                             x_ptrs + begin, n_int, &argument_info, chunk)));
       if (argument_info != 0) {
-        return ffi::Error::Internal(std::string(kTarget) + ": cuBLAS getrsBatched rejected argument " +
+        return ffi::Error::Internal(std::string(kTarget) +
+                                    ": cuBLAS getrsBatched rejected argument " +
                                     std::to_string(-argument_info));
       }
       return ffi::Error::Success();
@@ -136,6 +140,8 @@ ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesvCuda, GesvImpl,
-                              BindGesv(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));  // info
+                              BindGesv(ffi::Ffi::Bind()
+                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                           .Ctx<ffi::ScratchAllocator>()));  // info
 
 }  // namespace batchpart::cusolver

@@ -8,21 +8,21 @@
 #ifndef BATCHPART_CUSOLVER_SOLVER_API_H_
 #define BATCHPART_CUSOLVER_SOLVER_API_H_
 
-#include <cublas_v2.h>
 #include <cuComplex.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 
-#include "cusolver/device_kernels.h"
 #include "common/ffi_helpers.h"
+#include "cusolver/device_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace batchpart::cusolver {
@@ -35,34 +35,32 @@ namespace batchpart::cusolver {
 template <typename T>
 struct Solver;
 
-#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                      \
-  template <>                                                                        \
-  struct Solver<T> {                                                                 \
-    using Real = R;                                                                  \
-    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;       \
-    static constexpr auto potrf = &cusolverDn##P##potrf;                             \
-    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;               \
-    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;       \
-    static constexpr auto getrf = &cusolverDn##P##getrf;                             \
-    static constexpr auto getrs = &cusolverDn##P##getrs;                             \
-    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;       \
-    static constexpr auto geqrf = &cusolverDn##P##geqrf;                             \
-    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;     \
-    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                           \
-    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;     \
-    static constexpr auto syevd = &cusolverDn##P##SY##evd;                           \
-    static constexpr auto syevjBatched_bufferSize =                                  \
-        &cusolverDn##P##SY##evjBatched_bufferSize;                                   \
-    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;             \
-    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;       \
-    static constexpr auto gesvd = &cusolverDn##P##gesvd;                             \
-    static constexpr auto gesvdjBatched_bufferSize =                                 \
-        &cusolverDn##P##gesvdjBatched_bufferSize;                                    \
-    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;             \
-    static constexpr auto trsm = &cublas##P##trsm_v2;                                \
-    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                     \
-    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                   \
-    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                   \
+#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                                \
+  template <>                                                                                  \
+  struct Solver<T> {                                                                           \
+    using Real = R;                                                                            \
+    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;                 \
+    static constexpr auto potrf = &cusolverDn##P##potrf;                                       \
+    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;                         \
+    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;                 \
+    static constexpr auto getrf = &cusolverDn##P##getrf;                                       \
+    static constexpr auto getrs = &cusolverDn##P##getrs;                                       \
+    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;                 \
+    static constexpr auto geqrf = &cusolverDn##P##geqrf;                                       \
+    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;               \
+    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                                     \
+    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;               \
+    static constexpr auto syevd = &cusolverDn##P##SY##evd;                                     \
+    static constexpr auto syevjBatched_bufferSize = &cusolverDn##P##SY##evjBatched_bufferSize; \
+    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;                       \
+    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;                 \
+    static constexpr auto gesvd = &cusolverDn##P##gesvd;                                       \
+    static constexpr auto gesvdjBatched_bufferSize = &cusolverDn##P##gesvdjBatched_bufferSize; \
+    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;                       \
+    static constexpr auto trsm = &cublas##P##trsm_v2;                                          \
+    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                               \
+    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                             \
+    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                             \
   };
 
 BATCHPART_SOLVER_TABLE(float, float, S, sy, or)
@@ -180,8 +178,7 @@ T* Data(const ffi::AnyBuffer& buffer) {
 }
 
 // Sets `count` int32 values to 0.
-inline ffi::Error ZeroInts(const char* target, cudaStream_t stream, int32_t* data,
-                           int64_t count) {
+inline ffi::Error ZeroInts(const char* target, cudaStream_t stream, int32_t* data, int64_t count) {
   if (count == 0) return ffi::Error::Success();
   return CudaStatus(target, "cudaMemsetAsync",
                     cudaMemsetAsync(data, 0, static_cast<size_t>(count) * sizeof(int32_t), stream));
@@ -217,14 +214,14 @@ struct JacobiParams {
 // elements (in_batch, right-aligned, size-1 dims broadcast). Dims of size 1
 // are dropped and adjacent dims merged where the operand's strides allow, so
 // that the map fits kMaxBroadcastRank; INVALID_ARGUMENT if it does not.
-ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch,
-                              Dims in_batch, BroadcastIndex* index);
+ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch, Dims in_batch,
+                              BroadcastIndex* index);
 // The identity map over `count` elements.
 BroadcastIndex IdentityIndex(int64_t count);
 // An operand's map: the identity where its batch has `count` elements (the
 // output's), else MakeBroadcastIndex's.
-ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch,
-                        Dims out_batch, int64_t count, BroadcastIndex* index);
+ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch, Dims out_batch,
+                        int64_t count, BroadcastIndex* index);
 
 // Fills `count` output matrices of `size` elements with operand b's: one
 // copy where b's batch is the output's, else through b's broadcast map.

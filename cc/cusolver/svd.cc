@@ -35,18 +35,18 @@ ffi::Error SmallSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
     T* chunk_u = u_full + begin * m * m;
     T* chunk_v = v_full + begin * n * n;
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "gesvdjBatched_bufferSize",
-        Solver<T>::gesvdjBatched_bufferSize(handle.get(), jobz, m_int, n_int, chunk, m_int,
-                                            chunk_s, chunk_u, m_int, chunk_v, n_int, &lwork,
-                                            params.params, count)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "gesvdjBatched_bufferSize",
+                     Solver<T>::gesvdjBatched_bufferSize(handle.get(), jobz, m_int, n_int, chunk,
+                                                         m_int, chunk_s, chunk_u, m_int, chunk_v,
+                                                         n_int, &lwork, params.params, count)));
     T* lapack_work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "gesvdj workspace", lwork, &lapack_work));
-    return SolverStatus(kTarget, "gesvdjBatched",
-                        Solver<T>::gesvdjBatched(handle.get(), jobz, m_int, n_int, chunk, m_int,
-                                                 chunk_s, chunk_u, m_int, chunk_v, n_int,
-                                                 lapack_work, lwork, info + begin, params.params,
-                                                 count));
+    return SolverStatus(
+        kTarget, "gesvdjBatched",
+        Solver<T>::gesvdjBatched(handle.get(), jobz, m_int, n_int, chunk, m_int, chunk_s, chunk_u,
+                                 m_int, chunk_v, n_int, lapack_work, lwork, info + begin,
+                                 params.params, count));
   }));
   if (!shape.compute_uv) return ffi::Error::Success();
   const int64_t u_size = m * shape.u_cols, vt_size = shape.vt_rows * n;
@@ -70,9 +70,9 @@ ffi::Error LargeSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
   const int64_t rows = wide ? n : m, cols = wide ? m : n, size = m * n;
   const int rows_int = static_cast<int>(rows), cols_int = static_cast<int>(cols);
   int lwork = 0;
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "gesvd_bufferSize",
-      Solver<T>::gesvd_bufferSize(handle.get(), rows_int, cols_int, &lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "gesvd_bufferSize",
+                   Solver<T>::gesvd_bufferSize(handle.get(), rows_int, cols_int, &lwork)));
   T* lapack_work;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "gesvd workspace", lwork, &lapack_work));
   const signed char job_reduced = shape.compute_uv ? 'S' : 'N';
@@ -110,13 +110,12 @@ ffi::Error LargeSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
                          cols_int, lapack_work, lwork, nullptr, info + b)));
   }
   if (!shape.compute_uv) return ffi::Error::Success();
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "ConjugateTranspose",
-      ConjugateTranspose(stream, vt_prime, m, vt_prime_size, u, m, u_size, m, shape.u_cols,
-                         batch)));
+  BATCHPART_RETURN_IF_ERROR(CudaStatus(kTarget, "ConjugateTranspose",
+                                       ConjugateTranspose(stream, vt_prime, m, vt_prime_size, u, m,
+                                                          u_size, m, shape.u_cols, batch)));
   return CudaStatus(kTarget, "ConjugateTranspose",
-                    ConjugateTranspose(stream, u_prime, n, u_prime_size, vt, shape.vt_rows,
-                                       vt_size, shape.vt_rows, n, batch));
+                    ConjugateTranspose(stream, u_prime, n, u_prime_size, vt, shape.vt_rows, vt_size,
+                                       shape.vt_rows, n, batch));
 }
 
 template <typename T>
@@ -131,13 +130,12 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   int32_t* info_data = Data<int32_t>(info);
   const int64_t u_size = m * shape.u_cols, vt_size = shape.vt_rows * n;
   if (k == 0) {  // nothing to decompose; U and Vt are identities (as numpy)
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "FillIdentityColumns",
+                   FillIdentityColumns(stream, u_data, m, u_size, m, 0, shape.u_cols, batch)));
     BATCHPART_RETURN_IF_ERROR(CudaStatus(
         kTarget, "FillIdentityColumns",
-        FillIdentityColumns(stream, u_data, m, u_size, m, 0, shape.u_cols, batch)));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "FillIdentityColumns",
-        FillIdentityColumns(stream, vt_data, shape.vt_rows, vt_size, shape.vt_rows, 0, n,
-                            batch)));
+        FillIdentityColumns(stream, vt_data, shape.vt_rows, vt_size, shape.vt_rows, 0, n, batch)));
     return ZeroInts(kTarget, stream, info_data, batch);
   }
 
@@ -150,25 +148,25 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "a copy", batch * m * n, &work));
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "flags", batch, &flags));
   if (transposed) {
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "ConjugateTranspose",
-        ConjugateTranspose(stream, Data<T>(a), m, m * n, work, n, m * n, n, m, batch)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "ConjugateTranspose",
+                   ConjugateTranspose(stream, Data<T>(a), m, m * n, work, n, m * n, n, m, batch)));
   } else {
     BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), work, batch * m * n));
   }
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "SanitizeNonFinite",
-      SanitizeNonFinite(stream, work, transposed ? n : m, transposed ? m : n, batch, Region::kAll,
-                        flags)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "SanitizeNonFinite",
+                 SanitizeNonFinite(stream, work, transposed ? n : m, transposed ? m : n, batch,
+                                   Region::kAll, flags)));
 
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
   if (small) {
-    BATCHPART_RETURN_IF_ERROR(
-        SmallSvd<T>(stream, scratch, handle, shape, batch, work, s_data, u_data, vt_data, info_data));
+    BATCHPART_RETURN_IF_ERROR(SmallSvd<T>(stream, scratch, handle, shape, batch, work, s_data,
+                                          u_data, vt_data, info_data));
   } else {
-    BATCHPART_RETURN_IF_ERROR(
-        LargeSvd<T>(stream, scratch, handle, shape, batch, work, s_data, u_data, vt_data, info_data));
+    BATCHPART_RETURN_IF_ERROR(LargeSvd<T>(stream, scratch, handle, shape, batch, work, s_data,
+                                          u_data, vt_data, info_data));
   }
   return CudaStatus(kTarget, "FinishDecomposition",
                     FinishDecomposition<T>(stream, flags, info_data, batch, s_data, k, u_data,
@@ -190,6 +188,8 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvdCuda, SvdImpl,
-                              BindSvd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+                              BindSvd(ffi::Ffi::Bind()
+                                          .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                          .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

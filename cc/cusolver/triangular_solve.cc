@@ -20,8 +20,10 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Trsm
 
   // X starts as B, broadcast over the output batch.
   BroadcastIndex a_index, b_index;
-  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, batch, &a_index));
-  BATCHPART_RETURN_IF_ERROR(OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, batch, &b_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, batch, &a_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, batch, &b_index));
   BATCHPART_RETURN_IF_ERROR(
       CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, batch, x_size, x_data));
 
@@ -44,25 +46,25 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Trsm
   const int ldb = static_cast<int>(std::max<int64_t>(1, shape.rows));
   const T alpha = HostOne<T>();  // host pointer mode (cuBLAS's default)
   if (batch == 1) {
-    BATCHPART_RETURN_IF_ERROR(BlasStatus(
-        kTarget, "trsm",
-        Solver<T>::trsm(handle.get(), side, uplo, trans, diag, rows, cols, &alpha, a_data, lda,
-                        x_data, ldb)));
+    BATCHPART_RETURN_IF_ERROR(
+        BlasStatus(kTarget, "trsm",
+                   Solver<T>::trsm(handle.get(), side, uplo, trans, diag, rows, cols, &alpha,
+                                   a_data, lda, x_data, ldb)));
   } else {
     T **a_ptrs, **x_ptrs;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &a_ptrs));
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &x_ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, a_data, shape.p * shape.p, a_index, batch, a_ptrs)));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, x_data, x_size, IdentityIndex(batch), batch, x_ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, a_data, shape.p * shape.p, a_index, batch, a_ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, x_data, x_size, IdentityIndex(batch), batch, x_ptrs)));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
-      return BlasStatus(kTarget, "trsmBatched",
-                        Solver<T>::trsmBatched(handle.get(), side, uplo, trans, diag, rows, cols,
-                                               &alpha, a_ptrs + begin, lda, x_ptrs + begin, ldb,
-                                               count));
+      return BlasStatus(
+          kTarget, "trsmBatched",
+          Solver<T>::trsmBatched(handle.get(), side, uplo, trans, diag, rows, cols, &alpha,
+                                 a_ptrs + begin, lda, x_ptrs + begin, ldb, count));
     }));
   }
   if (conjugate_only) {
@@ -86,6 +88,8 @@ ffi::Error TrsmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsmCuda, TrsmImpl,
-                              BindTrsm(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+                              BindTrsm(ffi::Ffi::Bind()
+                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                           .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

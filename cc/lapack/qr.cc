@@ -82,7 +82,6 @@ ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl,
-                              BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl, BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

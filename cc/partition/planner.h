@@ -57,7 +57,7 @@ struct Plan {
   std::vector<Sharding> result_shardings;
   std::vector<Shape> operand_local_shapes;
   std::vector<Shape> result_local_shapes;
-  Shape batch_shape;                // broadcast batch shape (global)
+  Shape batch_shape;                 // broadcast batch shape (global)
   std::vector<int64_t> batch_tiles;  // tiles per batch dim of batch_shape
   // Devices that compute each batch element (1 = no redundant work).
   int64_t replication = 1;
@@ -67,8 +67,7 @@ struct Plan {
 
 // Broadcast (NumPy rules, right-aligned) of the operands' batch shapes.
 // Throws std::invalid_argument naming the operand that does not broadcast.
-Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
-                          const std::vector<int>& batch_ranks);
+Shape BroadcastBatchShape(const std::vector<Shape>& shapes, const std::vector<int>& batch_ranks);
 
 // Throws std::invalid_argument on inconsistent input (ranks, shardings that
 // do not match their arrays, device lists that are not permutations).
