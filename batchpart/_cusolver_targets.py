@@ -2,7 +2,7 @@
 
 The CUDA module ``batchpart._cuda`` (cc/cusolver/) is built only where CMake
 found nvcc and cuSOLVER/cuBLAS (see docs/gpu.md). Its handlers have the same
-target names and contracts as the CPU LAPACK kernels (cc/lapack/kernels.h),
+target names and contracts as the CPU LAPACK kernels (cc/common/contracts.h),
 registered for platform ``"CUDA"`` through ``batchpart.register_ffi_target``
 (which calls ``jax.ffi.register_ffi_target(name, capsule, platform="CUDA")``
 and marks the target batch partitionable), as the CPU targets are. A custom call names only its target; XLA
@@ -26,9 +26,6 @@ import warnings
 
 import jax
 
-from batchpart import _lapack_targets
-
-TARGET_NAMES: tuple[str, ...] = _lapack_targets.TARGET_NAMES
 PLATFORM = "CUDA"
 
 # Loaded before batchpart._cuda when pip's NVIDIA wheels are installed, so
@@ -75,7 +72,7 @@ def _preload_wheel_libraries() -> None:
 
 
 def register() -> bool:
-  """Registers every target in TARGET_NAMES for platform "CUDA" (once).
+  """Registers every target of ``_cuda.handlers()`` for platform "CUDA" (once).
 
   Returns whether the CUDA handlers are registered: False where the CUDA
   module was not built or jax has no CUDA devices (nothing is imported then),
@@ -99,12 +96,8 @@ def register() -> bool:
           f"nvidia-cusolver and nvidia-cublas (pip install 'batchpart[cuda]').",
           RuntimeWarning, stacklevel=2)
       return False
-    handlers = _cuda.handlers()
-    if set(handlers) != set(TARGET_NAMES):
-      raise RuntimeError(f"batchpart._cuda exports {sorted(handlers)}, "
-                         f"expected {sorted(TARGET_NAMES)}")
     from batchpart._frontend.registry import register_ffi_target
-    for name in TARGET_NAMES:  # registers with XLA and marks batch partitionable
-      register_ffi_target(name, handlers[name], platform=PLATFORM)
+    for name, capsule in _cuda.handlers().items():
+      register_ffi_target(name, capsule, platform=PLATFORM)  # with XLA, and batch partitionable
     _registered = True
     return True

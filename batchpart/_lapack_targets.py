@@ -5,7 +5,7 @@ scipy exports from ``scipy.linalg.cython_lapack`` and
 ``scipy.linalg.cython_blas``, the way jaxlib does, so no system BLAS is
 needed. ``register()`` hands those pointers to the compiled module and
 registers one FFI target per operation for the CPU platform. Operand and
-result contracts are documented in ``cc/lapack/kernels.h``; every matrix is
+result contracts are documented in ``cc/common/contracts.h``; every matrix is
 passed column-major (see ``column_major``).
 
 The targets in ``CPU_ONLY_TARGET_NAMES`` (``cc/lapack/option_kernels.h``)
@@ -23,17 +23,8 @@ from collections.abc import Sequence
 import jax
 
 
-TARGET_NAMES: tuple[str, ...] = (
-  "batchpart_potrf",
-  "batchpart_getrf",
-  "batchpart_qr",
-  "batchpart_eigh",
-  "batchpart_svd",
-  "batchpart_trsm",
-  "batchpart_gesv",
-)
-
-# CPU-only targets: no CUDA handler has these names (see the module docstring).
+# Targets the CUDA module lacks: their options raise NotImplementedError on a
+# GPU (batchpart.linalg checks the platform).
 CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
   "batchpart_geqrf",
   "batchpart_geqp3",
@@ -46,8 +37,8 @@ _registered = False
 
 
 def register() -> None:
-  """Initializes LAPACK and registers every target in TARGET_NAMES and
-  CPU_ONLY_TARGET_NAMES (once)."""
+  """Initializes LAPACK and registers every target of the module's registration
+  table, ``_core.lapack.handlers()`` (once)."""
   global _registered
   with _lock:
     if _registered:
@@ -63,14 +54,9 @@ def register() -> None:
     # Cholesky on 8 simulated devices: 1.5 s with them, 12 ms without; see
     # docs/reliability.md). One device may use them, as jaxlib does.
     _core.lapack.set_single_threaded_blas(len(jax.devices("cpu")) > 1)
-    handlers = _core.lapack.handlers()
-    names = TARGET_NAMES + CPU_ONLY_TARGET_NAMES
-    if set(handlers) != set(names):
-      raise RuntimeError(f"batchpart._core.lapack exports {sorted(handlers)}, "
-                         f"expected {sorted(names)}")
     from batchpart._frontend.registry import register_ffi_target
-    for name in names:  # registers with XLA and marks batch partitionable
-      register_ffi_target(name, handlers[name], platform="cpu")
+    for name, capsule in _core.lapack.handlers().items():
+      register_ffi_target(name, capsule, platform="cpu")  # with XLA, and batch partitionable
     _registered = True
 
 

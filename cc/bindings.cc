@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/capsules.h"
 #include "lapack/module.h"  // LAPACK kernels
 #include "partition/planner.h"
 #include "testing/test_kernels.h"
@@ -13,12 +14,6 @@ namespace nb = nanobind;
 namespace bp = batchpart::partition;
 
 namespace {
-
-nb::dict Capsules(const std::vector<std::pair<std::string, void*>>& handlers) {
-  nb::dict out;
-  for (const auto& [name, fn] : handlers) out[name.c_str()] = nb::capsule(fn);
-  return out;
-}
 
 void BindPlanner(nb::module_& m) {
   nb::class_<bp::Sharding> sharding(m, "Sharding");
@@ -75,8 +70,8 @@ NB_MODULE(_core, m) {
   batchpart::lapack::DefineLapackSubmodule(m);  // LAPACK kernels
 
   nb::module_ testing = m.def_submodule("testing", "Kernels for batchpart's tests.");
-  testing.def("handlers", [] { return Capsules(batchpart::testing::Handlers()); });
+  testing.def("handlers",
+              [] { return batchpart::HandlerCapsules(batchpart::testing::Handlers()); });
   testing.def("batch_elements_processed", &batchpart::testing::BatchElementsProcessed);
-  testing.def("reset_batch_elements_processed",
-              &batchpart::testing::ResetBatchElementsProcessed);
+  testing.def("reset_batch_elements_processed", &batchpart::testing::ResetBatchElementsProcessed);
 }

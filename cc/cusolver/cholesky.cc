@@ -7,21 +7,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_potrf";
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
-                    const ffi::AnyBuffer& info, Dims& batch, int64_t& n) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
-  batch = lapack::BatchDims(a.dimensions(), 2);
-  n = a.dimensions().back();
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", n));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result factor", factor,
-                                                 lapack::WithCore(batch, {n, n}),
-                                                 a.element_type()));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(batch, {}),
-                              ffi::DataType::S32);
-}
+constexpr const char* kTarget = kPotrfTarget;
 
 template <typename T>
 ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t batch, int64_t n,
@@ -50,16 +36,16 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t b
     }));
   } else {
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "potrf_bufferSize",
-        Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "potrf_bufferSize",
+                     Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "potrf workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "potrf",
-          Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
-                           info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "potrf",
+                       Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
+                                        info_data + b)));
     }
   }
   return CudaStatus(kTarget, "FinishCholesky",
@@ -69,24 +55,18 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t b
 ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                      ffi::Result<ffi::AnyBuffer> factor, ffi::Result<ffi::AnyBuffer> info,
                      bool lower) {
-  Dims batch;
-  int64_t n = 0;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *factor, *info, batch, n));
+  BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, lapack::Product(batch), n, lower, a, *factor, *info);
+    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, a, *factor, *info);
   });
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrfCuda, PotrfImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // factor
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("lower"));
+                              BindPotrf(ffi::Ffi::Bind()
+                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                            .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

@@ -183,16 +183,14 @@ set_target_properties(batchpart_cuda_device PROPERTIES
   CUDA_VISIBILITY_PRESET hidden)
 
 # Host code: the FFI handlers (calling cuSOLVER/cuBLAS and the device
-# kernels) and the nanobind module. The shape checks are the CPU kernels'
-# (cc/lapack/kernel_helpers.cc), so both report the same errors.
+# kernels) and the nanobind module. The targets' contracts and shape checks
+# are batchpart_kernel_common's (cc/common/), which _core links too, so both
+# platforms report the same errors.
 file(GLOB BATCHPART_CUSOLVER_SOURCES CONFIGURE_DEPENDS cc/cusolver/*.cc)
-nanobind_add_module(_cuda NB_STATIC
-  ${BATCHPART_CUSOLVER_SOURCES}
-  cc/lapack/kernel_helpers.cc
-  cc/lapack/lapack_api.cc)
+nanobind_add_module(_cuda NB_STATIC ${BATCHPART_CUSOLVER_SOURCES})
 target_include_directories(_cuda PRIVATE cc ${XLA_FFI_INCLUDE_DIR}
   ${BATCHPART_CUSOLVER_INCLUDE_DIR} ${BATCHPART_CUBLAS_INCLUDE_DIR})
-target_link_libraries(_cuda PRIVATE batchpart_cuda_device
+target_link_libraries(_cuda PRIVATE batchpart_kernel_common batchpart_cuda_device
   ${BATCHPART_CUSOLVER_LIBRARY} ${BATCHPART_CUBLAS_LIBRARY} CUDA::cudart_static)
 string(REPLACE ";" "," _bp_arch_list "${CMAKE_CUDA_ARCHITECTURES}")
 target_compile_definitions(_cuda PRIVATE

@@ -68,9 +68,7 @@ struct Scalar<cuDoubleComplex> {
 __device__ inline int64_t GlobalThread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ inline int64_t GlobalStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+__device__ inline int64_t GlobalStride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // ---- kernels -------------------------------------------------------------------
 
@@ -235,8 +233,8 @@ __global__ void FinishDecompositionKernel(const int32_t* flags, int32_t* info, i
 }
 
 template <typename T>
-__global__ void FinishSolveKernel(const int32_t* a_info, BroadcastIndex index, int32_t* info,
-                                  T* x, int64_t size, int64_t batch) {
+__global__ void FinishSolveKernel(const int32_t* a_info, BroadcastIndex index, int32_t* info, T* x,
+                                  int64_t size, int64_t batch) {
   for (int64_t i = blockIdx.x; i < batch; i += gridDim.x) {
     const int32_t status = a_info[index(i)];
     if (threadIdx.x == 0) info[i] = status;
@@ -258,8 +256,8 @@ cudaError_t MakePointers(cudaStream_t stream, T* base, int64_t stride, Broadcast
 }
 
 template <typename T>
-cudaError_t BroadcastCopy(cudaStream_t stream, const T* src, int64_t elements,
-                          BroadcastIndex index, int64_t count, T* dst) {
+cudaError_t BroadcastCopy(cudaStream_t stream, const T* src, int64_t elements, BroadcastIndex index,
+                          int64_t count, T* dst) {
   const int64_t total = elements * count;
   if (total == 0) return cudaSuccess;
   BroadcastCopyKernel<T><<<Blocks(total), kThreads, 0, stream>>>(src, elements, index, total, dst);
@@ -297,21 +295,20 @@ cudaError_t ConjugateTranspose(cudaStream_t stream, const T* src, int64_t src_ld
 
 template <typename T>
 cudaError_t FillIdentityColumns(cudaStream_t stream, T* dst, int64_t ld, int64_t stride,
-                                int64_t rows, int64_t first_col, int64_t end_col,
-                                int64_t batch) {
+                                int64_t rows, int64_t first_col, int64_t end_col, int64_t batch) {
   const int64_t cols = end_col - first_col, total = rows * cols * batch;
   if (cols <= 0 || total == 0) return cudaSuccess;
-  FillIdentityColumnsKernel<T><<<Blocks(total), kThreads, 0, stream>>>(dst, ld, stride, rows,
-                                                                       first_col, cols, total);
+  FillIdentityColumnsKernel<T>
+      <<<Blocks(total), kThreads, 0, stream>>>(dst, ld, stride, rows, first_col, cols, total);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t cols,
-                              int64_t batch, Region region, int32_t* flags) {
+cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t cols, int64_t batch,
+                              Region region, int32_t* flags) {
   if (batch == 0) return cudaSuccess;
-  SanitizeNonFiniteKernel<T><<<Blocks(batch, 1), kThreads, 0, stream>>>(a, rows, cols, batch,
-                                                                        region, flags);
+  SanitizeNonFiniteKernel<T>
+      <<<Blocks(batch, 1), kThreads, 0, stream>>>(a, rows, cols, batch, region, flags);
   return cudaGetLastError();
 }
 
@@ -332,8 +329,8 @@ cudaError_t PivotsToPermutation(cudaStream_t stream, int32_t* pivots, int64_t k,
 
 template <typename T>
 cudaError_t FinishDecomposition(cudaStream_t stream, const int32_t* flags, int32_t* info,
-                                int64_t batch, GpuReal<T>* values, int64_t values_size,
-                                T* first, int64_t first_size, T* second, int64_t second_size) {
+                                int64_t batch, GpuReal<T>* values, int64_t values_size, T* first,
+                                int64_t first_size, T* second, int64_t second_size) {
   if (batch == 0) return cudaSuccess;
   FinishDecompositionKernel<T><<<Blocks(batch, 1), kThreads, 0, stream>>>(
       flags, info, batch, values, values_size, first_size ? first : nullptr, first_size,
@@ -345,32 +342,31 @@ template <typename T>
 cudaError_t FinishSolve(cudaStream_t stream, const int32_t* a_info, BroadcastIndex index,
                         int32_t* info, T* x, int64_t size, int64_t batch) {
   if (batch == 0) return cudaSuccess;
-  FinishSolveKernel<T><<<Blocks(batch, 1), kThreads, 0, stream>>>(a_info, index, info, x, size,
-                                                                  batch);
+  FinishSolveKernel<T>
+      <<<Blocks(batch, 1), kThreads, 0, stream>>>(a_info, index, info, x, size, batch);
   return cudaGetLastError();
 }
 
 // ---- instantiations ------------------------------------------------------------
 
-#define BATCHPART_INSTANTIATE(T)                                                               \
-  template cudaError_t MakePointers<T>(cudaStream_t, T*, int64_t, BroadcastIndex, int64_t,     \
-                                       T**);                                                    \
-  template cudaError_t BroadcastCopy<T>(cudaStream_t, const T*, int64_t, BroadcastIndex,       \
-                                        int64_t, T*);                                           \
-  template cudaError_t Conjugate<T>(cudaStream_t, T*, int64_t);                                \
-  template cudaError_t CopyMatrix<T>(cudaStream_t, const T*, int64_t, int64_t, T*, int64_t,    \
-                                     int64_t, int64_t, int64_t, int64_t, bool);                 \
-  template cudaError_t ConjugateTranspose<T>(cudaStream_t, const T*, int64_t, int64_t, T*,     \
-                                             int64_t, int64_t, int64_t, int64_t, int64_t);      \
-  template cudaError_t FillIdentityColumns<T>(cudaStream_t, T*, int64_t, int64_t, int64_t,     \
-                                              int64_t, int64_t, int64_t);                       \
-  template cudaError_t SanitizeNonFinite<T>(cudaStream_t, T*, int64_t, int64_t, int64_t,       \
-                                            Region, int32_t*);                                  \
-  template cudaError_t FinishCholesky<T>(cudaStream_t, T*, int64_t, int64_t, bool, int32_t*);  \
-  template cudaError_t FinishDecomposition<T>(cudaStream_t, const int32_t*, int32_t*, int64_t, \
-                                              GpuReal<T>*, int64_t, T*, int64_t, T*, int64_t);  \
-  template cudaError_t FinishSolve<T>(cudaStream_t, const int32_t*, BroadcastIndex, int32_t*,  \
-                                      T*, int64_t, int64_t);
+#define BATCHPART_INSTANTIATE(T)                                                                  \
+  template cudaError_t MakePointers<T>(cudaStream_t, T*, int64_t, BroadcastIndex, int64_t, T**);  \
+  template cudaError_t BroadcastCopy<T>(cudaStream_t, const T*, int64_t, BroadcastIndex, int64_t, \
+                                        T*);                                                      \
+  template cudaError_t Conjugate<T>(cudaStream_t, T*, int64_t);                                   \
+  template cudaError_t CopyMatrix<T>(cudaStream_t, const T*, int64_t, int64_t, T*, int64_t,       \
+                                     int64_t, int64_t, int64_t, int64_t, bool);                   \
+  template cudaError_t ConjugateTranspose<T>(cudaStream_t, const T*, int64_t, int64_t, T*,        \
+                                             int64_t, int64_t, int64_t, int64_t, int64_t);        \
+  template cudaError_t FillIdentityColumns<T>(cudaStream_t, T*, int64_t, int64_t, int64_t,        \
+                                              int64_t, int64_t, int64_t);                         \
+  template cudaError_t SanitizeNonFinite<T>(cudaStream_t, T*, int64_t, int64_t, int64_t, Region,  \
+                                            int32_t*);                                            \
+  template cudaError_t FinishCholesky<T>(cudaStream_t, T*, int64_t, int64_t, bool, int32_t*);     \
+  template cudaError_t FinishDecomposition<T>(cudaStream_t, const int32_t*, int32_t*, int64_t,    \
+                                              GpuReal<T>*, int64_t, T*, int64_t, T*, int64_t);    \
+  template cudaError_t FinishSolve<T>(cudaStream_t, const int32_t*, BroadcastIndex, int32_t*, T*, \
+                                      int64_t, int64_t);
 
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
@@ -379,7 +375,7 @@ BATCHPART_INSTANTIATE(cuDoubleComplex)
 #undef BATCHPART_INSTANTIATE
 
 // Pivot arrays (int32) are broadcast for getrs.
-template cudaError_t BroadcastCopy<int32_t>(cudaStream_t, const int32_t*, int64_t,
-                                            BroadcastIndex, int64_t, int32_t*);
+template cudaError_t BroadcastCopy<int32_t>(cudaStream_t, const int32_t*, int64_t, BroadcastIndex,
+                                            int64_t, int32_t*);
 
 }  // namespace batchpart::cusolver

@@ -71,8 +71,8 @@ cudaError_t MakePointers(cudaStream_t stream, T* base, int64_t stride, Broadcast
 
 // dst[i] (elements elements each) = src[index(i)], for i < count.
 template <typename T>
-cudaError_t BroadcastCopy(cudaStream_t stream, const T* src, int64_t elements,
-                          BroadcastIndex index, int64_t count, T* dst);
+cudaError_t BroadcastCopy(cudaStream_t stream, const T* src, int64_t elements, BroadcastIndex index,
+                          int64_t count, T* dst);
 
 // data[i] = conj(data[i]) (complex types only).
 template <typename T>
@@ -95,8 +95,7 @@ cudaError_t ConjugateTranspose(cudaStream_t stream, const T* src, int64_t src_ld
 // dst(i, j) = (i == j) for i < rows and first_col <= j < end_col.
 template <typename T>
 cudaError_t FillIdentityColumns(cudaStream_t stream, T* dst, int64_t ld, int64_t stride,
-                                int64_t rows, int64_t first_col, int64_t end_col,
-                                int64_t batch);
+                                int64_t rows, int64_t first_col, int64_t end_col, int64_t batch);
 
 // Where `region` of a rows x cols matrix holds a NaN or an Inf, the whole
 // matrix becomes zero (so that no iterative solver ever sees it) and
@@ -104,8 +103,8 @@ cudaError_t FillIdentityColumns(cudaStream_t stream, T* dst, int64_t ld, int64_t
 // square matrix, the other triangle is overwritten with the conjugate mirror
 // of the region (so garbage there cannot reach the solver either).
 template <typename T>
-cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t cols,
-                              int64_t batch, Region region, int32_t* flags);
+cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t cols, int64_t batch,
+                              Region region, int32_t* flags);
 
 // After potrf on n x n matrices: where info != 0 or the factor's triangle is
 // not finite, the matrix becomes all NaN (info, if 0, becomes the 1-based
@@ -117,8 +116,8 @@ cudaError_t FinishCholesky(cudaStream_t stream, T* a, int64_t n, int64_t batch, 
 
 // getrf's 1-based pivots (k per element) become 0-based, and perm (m per
 // element) the permutation they describe. A pivot outside [i, m) is skipped.
-cudaError_t PivotsToPermutation(cudaStream_t stream, int32_t* pivots, int64_t k,
-                                int32_t* perm, int64_t m, int64_t batch);
+cudaError_t PivotsToPermutation(cudaStream_t stream, int32_t* pivots, int64_t k, int32_t* perm,
+                                int64_t m, int64_t batch);
 
 // info[b] = -4 where flags[b] (a refused non-finite matrix); where info[b]
 // is then nonzero, element b of every output becomes NaN: values_size
@@ -127,8 +126,8 @@ cudaError_t PivotsToPermutation(cudaStream_t stream, int32_t* pivots, int64_t k,
 // output is skipped.
 template <typename T>
 cudaError_t FinishDecomposition(cudaStream_t stream, const int32_t* flags, int32_t* info,
-                                int64_t batch, GpuReal<T>* values, int64_t values_size,
-                                T* first, int64_t first_size, T* second, int64_t second_size);
+                                int64_t batch, GpuReal<T>* values, int64_t values_size, T* first,
+                                int64_t first_size, T* second, int64_t second_size);
 
 // info[i] = a_info[index(i)]; where it is nonzero, x's element i (size
 // elements) becomes NaN.

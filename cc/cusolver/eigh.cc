@@ -8,45 +8,14 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_eigh";
-
-struct EighShape {
-  Dims batch;
-  int64_t n;
-  int64_t v_cols;  // n, or 0 when eigenvectors are not computed
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& v,
-                    const ffi::AnyBuffer& info, bool compute_vectors, EighShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
-  shape.batch = lapack::BatchDims(a.dimensions(), 2);
-  shape.n = a.dimensions().back();
-  shape.v_cols = compute_vectors ? shape.n : 0;
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result eigenvalues", w,
-                                                 lapack::WithCore(shape.batch, {shape.n}),
-                                                 lapack::RealDtype(a.element_type())));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result eigenvectors", v,
-                                                 lapack::WithCore(shape.batch, {shape.n, shape.v_cols}),
-                                                 a.element_type()));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(shape.batch, {}),
-                              ffi::DataType::S32);
-}
-
-struct SyevjParams {
-  ~SyevjParams() {
-    if (params != nullptr) cusolverDnDestroySyevjInfo(params);
-  }
-  syevjInfo_t params = nullptr;
-};
+constexpr const char* kTarget = kEighTarget;
 
 template <typename T>
 ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const EighShape& shape,
                      bool lower, const ffi::AnyBuffer& a, ffi::AnyBuffer& w, ffi::AnyBuffer& v,
                      ffi::AnyBuffer& info) {
   using R = GpuReal<T>;
-  const int64_t batch = lapack::Product(shape.batch), n = shape.n, size = n * n;
+  const int64_t batch = Product(shape.batch), n = shape.n, size = n * n;
   int32_t* info_data = Data<int32_t>(info);
   if (batch == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, batch);
@@ -64,10 +33,10 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), matrix, batch * size));
   int32_t* flags;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "flags", batch, &flags));
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "SanitizeNonFinite",
-      SanitizeNonFinite(stream, matrix, n, n, batch, lower ? Region::kLower : Region::kUpper,
-                        flags)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "SanitizeNonFinite",
+                 SanitizeNonFinite(stream, matrix, n, n, batch,
+                                   lower ? Region::kLower : Region::kUpper, flags)));
 
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
@@ -76,7 +45,7 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   const int n_int = static_cast<int>(n);
   if (n <= kSmallMatrix) {
     // Jacobi, all matrices in one call; eigenvalues sorted ascending.
-    SyevjParams params;
+    JacobiParams<syevjInfo_t, cusolverDnDestroySyevjInfo> params;
     BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnCreateSyevjInfo",
                                            cusolverDnCreateSyevjInfo(&params.params)));
     BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnXsyevjSetSortEig",
@@ -87,41 +56,41 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
       int lwork = 0;
       BATCHPART_RETURN_IF_ERROR(SolverStatus(
           kTarget, "syevjBatched_bufferSize",
-          Solver<T>::syevjBatched_bufferSize(handle.get(), jobz, uplo, n_int, chunk, n_int,
-                                             chunk_w, &lwork, params.params, count)));
+          Solver<T>::syevjBatched_bufferSize(handle.get(), jobz, uplo, n_int, chunk, n_int, chunk_w,
+                                             &lwork, params.params, count)));
       T* work;
       BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "syevj workspace", lwork, &work));
-      return SolverStatus(kTarget, "syevjBatched",
-                          Solver<T>::syevjBatched(handle.get(), jobz, uplo, n_int, chunk, n_int,
-                                                  chunk_w, work, lwork, info_data + begin,
-                                                  params.params, count));
+      return SolverStatus(
+          kTarget, "syevjBatched",
+          Solver<T>::syevjBatched(handle.get(), jobz, uplo, n_int, chunk, n_int, chunk_w, work,
+                                  lwork, info_data + begin, params.params, count));
     }));
   } else {
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "syevd_bufferSize",
-        Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int, w_data,
-                                    &lwork)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "syevd_bufferSize",
+                     Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int,
+                                                 w_data, &lwork)));
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "syevd workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "syevd",
-          Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
-                           w_data + b * n, work, lwork, info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "syevd",
+                       Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
+                                        w_data + b * n, work, lwork, info_data + b)));
     }
   }
-  return CudaStatus(kTarget, "FinishDecomposition",
-                    FinishDecomposition<T>(stream, flags, info_data, batch, w_data, n,
-                                           vectors ? matrix : nullptr, vectors ? size : 0,
-                                           nullptr, 0));
+  return CudaStatus(
+      kTarget, "FinishDecomposition",
+      FinishDecomposition<T>(stream, flags, info_data, batch, w_data, n, vectors ? matrix : nullptr,
+                             vectors ? size : 0, nullptr, 0));
 }
 
 ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                     ffi::Result<ffi::AnyBuffer> w, ffi::Result<ffi::AnyBuffer> v,
                     ffi::Result<ffi::AnyBuffer> info, bool lower, bool compute_vectors) {
-  EighShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *w, *v, *info, compute_vectors, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const EighShape shape,
+                             ValidateEigh(a, *w, *v, *info, compute_vectors));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(stream, scratch, shape, lower, a, *w, *v, *info);
@@ -131,14 +100,8 @@ ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEighCuda, EighImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // eigenvalues
-                                  .Ret<ffi::AnyBuffer>()  // eigenvectors
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("lower")
-                                  .Attr<bool>("compute_vectors"));
+                              BindEigh(ffi::Ffi::Bind()
+                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                           .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

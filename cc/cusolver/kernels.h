@@ -1,7 +1,7 @@
 // batchpart's CUDA linear-algebra kernels: typed XLA FFI handlers over
 // cuSOLVER and cuBLAS, registered for platform "CUDA" under the SAME target
 // names as the CPU kernels, with the SAME operand/result/attribute contracts
-// (cc/lapack/kernels.h: column-major matrices, leading batch dims, int32
+// (common/contracts.h: column-major matrices, leading batch dims, int32
 // pivots/info, NaN for failed batch elements, no input makes a call fail).
 //
 // Every handler takes XLA's CUDA stream (PlatformStream<cudaStream_t>) and
@@ -34,10 +34,8 @@
 #ifndef BATCHPART_CUSOLVER_KERNELS_H_
 #define BATCHPART_CUSOLVER_KERNELS_H_
 
-#include <string>
-#include <utility>
-#include <vector>
-
+#include "common/contracts.h"
+#include "common/handler_table.h"
 #include "xla/ffi/api/api.h"
 
 namespace batchpart::cusolver {
@@ -50,17 +48,16 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartSvdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvCuda);
 
-// (target name, XLA_FFI_Handler*) for every kernel above; the names are
-// cc/lapack/kernels.h's.
-inline std::vector<std::pair<std::string, void*>> Handlers() {
+// The CUDA registration table: every target this module implements.
+inline HandlerTable Handlers() {
   return {
-      {"batchpart_potrf", reinterpret_cast<void*>(BatchpartPotrfCuda)},
-      {"batchpart_getrf", reinterpret_cast<void*>(BatchpartGetrfCuda)},
-      {"batchpart_qr", reinterpret_cast<void*>(BatchpartQrCuda)},
-      {"batchpart_eigh", reinterpret_cast<void*>(BatchpartEighCuda)},
-      {"batchpart_svd", reinterpret_cast<void*>(BatchpartSvdCuda)},
-      {"batchpart_trsm", reinterpret_cast<void*>(BatchpartTrsmCuda)},
-      {"batchpart_gesv", reinterpret_cast<void*>(BatchpartGesvCuda)},
+      {kPotrfTarget, reinterpret_cast<void*>(BatchpartPotrfCuda)},
+      {kGetrfTarget, reinterpret_cast<void*>(BatchpartGetrfCuda)},
+      {kQrTarget, reinterpret_cast<void*>(BatchpartQrCuda)},
+      {kEighTarget, reinterpret_cast<void*>(BatchpartEighCuda)},
+      {kSvdTarget, reinterpret_cast<void*>(BatchpartSvdCuda)},
+      {kTrsmTarget, reinterpret_cast<void*>(BatchpartTrsmCuda)},
+      {kGesvTarget, reinterpret_cast<void*>(BatchpartGesvCuda)},
   };
 }
 

@@ -8,43 +8,13 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_getrf";
-
-struct LuShape {
-  Dims batch;
-  int64_t m, n, k;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu,
-                    const ffi::AnyBuffer& pivots, const ffi::AnyBuffer& perm,
-                    const ffi::AnyBuffer& info, LuShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const Dims dims = a.dimensions();
-  shape.batch = lapack::BatchDims(dims, 2);
-  shape.m = dims[dims.size() - 2];
-  shape.n = dims.back();
-  shape.k = std::min(shape.m, shape.n);
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result lu", lu,
-                                                 lapack::WithCore(shape.batch, {shape.m, shape.n}),
-                                                 a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result pivots", pivots,
-                                                 lapack::WithCore(shape.batch, {shape.k}),
-                                                 ffi::DataType::S32));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result permutation", perm,
-                                                 lapack::WithCore(shape.batch, {shape.m}),
-                                                 ffi::DataType::S32));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(shape.batch, {}),
-                              ffi::DataType::S32);
-}
+constexpr const char* kTarget = kGetrfTarget;
 
 template <typename T>
 ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuShape& shape,
                   const ffi::AnyBuffer& a, ffi::AnyBuffer& lu, ffi::AnyBuffer& pivots,
                   ffi::AnyBuffer& perm, ffi::AnyBuffer& info) {
-  const int64_t batch = lapack::Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
+  const int64_t batch = Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
   if (batch == 0) return ffi::Error::Success();
   const int64_t size = m * n;
   T* lu_data = Data<T>(lu);
@@ -60,9 +30,9 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     T** ptrs;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, lu_data, size, IdentityIndex(batch), batch, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, lu_data, size, IdentityIndex(batch), batch, ptrs)));
     const int n_int = static_cast<int>(n);
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
       return BlasStatus(kTarget, "getrfBatched",
@@ -80,10 +50,10 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
     T* work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
     for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(SolverStatus(
-          kTarget, "getrf",
-          Solver<T>::getrf(handle.get(), m_int, n_int, lu_data + b * size, m_int, work,
-                           piv_data + b * k, info_data + b)));
+      BATCHPART_RETURN_IF_ERROR(
+          SolverStatus(kTarget, "getrf",
+                       Solver<T>::getrf(handle.get(), m_int, n_int, lu_data + b * size, m_int, work,
+                                        piv_data + b * k, info_data + b)));
     }
   }
   return CudaStatus(kTarget, "PivotsToPermutation",
@@ -93,8 +63,7 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
 ffi::Error GetrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                      ffi::Result<ffi::AnyBuffer> lu, ffi::Result<ffi::AnyBuffer> pivots,
                      ffi::Result<ffi::AnyBuffer> perm, ffi::Result<ffi::AnyBuffer> info) {
-  LuShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *lu, *pivots, *perm, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const LuShape shape, ValidateGetrf(a, *lu, *pivots, *perm, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Factor<T>(stream, scratch, shape, a, *lu, *pivots, *perm, *info);
@@ -104,13 +73,8 @@ ffi::Error GetrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrfCuda, GetrfImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Ret<ffi::AnyBuffer>()   // lu
-                                  .Ret<ffi::AnyBuffer>()   // pivots
-                                  .Ret<ffi::AnyBuffer>()   // permutation
-                                  .Ret<ffi::AnyBuffer>());  // info
+                              BindGetrf(ffi::Ffi::Bind()
+                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                            .Ctx<ffi::ScratchAllocator>()));  // info
 
 }  // namespace batchpart::cusolver

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/capsules.h"
 #include "cusolver/kernels.h"
 #include "cusolver/solver_api.h"
 
@@ -25,25 +26,18 @@ namespace nb = nanobind;
 NB_MODULE(_cuda, m) {
   m.doc() = "batchpart's CUDA kernels: typed XLA FFI handlers over cuSOLVER and cuBLAS.";
   m.def(
-      "handlers",
-      [] {
-        nb::dict out;
-        for (const auto& [name, fn] : batchpart::cusolver::Handlers()) {
-          out[name.c_str()] = nb::capsule(fn);
-        }
-        return out;
-      },
-      "{target name: XLA FFI handler capsule}, the names of batchpart._core.lapack.handlers()");
+      "handlers", [] { return batchpart::HandlerCapsules(batchpart::cusolver::Handlers()); },
+      "{target name: XLA FFI handler capsule}, one per target of the CUDA registration table");
   // For tests (no GPU needed): the operand batch element that feeds each
   // output batch element, as the device kernels compute it from the merged
   // map that MakeBroadcastIndex builds.
   m.def(
       "_broadcast_map",
       [](const std::vector<int64_t>& out_batch, const std::vector<int64_t>& in_batch) {
-        const batchpart::cusolver::Dims out_dims(out_batch), in_dims(in_batch);
+        const batchpart::Dims out_dims(out_batch), in_dims(in_batch);
         batchpart::cusolver::BroadcastIndex index;
         xla::ffi::Error error =
-            batchpart::lapack::ExpectBroadcast("_broadcast_map", "operand", in_dims, out_dims);
+            batchpart::ExpectBroadcast("_broadcast_map", "operand", in_dims, out_dims);
         if (error.success()) {
           error = batchpart::cusolver::MakeBroadcastIndex("_broadcast_map", "operand", out_dims,
                                                           in_dims, &index);

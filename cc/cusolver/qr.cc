@@ -8,39 +8,12 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_qr";
-
-struct QrShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t q_cols;  // m (full) or k (reduced)
-  int64_t r_rows;  // m (full) or k (reduced)
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q, const ffi::AnyBuffer& r,
-                    bool full_matrices, QrShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const Dims dims = a.dimensions();
-  shape.batch = lapack::BatchDims(dims, 2);
-  shape.m = dims[dims.size() - 2];
-  shape.n = dims.back();
-  shape.k = std::min(shape.m, shape.n);
-  shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result q", q,
-                                                 lapack::WithCore(shape.batch, {shape.m, shape.q_cols}),
-                                                 a.element_type()));
-  return lapack::ExpectBuffer(kTarget, "result r", r,
-                              lapack::WithCore(shape.batch, {shape.r_rows, shape.n}),
-                              a.element_type());
-}
+constexpr const char* kTarget = kQrTarget;
 
 template <typename T>
 ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrShape& shape,
                   const ffi::AnyBuffer& a, ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
-  const int64_t batch = lapack::Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
+  const int64_t batch = Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
   const int64_t q_cols = shape.q_cols, r_rows = shape.r_rows;
   if (batch == 0 || m == 0) return ffi::Error::Success();  // q and r are empty
   T* q_data = Data<T>(q);
@@ -67,18 +40,18 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrS
   BATCHPART_RETURN_IF_ERROR(SolverStatus(
       kTarget, "geqrf_bufferSize",
       Solver<T>::geqrf_bufferSize(handle.get(), m_int, n_int, work, m_int, &geqrf_lwork)));
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "orgqr_bufferSize",
-      Solver<T>::orgqr_bufferSize(handle.get(), m_int, q_cols_int, k_int, q_data, m_int, tau,
-                                  &orgqr_lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "orgqr_bufferSize",
+                   Solver<T>::orgqr_bufferSize(handle.get(), m_int, q_cols_int, k_int, q_data,
+                                               m_int, tau, &orgqr_lwork)));
   const int lwork = std::max(geqrf_lwork, orgqr_lwork);
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "workspace", lwork, &lapack_work));
 
   for (int64_t b = 0; b < batch; ++b) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "geqrf",
-        Solver<T>::geqrf(handle.get(), m_int, n_int, work + b * a_size, m_int, tau + b * k,
-                         lapack_work, lwork, dev_info)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "geqrf",
+                     Solver<T>::geqrf(handle.get(), m_int, n_int, work + b * a_size, m_int,
+                                      tau + b * k, lapack_work, lwork, dev_info)));
   }
   // R: the first r_rows rows of the factored matrix, upper triangle only.
   BATCHPART_RETURN_IF_ERROR(CudaStatus(
@@ -86,17 +59,17 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrS
       CopyMatrix(stream, work, m, a_size, r_data, r_rows, r_size, r_rows, n, batch, true)));
   // Q: the k reflectors (below the diagonal of the first k columns) and unit
   // columns after them, expanded in place by orgqr.
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "CopyMatrix",
-      CopyMatrix(stream, work, m, a_size, q_data, m, q_size, m, k, batch, false)));
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "FillIdentityColumns",
-      FillIdentityColumns(stream, q_data, m, q_size, m, k, q_cols, batch)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "CopyMatrix",
+                 CopyMatrix(stream, work, m, a_size, q_data, m, q_size, m, k, batch, false)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "FillIdentityColumns",
+                 FillIdentityColumns(stream, q_data, m, q_size, m, k, q_cols, batch)));
   for (int64_t b = 0; b < batch; ++b) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "orgqr",
-        Solver<T>::orgqr(handle.get(), m_int, q_cols_int, k_int, q_data + b * q_size, m_int,
-                         tau + b * k, lapack_work, lwork, dev_info)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "orgqr",
+                     Solver<T>::orgqr(handle.get(), m_int, q_cols_int, k_int, q_data + b * q_size,
+                                      m_int, tau + b * k, lapack_work, lwork, dev_info)));
   }
   return ffi::Error::Success();
 }
@@ -104,8 +77,7 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const QrS
 ffi::Error QrImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                   ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> r,
                   bool full_matrices) {
-  QrShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *q, *r, full_matrices, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const QrShape shape, ValidateQr(a, *q, *r, full_matrices));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Factor<T>(stream, scratch, shape, a, *q, *r);
@@ -114,13 +86,8 @@ ffi::Error QrImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQrCuda, QrImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // q
-                                  .Ret<ffi::AnyBuffer>()  // r
-                                  .Attr<bool>("full_matrices"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    BatchpartQrCuda, QrImpl,
+    BindQr(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

@@ -8,53 +8,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_gesv";
-
-struct GesvShape {
-  Dims a_batch, b_batch, x_batch;
-  int64_t n, nrhs;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& x,
-                    const ffi::AnyBuffer& info, GesvShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectSquare(kTarget, "operand a", a.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand b", b.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "result x", x.dimensions()));
-  const Dims b_dims = b.dimensions();
-  shape.n = a.dimensions().back();
-  shape.nrhs = b_dims.back();
-  shape.a_batch = lapack::BatchDims(a.dimensions(), 2);
-  shape.b_batch = lapack::BatchDims(b_dims, 2);
-  shape.x_batch = lapack::BatchDims(x.dimensions(), 2);
-  if (b_dims[b_dims.size() - 2] != shape.n) {
-    return lapack::InvalidArgument(
-        kTarget, "operand b of shape " + lapack::DimsToString(b_dims) + " does not fit a of shape " +
-                     lapack::DimsToString(a.dimensions()) + " (b's rows must equal a's size)");
-  }
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "b columns", shape.nrhs));
-  BATCHPART_RETURN_IF_ERROR(
-      lapack::ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result x", x,
-                                                 lapack::WithCore(shape.x_batch, {shape.n, shape.nrhs}),
-                                                 a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result info", info,
-                                                 lapack::WithCore(shape.x_batch, {}),
-                                                 ffi::DataType::S32));
-  BATCHPART_RETURN_IF_ERROR(
-      lapack::ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
-  return lapack::ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
-}
-
-ffi::Error OperandIndex(const char* what, Dims operand_batch, Dims out_batch, int64_t count,
-                        BroadcastIndex* index) {
-  if (lapack::Product(operand_batch) == count) {
-    *index = IdentityIndex(count);
-    return ffi::Error::Success();
-  }
-  return MakeBroadcastIndex(kTarget, what, out_batch, operand_batch, index);
-}
+constexpr const char* kTarget = kGesvTarget;
 
 // LU of every batch element of A (not of the broadcast: each distinct A is
 // factored once), as batchpart_getrf does it.
@@ -67,8 +21,9 @@ ffi::Error FactorAll(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     T** ptrs;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", count, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers", MakePointers(stream, lu, n * n, IdentityIndex(count), count, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, lu, n * n, IdentityIndex(count), count, ptrs)));
     return ForEachBatchChunk(count, [&](int64_t begin, int chunk) {
       return BlasStatus(kTarget, "getrfBatched",
                         Solver<T>::getrfBatched(handle.get(), n_int, ptrs + begin, n_int,
@@ -78,16 +33,16 @@ ffi::Error FactorAll(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
   int lwork = 0;
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "getrf_bufferSize",
-      Solver<T>::getrf_bufferSize(handle.get(), n_int, n_int, lu, n_int, &lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "getrf_bufferSize",
+                   Solver<T>::getrf_bufferSize(handle.get(), n_int, n_int, lu, n_int, &lwork)));
   T* work;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
   for (int64_t i = 0; i < count; ++i) {
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "getrf",
-        Solver<T>::getrf(handle.get(), n_int, n_int, lu + i * n * n, n_int, work, pivots + i * n,
-                         info + i)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "getrf",
+                     Solver<T>::getrf(handle.get(), n_int, n_int, lu + i * n * n, n_int, work,
+                                      pivots + i * n, info + i)));
   }
   return ffi::Error::Success();
 }
@@ -96,8 +51,8 @@ template <typename T>
 ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const GesvShape& shape,
                  const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
                  ffi::AnyBuffer& info) {
-  const int64_t x_count = lapack::Product(shape.x_batch), n = shape.n, nrhs = shape.nrhs;
-  const int64_t a_count = lapack::Product(shape.a_batch), x_size = n * nrhs;
+  const int64_t x_count = Product(shape.x_batch), n = shape.n, nrhs = shape.nrhs;
+  const int64_t a_count = Product(shape.a_batch), x_size = n * nrhs;
   int32_t* info_data = Data<int32_t>(info);
   if (x_count == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, x_count);  // x is empty
@@ -112,15 +67,12 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
   BATCHPART_RETURN_IF_ERROR(FactorAll<T>(stream, scratch, a_count, n, lu, pivots, a_info));
 
   BroadcastIndex a_index, b_index;
-  BATCHPART_RETURN_IF_ERROR(OperandIndex("operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
-  BATCHPART_RETURN_IF_ERROR(OperandIndex("operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
-  if (lapack::Product(shape.b_batch) == x_count) {
-    BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(b), x_data, x_count * x_size));
-  } else {
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "BroadcastCopy",
-        BroadcastCopy(stream, Data<T>(b), x_size, b_index, x_count, x_data)));
-  }
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
+  BATCHPART_RETURN_IF_ERROR(
+      CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, x_count, x_size, x_data));
 
   const int n_int = static_cast<int>(n), nrhs_int = static_cast<int>(nrhs);
   if (nrhs == 0) {
@@ -138,20 +90,21 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", x_count, &x_ptrs));
     BATCHPART_RETURN_IF_ERROR(CudaStatus(
         kTarget, "MakePointers", MakePointers(stream, lu, n * n, a_index, x_count, a_ptrs)));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers",
-        MakePointers(stream, x_data, x_size, IdentityIndex(x_count), x_count, x_ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "MakePointers",
+                   MakePointers(stream, x_data, x_size, IdentityIndex(x_count), x_count, x_ptrs)));
     BlasHandle handle;
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(x_count, [&](int64_t begin, int chunk) {
       int argument_info = 0;  // host: nonzero only for an invalid argument
-      BATCHPART_RETURN_IF_ERROR(BlasStatus(
-          kTarget, "getrsBatched",
-          Solver<T>::getrsBatched(handle.get(), CUBLAS_OP_N, n_int, nrhs_int, a_ptrs + begin,
-                                  n_int, x_pivots + begin * n, x_ptrs + begin, n_int,
-                                  &argument_info, chunk)));
+      BATCHPART_RETURN_IF_ERROR(
+          BlasStatus(kTarget, "getrsBatched",
+                     Solver<T>::getrsBatched(handle.get(), CUBLAS_OP_N, n_int, nrhs_int,
+                                             a_ptrs + begin, n_int, x_pivots + begin * n,
+                                             x_ptrs + begin, n_int, &argument_info, chunk)));
       if (argument_info != 0) {
-        return ffi::Error::Internal(std::string(kTarget) + ": cuBLAS getrsBatched rejected argument " +
+        return ffi::Error::Internal(std::string(kTarget) +
+                                    ": cuBLAS getrsBatched rejected argument " +
                                     std::to_string(-argument_info));
       }
       return ffi::Error::Success();
@@ -177,8 +130,7 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
 ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                     ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x,
                     ffi::Result<ffi::AnyBuffer> info) {
-  GesvShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, b, *x, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Solve<T>(stream, scratch, shape, a, b, *x, *info);
@@ -188,12 +140,8 @@ ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesvCuda, GesvImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Arg<ffi::AnyBuffer>()   // b
-                                  .Ret<ffi::AnyBuffer>()   // x
-                                  .Ret<ffi::AnyBuffer>());  // info
+                              BindGesv(ffi::Ffi::Bind()
+                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                           .Ctx<ffi::ScratchAllocator>()));  // info
 
 }  // namespace batchpart::cusolver

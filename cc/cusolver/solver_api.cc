@@ -66,28 +66,21 @@ struct Pool {
 ffi::Error CudaStatus(const char* target, const char* what, cudaError_t status) {
   if (status == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string(target) + ": " + what + " failed: " +
-                              cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
-                              ")");
+                              cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
 }
 
 ffi::Error SolverStatus(const char* target, const char* what, cusolverStatus_t status) {
   if (status == CUSOLVER_STATUS_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(target) + ": cuSOLVER " + what + " failed: " +
-                              SolverStatusName(status) + " (" +
+  return ffi::Error::Internal(std::string(target) + ": cuSOLVER " + what +
+                              " failed: " + SolverStatusName(status) + " (" +
                               std::to_string(static_cast<int>(status)) + ")");
 }
 
 ffi::Error BlasStatus(const char* target, const char* what, cublasStatus_t status) {
   if (status == CUBLAS_STATUS_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(target) + ": cuBLAS " + what + " failed: " +
-                              cublasGetStatusName(status) + " (" +
+  return ffi::Error::Internal(std::string(target) + ": cuBLAS " + what +
+                              " failed: " + cublasGetStatusName(status) + " (" +
                               cublasGetStatusString(status) + ")");
-}
-
-ffi::Error ExpectInt(const char* target, const char* what, int64_t value) {
-  if (value <= std::numeric_limits<int>::max()) return ffi::Error::Success();
-  return lapack::InvalidArgument(target, std::string(what) + " = " + std::to_string(value) +
-                                             " exceeds cuSOLVER's 32-bit integer range");
 }
 
 void ReturnHandle(cudaStream_t stream, cusolverDnHandle_t handle) {
@@ -122,8 +115,8 @@ ffi::Error BorrowBlas(const char* target, cudaStream_t stream, BlasHandle* out) 
   return ffi::Error::Success();
 }
 
-ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch,
-                              Dims in_batch, BroadcastIndex* index) {
+ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch, Dims in_batch,
+                              BroadcastIndex* index) {
   // The operand's stride for every output dim (0 where it is broadcast),
   // as cc/common/batch_broadcast.h computes it.
   const size_t rank = out_batch.size(), offset = rank - in_batch.size();
@@ -148,11 +141,10 @@ ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_bat
     }
   }
   if (dims.size() > static_cast<size_t>(kMaxBroadcastRank)) {
-    return lapack::InvalidArgument(
-        target, std::string("the broadcast of ") + what + "'s batch dims " +
-                    lapack::DimsToString(in_batch) + " over " + lapack::DimsToString(out_batch) +
-                    " needs more than " + std::to_string(kMaxBroadcastRank) +
-                    " dims on the GPU; reshape the batch dims");
+    return InvalidArgument(target, std::string("the broadcast of ") + what + "'s batch dims " +
+                                       DimsToString(in_batch) + " over " + DimsToString(out_batch) +
+                                       " needs more than " + std::to_string(kMaxBroadcastRank) +
+                                       " dims on the GPU; reshape the batch dims");
   }
   *index = BroadcastIndex{};
   index->rank = static_cast<int>(dims.size());
@@ -161,6 +153,15 @@ ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_bat
     index->strides[d] = kept[d];
   }
   return ffi::Error::Success();
+}
+
+ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch, Dims out_batch,
+                        int64_t count, BroadcastIndex* index) {
+  if (Product(operand_batch) == count) {
+    *index = IdentityIndex(count);
+    return ffi::Error::Success();
+  }
+  return MakeBroadcastIndex(target, what, out_batch, operand_batch, index);
 }
 
 BroadcastIndex IdentityIndex(int64_t count) {

@@ -2,33 +2,30 @@
 // type, status checks that name the target, handle pools, scratch memory from
 // XLA's FFI allocator, dtype dispatch and broadcast maps.
 //
-// The shape/dtype validation is the CPU kernels' (lapack/kernel_helpers.h),
-// so a malformed call gets the same message on both platforms.
+// Validation and messages are every platform's (common/contracts.h,
+// common/ffi_helpers.h), so a malformed call gets the same message on the
+// CPU and the GPU.
 #ifndef BATCHPART_CUSOLVER_SOLVER_API_H_
 #define BATCHPART_CUSOLVER_SOLVER_API_H_
 
-#include <cublas_v2.h>
 #include <cuComplex.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "common/ffi_helpers.h"
 #include "cusolver/device_kernels.h"
-#include "lapack/kernel_helpers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace batchpart::cusolver {
-
-namespace ffi = xla::ffi;
-using lapack::Dims;
-using lapack::TypeTag;
 
 // ---- per-type entry points ---------------------------------------------------
 
@@ -38,34 +35,32 @@ using lapack::TypeTag;
 template <typename T>
 struct Solver;
 
-#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                      \
-  template <>                                                                        \
-  struct Solver<T> {                                                                 \
-    using Real = R;                                                                  \
-    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;       \
-    static constexpr auto potrf = &cusolverDn##P##potrf;                             \
-    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;               \
-    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;       \
-    static constexpr auto getrf = &cusolverDn##P##getrf;                             \
-    static constexpr auto getrs = &cusolverDn##P##getrs;                             \
-    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;       \
-    static constexpr auto geqrf = &cusolverDn##P##geqrf;                             \
-    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;     \
-    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                           \
-    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;     \
-    static constexpr auto syevd = &cusolverDn##P##SY##evd;                           \
-    static constexpr auto syevjBatched_bufferSize =                                  \
-        &cusolverDn##P##SY##evjBatched_bufferSize;                                   \
-    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;             \
-    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;       \
-    static constexpr auto gesvd = &cusolverDn##P##gesvd;                             \
-    static constexpr auto gesvdjBatched_bufferSize =                                 \
-        &cusolverDn##P##gesvdjBatched_bufferSize;                                    \
-    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;             \
-    static constexpr auto trsm = &cublas##P##trsm_v2;                                \
-    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                     \
-    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                   \
-    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                   \
+#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                                \
+  template <>                                                                                  \
+  struct Solver<T> {                                                                           \
+    using Real = R;                                                                            \
+    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;                 \
+    static constexpr auto potrf = &cusolverDn##P##potrf;                                       \
+    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;                         \
+    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;                 \
+    static constexpr auto getrf = &cusolverDn##P##getrf;                                       \
+    static constexpr auto getrs = &cusolverDn##P##getrs;                                       \
+    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;                 \
+    static constexpr auto geqrf = &cusolverDn##P##geqrf;                                       \
+    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;               \
+    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                                     \
+    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;               \
+    static constexpr auto syevd = &cusolverDn##P##SY##evd;                                     \
+    static constexpr auto syevjBatched_bufferSize = &cusolverDn##P##SY##evjBatched_bufferSize; \
+    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;                       \
+    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;                 \
+    static constexpr auto gesvd = &cusolverDn##P##gesvd;                                       \
+    static constexpr auto gesvdjBatched_bufferSize = &cusolverDn##P##gesvdjBatched_bufferSize; \
+    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;                       \
+    static constexpr auto trsm = &cublas##P##trsm_v2;                                          \
+    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                               \
+    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                             \
+    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                             \
   };
 
 BATCHPART_SOLVER_TABLE(float, float, S, sy, or)
@@ -89,21 +84,18 @@ T HostOne() {
   }
 }
 
+// cuSOLVER's scalar types: its own complex types in place of std::complex.
+struct CudaScalars {
+  using F32 = float;
+  using F64 = double;
+  using C64 = cuComplex;
+  using C128 = cuDoubleComplex;
+};
+
 // Calls fn(TypeTag<T>{}) with T the cuSOLVER type of `dtype`.
 template <typename Fn>
 ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
-  switch (dtype) {
-    case ffi::DataType::F32:
-      return fn(TypeTag<float>{});
-    case ffi::DataType::F64:
-      return fn(TypeTag<double>{});
-    case ffi::DataType::C64:
-      return fn(TypeTag<cuComplex>{});
-    case ffi::DataType::C128:
-      return fn(TypeTag<cuDoubleComplex>{});
-    default:
-      return lapack::ExpectLinalgDtype(target, dtype);
-  }
+  return batchpart::DispatchByDtype<CudaScalars>(target, dtype, std::forward<Fn>(fn));
 }
 
 // ---- status checks (solver_api.cc) -------------------------------------------
@@ -111,9 +103,6 @@ ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
 ffi::Error CudaStatus(const char* target, const char* what, cudaError_t status);
 ffi::Error SolverStatus(const char* target, const char* what, cusolverStatus_t status);
 ffi::Error BlasStatus(const char* target, const char* what, cublasStatus_t status);
-
-// `value` (a dim, a batch or a workspace size) fits cuSOLVER's 32-bit int.
-ffi::Error ExpectInt(const char* target, const char* what, int64_t value);
 
 // ---- handles -------------------------------------------------------------------
 
@@ -189,8 +178,7 @@ T* Data(const ffi::AnyBuffer& buffer) {
 }
 
 // Sets `count` int32 values to 0.
-inline ffi::Error ZeroInts(const char* target, cudaStream_t stream, int32_t* data,
-                           int64_t count) {
+inline ffi::Error ZeroInts(const char* target, cudaStream_t stream, int32_t* data, int64_t count) {
   if (count == 0) return ffi::Error::Success();
   return CudaStatus(target, "cudaMemsetAsync",
                     cudaMemsetAsync(data, 0, static_cast<size_t>(count) * sizeof(int32_t), stream));
@@ -207,16 +195,42 @@ ffi::Error CopyIfDistinct(const char* target, cudaStream_t stream, const T* src,
                                     cudaMemcpyDeviceToDevice, stream));
 }
 
+// The parameters of a Jacobi solver (syevjInfo_t, gesvdjInfo_t), destroyed
+// with their scope.
+template <typename Info, cusolverStatus_t (*Destroy)(Info)>
+struct JacobiParams {
+  JacobiParams() = default;
+  JacobiParams(const JacobiParams&) = delete;
+  JacobiParams& operator=(const JacobiParams&) = delete;
+  ~JacobiParams() {
+    if (params != nullptr) Destroy(params);
+  }
+  Info params = nullptr;
+};
+
 // ---- broadcasting --------------------------------------------------------------
 
 // The device map from the output batch (out_batch) to an operand's batch
 // elements (in_batch, right-aligned, size-1 dims broadcast). Dims of size 1
 // are dropped and adjacent dims merged where the operand's strides allow, so
 // that the map fits kMaxBroadcastRank; INVALID_ARGUMENT if it does not.
-ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch,
-                              Dims in_batch, BroadcastIndex* index);
+ffi::Error MakeBroadcastIndex(const char* target, const char* what, Dims out_batch, Dims in_batch,
+                              BroadcastIndex* index);
 // The identity map over `count` elements.
 BroadcastIndex IdentityIndex(int64_t count);
+// An operand's map: the identity where its batch has `count` elements (the
+// output's), else MakeBroadcastIndex's.
+ffi::Error OperandIndex(const char* target, const char* what, Dims operand_batch, Dims out_batch,
+                        int64_t count, BroadcastIndex* index);
+
+// Fills `count` output matrices of `size` elements with operand b's: one
+// copy where b's batch is the output's, else through b's broadcast map.
+template <typename T>
+ffi::Error CopyBroadcast(const char* target, cudaStream_t stream, const T* b, Dims b_batch,
+                         const BroadcastIndex& b_index, int64_t count, int64_t size, T* x) {
+  if (Product(b_batch) == count) return CopyIfDistinct(target, stream, b, x, count * size);
+  return CudaStatus(target, "BroadcastCopy", BroadcastCopy(stream, b, size, b_index, count, x));
+}
 
 // cuSOLVER/cuBLAS batched calls take an int batch count; this walks [0,
 // total) in chunks that fit.
@@ -231,9 +245,8 @@ ffi::Error ForEachBatchChunk(int64_t total, Fn&& fn) {
 
 // Whether a batch goes to a batched routine (one call, pointer arrays) or to
 // a loop of per-matrix calls: batched when there are enough matrices for
-// their size. This is jaxlib's rule for LU (jaxlib/gpu/solver_kernels_ffi.cc:
-// batch > 1 && n / batch <= 128); batchpart applies it to potrfBatched,
-// getrfBatched and getrsBatched alike.
+// their size. This is jaxlib's rule for LU (batch > 1 && n / batch <= 128);
+// batchpart applies it to potrfBatched, getrfBatched and getrsBatched alike.
 inline bool UseBatched(int64_t n, int64_t batch) { return batch > 1 && n / batch <= 128; }
 
 // The largest matrices cuSOLVER's Jacobi batched routines take

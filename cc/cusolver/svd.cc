@@ -8,51 +8,7 @@
 namespace batchpart::cusolver {
 namespace {
 
-constexpr char kTarget[] = "batchpart_svd";
-
-struct SvdShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t u_cols;   // m (full), k (reduced) or 0 (no U/Vt)
-  int64_t vt_rows;  // n (full), k (reduced) or 0 (no U/Vt)
-  bool compute_uv, full_matrices;
-};
-
-SvdShape MakeShape(Dims dims, bool full_matrices, bool compute_uv) {
-  SvdShape s;
-  s.batch = lapack::BatchDims(dims, 2);
-  s.m = dims[dims.size() - 2];
-  s.n = dims.back();
-  s.k = std::min(s.m, s.n);
-  s.u_cols = !compute_uv ? 0 : full_matrices ? s.m : s.k;
-  s.vt_rows = !compute_uv ? 0 : full_matrices ? s.n : s.k;
-  s.compute_uv = compute_uv;
-  s.full_matrices = full_matrices;
-  return s;
-}
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi::AnyBuffer& u,
-                    const ffi::AnyBuffer& vt, const ffi::AnyBuffer& info, const SvdShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectInt(kTarget, "n", shape.n));
-  const ffi::DataType dtype = a.element_type();
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(kTarget, "result s", s,
-                                                 lapack::WithCore(shape.batch, {shape.k}),
-                                                 lapack::RealDtype(dtype)));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(
-      kTarget, "result u", u, lapack::WithCore(shape.batch, {shape.m, shape.u_cols}), dtype));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectBuffer(
-      kTarget, "result vt", vt, lapack::WithCore(shape.batch, {shape.vt_rows, shape.n}), dtype));
-  return lapack::ExpectBuffer(kTarget, "result info", info, lapack::WithCore(shape.batch, {}),
-                              ffi::DataType::S32);
-}
-
-struct GesvdjParams {
-  ~GesvdjParams() {
-    if (params != nullptr) cusolverDnDestroyGesvdjInfo(params);
-  }
-  gesvdjInfo_t params = nullptr;
-};
+constexpr const char* kTarget = kSvdTarget;
 
 // Matrices of at most 32 x 32: gesvdjBatched (Jacobi) on all of them at
 // once. It computes full U (m x m) and V (n x n) into scratch; u takes U's
@@ -65,7 +21,7 @@ ffi::Error SmallSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
   T *u_full, *v_full;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "U", batch * m * m, &u_full));
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "V", batch * n * n, &v_full));
-  GesvdjParams params;
+  JacobiParams<gesvdjInfo_t, cusolverDnDestroyGesvdjInfo> params;
   BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnCreateGesvdjInfo",
                                          cusolverDnCreateGesvdjInfo(&params.params)));
   BATCHPART_RETURN_IF_ERROR(SolverStatus(kTarget, "cusolverDnXgesvdjSetSortEig",
@@ -79,18 +35,18 @@ ffi::Error SmallSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
     T* chunk_u = u_full + begin * m * m;
     T* chunk_v = v_full + begin * n * n;
     int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "gesvdjBatched_bufferSize",
-        Solver<T>::gesvdjBatched_bufferSize(handle.get(), jobz, m_int, n_int, chunk, m_int,
-                                            chunk_s, chunk_u, m_int, chunk_v, n_int, &lwork,
-                                            params.params, count)));
+    BATCHPART_RETURN_IF_ERROR(
+        SolverStatus(kTarget, "gesvdjBatched_bufferSize",
+                     Solver<T>::gesvdjBatched_bufferSize(handle.get(), jobz, m_int, n_int, chunk,
+                                                         m_int, chunk_s, chunk_u, m_int, chunk_v,
+                                                         n_int, &lwork, params.params, count)));
     T* lapack_work;
     BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "gesvdj workspace", lwork, &lapack_work));
-    return SolverStatus(kTarget, "gesvdjBatched",
-                        Solver<T>::gesvdjBatched(handle.get(), jobz, m_int, n_int, chunk, m_int,
-                                                 chunk_s, chunk_u, m_int, chunk_v, n_int,
-                                                 lapack_work, lwork, info + begin, params.params,
-                                                 count));
+    return SolverStatus(
+        kTarget, "gesvdjBatched",
+        Solver<T>::gesvdjBatched(handle.get(), jobz, m_int, n_int, chunk, m_int, chunk_s, chunk_u,
+                                 m_int, chunk_v, n_int, lapack_work, lwork, info + begin,
+                                 params.params, count));
   }));
   if (!shape.compute_uv) return ffi::Error::Success();
   const int64_t u_size = m * shape.u_cols, vt_size = shape.vt_rows * n;
@@ -114,9 +70,9 @@ ffi::Error LargeSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
   const int64_t rows = wide ? n : m, cols = wide ? m : n, size = m * n;
   const int rows_int = static_cast<int>(rows), cols_int = static_cast<int>(cols);
   int lwork = 0;
-  BATCHPART_RETURN_IF_ERROR(SolverStatus(
-      kTarget, "gesvd_bufferSize",
-      Solver<T>::gesvd_bufferSize(handle.get(), rows_int, cols_int, &lwork)));
+  BATCHPART_RETURN_IF_ERROR(
+      SolverStatus(kTarget, "gesvd_bufferSize",
+                   Solver<T>::gesvd_bufferSize(handle.get(), rows_int, cols_int, &lwork)));
   T* lapack_work;
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "gesvd workspace", lwork, &lapack_work));
   const signed char job_reduced = shape.compute_uv ? 'S' : 'N';
@@ -154,20 +110,19 @@ ffi::Error LargeSvd(cudaStream_t stream, ffi::ScratchAllocator& scratch, SolverH
                          cols_int, lapack_work, lwork, nullptr, info + b)));
   }
   if (!shape.compute_uv) return ffi::Error::Success();
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "ConjugateTranspose",
-      ConjugateTranspose(stream, vt_prime, m, vt_prime_size, u, m, u_size, m, shape.u_cols,
-                         batch)));
+  BATCHPART_RETURN_IF_ERROR(CudaStatus(kTarget, "ConjugateTranspose",
+                                       ConjugateTranspose(stream, vt_prime, m, vt_prime_size, u, m,
+                                                          u_size, m, shape.u_cols, batch)));
   return CudaStatus(kTarget, "ConjugateTranspose",
-                    ConjugateTranspose(stream, u_prime, n, u_prime_size, vt, shape.vt_rows,
-                                       vt_size, shape.vt_rows, n, batch));
+                    ConjugateTranspose(stream, u_prime, n, u_prime_size, vt, shape.vt_rows, vt_size,
+                                       shape.vt_rows, n, batch));
 }
 
 template <typename T>
 ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const SvdShape& shape,
                      const ffi::AnyBuffer& a, ffi::AnyBuffer& s, ffi::AnyBuffer& u,
                      ffi::AnyBuffer& vt, ffi::AnyBuffer& info) {
-  const int64_t batch = lapack::Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
+  const int64_t batch = Product(shape.batch), m = shape.m, n = shape.n, k = shape.k;
   if (batch == 0) return ffi::Error::Success();
   GpuReal<T>* s_data = Data<GpuReal<T>>(s);
   T* u_data = Data<T>(u);
@@ -175,13 +130,12 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   int32_t* info_data = Data<int32_t>(info);
   const int64_t u_size = m * shape.u_cols, vt_size = shape.vt_rows * n;
   if (k == 0) {  // nothing to decompose; U and Vt are identities (as numpy)
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "FillIdentityColumns",
+                   FillIdentityColumns(stream, u_data, m, u_size, m, 0, shape.u_cols, batch)));
     BATCHPART_RETURN_IF_ERROR(CudaStatus(
         kTarget, "FillIdentityColumns",
-        FillIdentityColumns(stream, u_data, m, u_size, m, 0, shape.u_cols, batch)));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "FillIdentityColumns",
-        FillIdentityColumns(stream, vt_data, shape.vt_rows, vt_size, shape.vt_rows, 0, n,
-                            batch)));
+        FillIdentityColumns(stream, vt_data, shape.vt_rows, vt_size, shape.vt_rows, 0, n, batch)));
     return ZeroInts(kTarget, stream, info_data, batch);
   }
 
@@ -194,25 +148,25 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "a copy", batch * m * n, &work));
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "flags", batch, &flags));
   if (transposed) {
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "ConjugateTranspose",
-        ConjugateTranspose(stream, Data<T>(a), m, m * n, work, n, m * n, n, m, batch)));
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "ConjugateTranspose",
+                   ConjugateTranspose(stream, Data<T>(a), m, m * n, work, n, m * n, n, m, batch)));
   } else {
     BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), work, batch * m * n));
   }
-  BATCHPART_RETURN_IF_ERROR(CudaStatus(
-      kTarget, "SanitizeNonFinite",
-      SanitizeNonFinite(stream, work, transposed ? n : m, transposed ? m : n, batch, Region::kAll,
-                        flags)));
+  BATCHPART_RETURN_IF_ERROR(
+      CudaStatus(kTarget, "SanitizeNonFinite",
+                 SanitizeNonFinite(stream, work, transposed ? n : m, transposed ? m : n, batch,
+                                   Region::kAll, flags)));
 
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
   if (small) {
-    BATCHPART_RETURN_IF_ERROR(
-        SmallSvd<T>(stream, scratch, handle, shape, batch, work, s_data, u_data, vt_data, info_data));
+    BATCHPART_RETURN_IF_ERROR(SmallSvd<T>(stream, scratch, handle, shape, batch, work, s_data,
+                                          u_data, vt_data, info_data));
   } else {
-    BATCHPART_RETURN_IF_ERROR(
-        LargeSvd<T>(stream, scratch, handle, shape, batch, work, s_data, u_data, vt_data, info_data));
+    BATCHPART_RETURN_IF_ERROR(LargeSvd<T>(stream, scratch, handle, shape, batch, work, s_data,
+                                          u_data, vt_data, info_data));
   }
   return CudaStatus(kTarget, "FinishDecomposition",
                     FinishDecomposition<T>(stream, flags, info_data, batch, s_data, k, u_data,
@@ -223,10 +177,8 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
                    ffi::Result<ffi::AnyBuffer> s, ffi::Result<ffi::AnyBuffer> u,
                    ffi::Result<ffi::AnyBuffer> vt, ffi::Result<ffi::AnyBuffer> info,
                    bool full_matrices, bool compute_uv) {
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(lapack::ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const SvdShape shape = MakeShape(a.dimensions(), full_matrices, compute_uv);
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *s, *u, *vt, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const SvdShape shape,
+                             ValidateSvd(a, *s, *u, *vt, *info, full_matrices, compute_uv));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(stream, scratch, shape, a, *s, *u, *vt, *info);
@@ -236,15 +188,8 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvdCuda, SvdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // s
-                                  .Ret<ffi::AnyBuffer>()  // u
-                                  .Ret<ffi::AnyBuffer>()  // vt
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("full_matrices")
-                                  .Attr<bool>("compute_uv"));
+                              BindSvd(ffi::Ffi::Bind()
+                                          .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                          .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace batchpart::cusolver

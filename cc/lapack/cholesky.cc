@@ -9,25 +9,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_potrf";
-
-struct CholeskyShape {
-  Dims batch;
-  int64_t n;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
-                    const ffi::AnyBuffer& info, CholeskyShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
-  shape.batch = BatchDims(a.dimensions(), 2);
-  shape.n = a.dimensions().back();
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result factor", factor,
-                                         WithCore(shape.batch, {shape.n, shape.n}),
-                                         a.element_type()));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
-}
+constexpr const char* kTarget = kPotrfTarget;
 
 // Factors one matrix in place. A matrix that is not positive definite
 // (including one holding NaNs: potrf rejects a NaN pivot) becomes all NaN,
@@ -64,8 +46,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
 ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> factor,
                      ffi::Result<ffi::AnyBuffer> info, bool lower) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  CholeskyShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *factor, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Factor<T>(pool, shape, lower, a, *factor, *info);
@@ -75,11 +56,6 @@ ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrf, PotrfImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // factor
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("lower"));
+                              BindPotrf(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

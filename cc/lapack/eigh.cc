@@ -10,32 +10,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_eigh";
-// info for a matrix refused because it holds NaN/Inf (see kernels.h).
-constexpr int32_t kNonFiniteInfo = -4;
-
-struct EighShape {
-  Dims batch;
-  int64_t n;
-  int64_t v_cols;  // n, or 0 when eigenvectors are not computed
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& v,
-                    const ffi::AnyBuffer& info, bool compute_vectors, EighShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
-  shape.batch = BatchDims(a.dimensions(), 2);
-  shape.n = a.dimensions().back();
-  shape.v_cols = compute_vectors ? shape.n : 0;
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result eigenvalues", w,
-                                         WithCore(shape.batch, {shape.n}),
-                                         RealDtype(a.element_type())));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result eigenvectors", v,
-                                         WithCore(shape.batch, {shape.n, shape.v_cols}),
-                                         a.element_type()));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
-}
+constexpr const char* kTarget = kEighTarget;
 
 // Sizes of syevd's three workspaces (heevd's real one is rwork; syevd has
 // none), from LAPACK's own query.
@@ -148,8 +123,8 @@ ffi::Error EighImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::Any
                     ffi::Result<ffi::AnyBuffer> v, ffi::Result<ffi::AnyBuffer> info, bool lower,
                     bool compute_vectors) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  EighShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *w, *v, *info, compute_vectors, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const EighShape shape,
+                             ValidateEigh(a, *w, *v, *info, compute_vectors));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(pool, shape, lower, a, *w, *v, *info);
@@ -159,13 +134,6 @@ ffi::Error EighImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::Any
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEigh, EighImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // eigenvalues
-                                  .Ret<ffi::AnyBuffer>()  // eigenvectors
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("lower")
-                                  .Attr<bool>("compute_vectors"));
+                              BindEigh(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

@@ -54,8 +54,8 @@ ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi:
 int64_t RealWorkspaceSize(const GesvdShape& s) { return std::max<int64_t>(1, 5 * s.k); }
 
 template <typename T>
-int32_t CallGesvd(const GesvdShape& shape, T* a, Real<T>* s, T* u, T* vt, T* work,
-                  lapack_int lwork, Real<T>* rwork) {
+int32_t CallGesvd(const GesvdShape& shape, T* a, Real<T>* s, T* u, T* vt, T* work, lapack_int lwork,
+                  Real<T>* rwork) {
   char jobu = shape.job, jobvt = shape.job;
   lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
   lapack_int lda = LeadingDim(shape.m), ldu = LeadingDim(shape.m);

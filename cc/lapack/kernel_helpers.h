@@ -1,5 +1,6 @@
-// Shared pieces of the LAPACK kernels: shape/dtype validation that names the
-// target, dtype dispatch, and small column-major matrix utilities.
+// Shared pieces of the LAPACK kernels: the initialization check and small
+// column-major matrix utilities. Validation, messages and dtype dispatch are
+// every platform's (common/ffi_helpers.h, common/contracts.h).
 #ifndef BATCHPART_LAPACK_KERNEL_HELPERS_H_
 #define BATCHPART_LAPACK_KERNEL_HELPERS_H_
 
@@ -8,86 +9,26 @@
 #include <complex>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "common/ffi_helpers.h"
 #include "lapack/lapack_api.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace batchpart::lapack {
 
-namespace ffi = xla::ffi;
-using Dims = ffi::Span<const int64_t>;
+// ---- initialization (kernel_helpers.cc) -------------------------------------
 
-// Returns early from the enclosing function when `expr` is an error.
-#define BATCHPART_RETURN_IF_ERROR(expr)                                     \
-  do {                                                                      \
-    if (::xla::ffi::Error _error = (expr); _error.failure()) return _error; \
-  } while (0)
-
-// ---- messages and validation (kernel_helpers.cc) ---------------------------
-
-std::string DimsToString(Dims dims);
-std::string DimsToString(const std::vector<int64_t>& dims);
-std::string DtypeName(ffi::DataType dtype);
-
-ffi::Error InvalidArgument(const char* target, const std::string& message);
 // The error a kernel returns before batchpart._core.lapack.initialize.
 ffi::Error NotInitialized(const char* target);
 // Checks initialization; call first in every handler.
 ffi::Error CheckInitialized(const char* target);
 
-int64_t Product(Dims dims);
-// `batch` followed by `core`.
-std::vector<int64_t> WithCore(Dims batch, std::initializer_list<int64_t> core);
-// The leading rank - `core_rank` dims.
-Dims BatchDims(Dims dims, size_t core_rank);
-
-// `what` (e.g. "operand a") has rank >= 2.
-ffi::Error ExpectMatrix(const char* target, const char* what, Dims dims);
-// `what` has rank >= 2 and equal last two dims.
-ffi::Error ExpectSquare(const char* target, const char* what, Dims dims);
-ffi::Error ExpectShape(const char* target, const char* what, Dims actual,
-                       const std::vector<int64_t>& expected);
-ffi::Error ExpectDtype(const char* target, const char* what, ffi::DataType actual,
-                       ffi::DataType expected);
-// Shape and dtype of a result (or second operand) both match.
-ffi::Error ExpectBuffer(const char* target, const char* what, const ffi::AnyBuffer& buffer,
-                        const std::vector<int64_t>& shape, ffi::DataType dtype);
-// Whether `operand_batch` broadcasts NumPy-style to `out_batch`.
-ffi::Error ExpectBroadcast(const char* target, const char* what, Dims operand_batch,
-                           Dims out_batch);
-// The operand dtype is one of float32, float64, complex64, complex128.
-ffi::Error ExpectLinalgDtype(const char* target, ffi::DataType dtype);
-// `value` (a matrix dim or workspace size) fits LAPACK's 32-bit integers.
-ffi::Error ExpectLapackInt(const char* target, const char* what, int64_t value);
-// float32 for complex64, float64 for complex128, else the dtype itself.
-ffi::DataType RealDtype(ffi::DataType dtype);
-
-// ---- dtype dispatch ---------------------------------------------------------
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls fn(TypeTag<T>{}) with T the C++ type of `dtype`.
-template <typename Fn>
-ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
-  switch (dtype) {
-    case ffi::DataType::F32:
-      return fn(TypeTag<float>{});
-    case ffi::DataType::F64:
-      return fn(TypeTag<double>{});
-    case ffi::DataType::C64:
-      return fn(TypeTag<std::complex<float>>{});
-    case ffi::DataType::C128:
-      return fn(TypeTag<std::complex<double>>{});
-    default:
-      return ExpectLinalgDtype(target, dtype);
-  }
+// `value` (a matrix dim or workspace size) fits LAPACK's 32-bit integers
+// (lapack_int); the check is the one every platform uses.
+inline ffi::Error ExpectLapackInt(const char* target, const char* what, int64_t value) {
+  return ExpectInt32(target, what, value);
 }
 
 // ---- column-major matrix utilities ----------------------------------------

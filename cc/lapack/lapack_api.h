@@ -72,8 +72,8 @@ struct Lapack {
   using Geqp3Fn = std::conditional_t<kIsComplex<T>, Geqp3ComplexFn, Geqp3RealFn>;
   using GesvdRealFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu,
                            T* vt, L* ldvt, T* work, L* lwork, L* info);
-  using GesvdComplexFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u,
-                              L* ldu, T* vt, L* ldvt, T* work, L* lwork, R* rwork, L* info);
+  using GesvdComplexFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu,
+                              T* vt, L* ldvt, T* work, L* lwork, R* rwork, L* info);
   using GesvdFn = std::conditional_t<kIsComplex<T>, GesvdComplexFn, GesvdRealFn>;
   // BLAS.
   using TrsmFn = void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha, T* a,

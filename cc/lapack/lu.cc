@@ -10,32 +10,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_getrf";
-
-struct LuShape {
-  Dims batch;
-  int64_t m, n, k;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu, const ffi::AnyBuffer& pivots,
-                    const ffi::AnyBuffer& perm, const ffi::AnyBuffer& info, LuShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const Dims dims = a.dimensions();
-  shape.batch = BatchDims(dims, 2);
-  shape.m = dims[dims.size() - 2];
-  shape.n = dims.back();
-  shape.k = std::min(shape.m, shape.n);
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
-      kTarget, "result lu", lu, WithCore(shape.batch, {shape.m, shape.n}), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result pivots", pivots,
-                                         WithCore(shape.batch, {shape.k}), ffi::DataType::S32));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result permutation", perm,
-                                         WithCore(shape.batch, {shape.m}), ffi::DataType::S32));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
-}
+constexpr const char* kTarget = kGetrfTarget;
 
 // Turns getrf's 1-based pivots into 0-based ones and the row permutation
 // they describe (apply the swaps, in order, to 0..m-1). A pivot outside
@@ -83,8 +58,7 @@ ffi::Error GetrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                      ffi::Result<ffi::AnyBuffer> pivots, ffi::Result<ffi::AnyBuffer> perm,
                      ffi::Result<ffi::AnyBuffer> info) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  LuShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *lu, *pivots, *perm, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const LuShape shape, ValidateGetrf(a, *lu, *pivots, *perm, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Factor<T>(pool, shape, a, *lu, *pivots, *perm, *info);
@@ -94,12 +68,6 @@ ffi::Error GetrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrf, GetrfImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()    // a
-                                  .Ret<ffi::AnyBuffer>()    // lu
-                                  .Ret<ffi::AnyBuffer>()    // pivots
-                                  .Ret<ffi::AnyBuffer>()    // permutation
-                                  .Ret<ffi::AnyBuffer>());  // info
+                              BindGetrf(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));  // info
 
 }  // namespace batchpart::lapack

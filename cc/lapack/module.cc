@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/capsules.h"
 #include "lapack/batch_loop.h"
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
@@ -43,13 +44,6 @@ void SetBlasThreadControl(uintptr_t address) {
   SetLocalBlasThreadsFunction(reinterpret_cast<SetLocalBlasThreadsFn>(address));
 }
 
-nb::dict HandlerCapsules() {
-  nb::dict out;
-  for (const auto& [name, fn] : Handlers()) out[name.c_str()] = nb::capsule(fn);
-  for (const auto& [name, fn] : OptionHandlers()) out[name.c_str()] = nb::capsule(fn);
-  return out;
-}
-
 }  // namespace
 
 void DefineLapackSubmodule(nb::module_& parent) {
@@ -58,7 +52,9 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Takes LAPACK/BLAS function pointers from scipy.linalg.cython_lapack.__pyx_capi__ and "
         "scipy.linalg.cython_blas.__pyx_capi__. Raises ValueError if a routine is missing.");
   m.def("initialized", &LapackInitialized);
-  m.def("handlers", &HandlerCapsules, "{target name: XLA FFI handler capsule}");
+  m.def(
+      "handlers", [] { return HandlerCapsules(Handlers()); },
+      "{target name: XLA FFI handler capsule}, one per target of the CPU registration table");
   m.def("set_intra_op_parallelism", &SetIntraOpParallelism, nb::arg("enabled"),
         "Lets batch loops use XLA's intra-op thread pool (default) or forces them serial.");
   m.def("intra_op_parallelism", &IntraOpParallelism);

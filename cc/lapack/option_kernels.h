@@ -42,23 +42,6 @@
 
 #include "xla/ffi/api/api.h"
 
-namespace batchpart::lapack {
-
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqrf);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqp3);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvd);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartPosv);
-
-// (target name, XLA_FFI_Handler*) for every kernel above.
-inline std::vector<std::pair<std::string, void*>> OptionHandlers() {
-  return {
-      {"batchpart_geqrf", reinterpret_cast<void*>(BatchpartGeqrf)},
-      {"batchpart_geqp3", reinterpret_cast<void*>(BatchpartGeqp3)},
-      {"batchpart_gesvd", reinterpret_cast<void*>(BatchpartGesvd)},
-      {"batchpart_posv", reinterpret_cast<void*>(BatchpartPosv)},
-  };
-}
-
-}  // namespace batchpart::lapack
+namespace batchpart::lapack {}  // namespace batchpart::lapack
 
 #endif  // BATCHPART_LAPACK_OPTION_KERNELS_H_

@@ -68,9 +68,8 @@ void Factor(int64_t n_, char uplo, const T* a, int64_t a_index, FactorCache<T>& 
 }
 
 template <typename T>
-ffi::Error Solve(ffi::ThreadPool& pool, const PosvShape& shape, bool lower,
-                 const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
-                 ffi::AnyBuffer& info) {
+ffi::Error Solve(ffi::ThreadPool& pool, const PosvShape& shape, bool lower, const ffi::AnyBuffer& a,
+                 const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
   const int64_t n = shape.n, a_size = n * n, x_size = n * shape.nrhs;

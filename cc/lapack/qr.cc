@@ -10,32 +10,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_qr";
-
-struct QrShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t q_cols;  // m (full) or k (reduced)
-  int64_t r_rows;  // m (full) or k (reduced)
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q, const ffi::AnyBuffer& r,
-                    bool full_matrices, QrShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const Dims dims = a.dimensions();
-  shape.batch = BatchDims(dims, 2);
-  shape.m = dims[dims.size() - 2];
-  shape.n = dims.back();
-  shape.k = std::min(shape.m, shape.n);
-  shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
-      kTarget, "result q", q, WithCore(shape.batch, {shape.m, shape.q_cols}), a.element_type()));
-  return ExpectBuffer(kTarget, "result r", r, WithCore(shape.batch, {shape.r_rows, shape.n}),
-                      a.element_type());
-}
+constexpr const char* kTarget = kQrTarget;
 
 // One workspace serves both routines: the larger of their queried sizes.
 template <typename T>
@@ -98,8 +73,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
 ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,
                   ffi::Result<ffi::AnyBuffer> r, bool full_matrices) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  QrShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *q, *r, full_matrices, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const QrShape shape, ValidateQr(a, *q, *r, full_matrices));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Factor<T>(pool, shape, a, *q, *r);
@@ -108,12 +82,6 @@ ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // q
-                                  .Ret<ffi::AnyBuffer>()  // r
-                                  .Attr<bool>("full_matrices"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl, BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

@@ -71,8 +71,8 @@ ffi::Error GeqrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kGeqrfTarget));
   QrOptionShape shape;
   BATCHPART_RETURN_IF_ERROR(ReadShape(kGeqrfTarget, a, false, shape));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqrfTarget, "result h", *h, WithCore(shape.batch,
-                                         {shape.m, shape.n}), a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
+      kGeqrfTarget, "result h", *h, WithCore(shape.batch, {shape.m, shape.n}), a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqrfTarget, "result tau", *tau,
                                          WithCore(shape.batch, {shape.k}), a.element_type()));
   return DispatchByDtype(kGeqrfTarget, a.element_type(), [&](auto tag) {
@@ -200,8 +200,8 @@ ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGeqrf, GeqrfImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()   // a
-                                  .Ret<ffi::AnyBuffer>()   // h
+                                  .Arg<ffi::AnyBuffer>()    // a
+                                  .Ret<ffi::AnyBuffer>()    // h
                                   .Ret<ffi::AnyBuffer>());  // tau
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGeqp3, Geqp3Impl,

@@ -12,40 +12,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_gesv";
-
-struct GesvShape {
-  Dims a_batch, b_batch, x_batch;
-  int64_t n, nrhs;
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& x,
-                    const ffi::AnyBuffer& info, GesvShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand b", b.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "result x", x.dimensions()));
-  const Dims b_dims = b.dimensions();
-  shape.n = a.dimensions().back();
-  shape.nrhs = b_dims.back();
-  shape.a_batch = BatchDims(a.dimensions(), 2);
-  shape.b_batch = BatchDims(b_dims, 2);
-  shape.x_batch = BatchDims(x.dimensions(), 2);
-  if (b_dims[b_dims.size() - 2] != shape.n) {
-    return InvalidArgument(kTarget, "operand b of shape " + DimsToString(b_dims) +
-                                        " does not fit a of shape " + DimsToString(a.dimensions()) +
-                                        " (b's rows must equal a's size)");
-  }
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b columns", shape.nrhs));
-  BATCHPART_RETURN_IF_ERROR(ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
-      kTarget, "result x", x, WithCore(shape.x_batch, {shape.n, shape.nrhs}), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(
-      ExpectBuffer(kTarget, "result info", info, WithCore(shape.x_batch, {}), ffi::DataType::S32));
-  BATCHPART_RETURN_IF_ERROR(ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
-  return ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
-}
+constexpr const char* kTarget = kGesvTarget;
 
 // A chunk's LU of the A it factored last. When A is broadcast against many
 // right-hand sides, consecutive batch elements share it, and it is factored
@@ -111,8 +78,7 @@ ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBu
 ffi::Error GesvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> x, ffi::Result<ffi::AnyBuffer> info) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  GesvShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, b, *x, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Solve<T>(pool, shape, a, b, *x, *info);
@@ -122,11 +88,6 @@ ffi::Error GesvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesv, GesvImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()    // a
-                                  .Arg<ffi::AnyBuffer>()    // b
-                                  .Ret<ffi::AnyBuffer>()    // x
-                                  .Ret<ffi::AnyBuffer>());  // info
+                              BindGesv(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));  // info
 
 }  // namespace batchpart::lapack

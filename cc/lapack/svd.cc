@@ -10,42 +10,11 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_svd";
-// info for a matrix refused because it holds NaN/Inf (see kernels.h).
-constexpr int32_t kNonFiniteInfo = -4;
+constexpr const char* kTarget = kSvdTarget;
 
-struct SvdShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t u_cols;   // m (full), k (reduced) or 0 (no U/Vt)
-  int64_t vt_rows;  // n (full), k (reduced) or 0 (no U/Vt)
-  char jobz;        // gesdd's 'A', 'S' or 'N'
-};
-
-SvdShape MakeShape(Dims dims, bool full_matrices, bool compute_uv) {
-  SvdShape s;
-  s.batch = BatchDims(dims, 2);
-  s.m = dims[dims.size() - 2];
-  s.n = dims.back();
-  s.k = std::min(s.m, s.n);
-  s.jobz = !compute_uv ? 'N' : full_matrices ? 'A' : 'S';
-  s.u_cols = !compute_uv ? 0 : full_matrices ? s.m : s.k;
-  s.vt_rows = !compute_uv ? 0 : full_matrices ? s.n : s.k;
-  return s;
-}
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s, const ffi::AnyBuffer& u,
-                    const ffi::AnyBuffer& vt, const ffi::AnyBuffer& info, const SvdShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "m", shape.m));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "n", shape.n));
-  const ffi::DataType dtype = a.element_type();
-  BATCHPART_RETURN_IF_ERROR(
-      ExpectBuffer(kTarget, "result s", s, WithCore(shape.batch, {shape.k}), RealDtype(dtype)));
-  BATCHPART_RETURN_IF_ERROR(
-      ExpectBuffer(kTarget, "result u", u, WithCore(shape.batch, {shape.m, shape.u_cols}), dtype));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kTarget, "result vt", vt,
-                                         WithCore(shape.batch, {shape.vt_rows, shape.n}), dtype));
-  return ExpectBuffer(kTarget, "result info", info, WithCore(shape.batch, {}), ffi::DataType::S32);
+// gesdd's job: all of U and Vt, their first k columns / rows, or neither.
+char Jobz(const SvdShape& shape) {
+  return !shape.compute_uv ? 'N' : shape.full_matrices ? 'A' : 'S';
 }
 
 // gesdd's leading dimension of Vt: its row count, but at least 1.
@@ -55,7 +24,7 @@ lapack_int VtLeadingDim(const SvdShape& shape) { return LeadingDim(shape.vt_rows
 // have no LAPACK query; these are the minimum sizes gesdd documents (7k for
 // jobz = 'N' covers LAPACK releases before 3.7, which needed more than 5k).
 int64_t RealWorkspaceSize(const SvdShape& s) {
-  if (s.jobz == 'N') return std::max<int64_t>(1, 7 * s.k);
+  if (!s.compute_uv) return std::max<int64_t>(1, 7 * s.k);
   const int64_t mx = std::max(s.m, s.n);
   return std::max<int64_t>({1, 5 * s.k * s.k + 5 * s.k, 2 * mx * s.k + 2 * s.k * s.k + s.k});
 }
@@ -80,7 +49,7 @@ struct SvdScratch {
 template <typename T>
 int32_t CallGesdd(const SvdShape& shape, T* a, Real<T>* s, T* u, T* vt, T* work, lapack_int lwork,
                   Real<T>* rwork, lapack_int* iwork) {
-  char jobz = shape.jobz;
+  char jobz = Jobz(shape);
   lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
   lapack_int lda = LeadingDim(shape.m), ldu = LeadingDim(shape.m), ldvt = VtLeadingDim(shape);
   lapack_int info = 0;
@@ -113,7 +82,7 @@ void DecomposeOne(const SvdShape& shape, const T* a, Real<T>* s, T* u, T* vt, in
     return;
   }
   std::copy_n(a, shape.m * shape.n, scratch.a.data());
-  const bool computes_uv = shape.jobz != 'N';
+  const bool computes_uv = shape.compute_uv;
   if (!AllFinite(scratch.a.data(), shape.m * shape.n)) {
     *info = kNonFiniteInfo;
   } else {
@@ -149,7 +118,7 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const SvdShape& shape, const ffi::An
   const int64_t a_size = shape.m * shape.n, u_size = shape.m * shape.u_cols,
                 vt_size = shape.vt_rows * shape.n;
   const double flops =
-      kFlopScale<T> * (shape.jobz == 'N' ? 4.0 : 14.0) * shape.m * shape.n * shape.k;
+      kFlopScale<T> * (shape.compute_uv ? 14.0 : 4.0) * shape.m * shape.n * shape.k;
   return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
     SvdScratch<T> scratch(shape, lwork);
     for (int64_t b = begin; b < end; ++b) {
@@ -163,10 +132,8 @@ ffi::Error SvdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyB
                    ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> vt,
                    ffi::Result<ffi::AnyBuffer> info, bool full_matrices, bool compute_uv) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand a", a.dimensions()));
-  const SvdShape shape = MakeShape(a.dimensions(), full_matrices, compute_uv);
-  BATCHPART_RETURN_IF_ERROR(Validate(a, *s, *u, *vt, *info, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const SvdShape shape,
+                             ValidateSvd(a, *s, *u, *vt, *info, full_matrices, compute_uv));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Decompose<T>(pool, shape, a, *s, *u, *vt, *info);
@@ -176,14 +143,6 @@ ffi::Error SvdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyB
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvd, SvdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Ret<ffi::AnyBuffer>()  // s
-                                  .Ret<ffi::AnyBuffer>()  // u
-                                  .Ret<ffi::AnyBuffer>()  // vt
-                                  .Ret<ffi::AnyBuffer>()  // info
-                                  .Attr<bool>("full_matrices")
-                                  .Attr<bool>("compute_uv"));
+                              BindSvd(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

@@ -11,46 +11,7 @@
 namespace batchpart::lapack {
 namespace {
 
-constexpr char kTarget[] = "batchpart_trsm";
-
-struct TrsmOptions {
-  bool left_side, lower, transpose_a, conjugate_a, unit_diagonal;
-};
-
-struct TrsmShape {
-  Dims a_batch, b_batch, x_batch;
-  int64_t p;           // A is p x p
-  int64_t rows, cols;  // of B and X
-};
-
-ffi::Error Validate(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& x,
-                    bool left_side, TrsmShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(kTarget, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectSquare(kTarget, "operand a", a.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "operand b", b.dimensions()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(kTarget, "result x", x.dimensions()));
-  const Dims b_dims = b.dimensions();
-  shape.p = a.dimensions().back();
-  shape.rows = b_dims[b_dims.size() - 2];
-  shape.cols = b_dims.back();
-  shape.a_batch = BatchDims(a.dimensions(), 2);
-  shape.b_batch = BatchDims(b_dims, 2);
-  shape.x_batch = BatchDims(x.dimensions(), 2);
-  if ((left_side ? shape.rows : shape.cols) != shape.p) {
-    return InvalidArgument(
-        kTarget, "operand b of shape " + DimsToString(b_dims) + " does not fit a of shape " +
-                     DimsToString(a.dimensions()) +
-                     (left_side ? " (left_side: b's rows must equal a's size)"
-                                : " (right side: b's columns must equal a's size)"));
-  }
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b rows", shape.rows));
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "b columns", shape.cols));
-  BATCHPART_RETURN_IF_ERROR(ExpectDtype(kTarget, "operand b", b.element_type(), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
-      kTarget, "result x", x, WithCore(shape.x_batch, {shape.rows, shape.cols}), a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBroadcast(kTarget, "operand a", shape.a_batch, shape.x_batch));
-  return ExpectBroadcast(kTarget, "operand b", shape.b_batch, shape.x_batch);
-}
+constexpr const char* kTarget = kTrsmTarget;
 
 template <typename T>
 void Conjugate(T* data, int64_t count) {
@@ -98,8 +59,7 @@ ffi::Error TrsmImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower, bool transpose_a,
                     bool conjugate_a, bool unit_diagonal) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  TrsmShape shape;
-  BATCHPART_RETURN_IF_ERROR(Validate(a, b, *x, left_side, shape));
+  BATCHPART_ASSIGN_OR_RETURN(const TrsmShape shape, ValidateTrsm(a, b, *x, left_side));
   const TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -110,15 +70,6 @@ ffi::Error TrsmImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsm, TrsmImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()  // b
-                                  .Ret<ffi::AnyBuffer>()  // x
-                                  .Attr<bool>("left_side")
-                                  .Attr<bool>("lower")
-                                  .Attr<bool>("transpose_a")
-                                  .Attr<bool>("conjugate_a")
-                                  .Attr<bool>("unit_diagonal"));
+                              BindTrsm(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

@@ -9,8 +9,7 @@ namespace {
 
 // Row-major transpose of `data` with shape `dims`: result axis k is input
 // axis perm[k].
-std::vector<int64_t> Transpose(const std::vector<int64_t>& data,
-                               const std::vector<int64_t>& dims,
+std::vector<int64_t> Transpose(const std::vector<int64_t>& data, const std::vector<int64_t>& dims,
                                const std::vector<int>& perm) {
   const size_t rank = dims.size();
   std::vector<int64_t> in_strides(rank, 1);
@@ -38,14 +37,12 @@ std::vector<int64_t> Transpose(const std::vector<int64_t>& data,
 
 }  // namespace
 
-DeviceAxes DeviceAxes::FromSharding(const Sharding& sharding, int batch_rank,
-                                    int batch_offset) {
+DeviceAxes DeviceAxes::FromSharding(const Sharding& sharding, int batch_rank, int batch_offset) {
   DeviceAxes result;
   const int rank = static_cast<int>(sharding.tile_dims.size());
   for (int d = 0; d < rank; ++d) {
     if (d < batch_rank) {
-      result.axes_.push_back(
-          {Axis::Tag::kBatch, d + batch_offset, sharding.tile_dims[d]});
+      result.axes_.push_back({Axis::Tag::kBatch, d + batch_offset, sharding.tile_dims[d]});
     } else {
       result.axes_.push_back({Axis::Tag::kCore, d - batch_rank, sharding.tile_dims[d]});
     }
@@ -71,9 +68,8 @@ int64_t DeviceAxes::TagProduct(Axis::Tag tag, int index) const {
 void DeviceAxes::Split(int pos, int64_t major) {
   Axis& axis = axes_[pos];
   if (major <= 0 || axis.size % major != 0) {
-    throw std::invalid_argument("cannot split a mesh axis of size " +
-                                std::to_string(axis.size) + " by " +
-                                std::to_string(major));
+    throw std::invalid_argument("cannot split a mesh axis of size " + std::to_string(axis.size) +
+                                " by " + std::to_string(major));
   }
   Axis minor = axis;
   minor.size = axis.size / major;
@@ -108,8 +104,7 @@ void DeviceAxes::Retag(int pos, Axis::Tag tag, int index) {
   Move(pos, pos < last ? last : last + 1);
 }
 
-Sharding DeviceAxes::ToSharding(int rank,
-                                const std::function<int(const Axis&)>& slot) const {
+Sharding DeviceAxes::ToSharding(int rank, const std::function<int(const Axis&)>& slot) const {
   // Slot order: data dims 0..rank-1, then manual, then replicated (XLA's
   // canonical order of subgroup types).
   auto order = [&](const Axis& axis) {
@@ -120,9 +115,8 @@ Sharding DeviceAxes::ToSharding(int rank,
   };
   std::vector<int> perm(axes_.size());
   std::iota(perm.begin(), perm.end(), 0);
-  std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) {
-    return order(axes_[a]) < order(axes_[b]);
-  });
+  std::stable_sort(perm.begin(), perm.end(),
+                   [&](int a, int b) { return order(axes_[a]) < order(axes_[b]); });
   std::vector<int64_t> dims;
   for (const Axis& axis : axes_) dims.push_back(axis.size);
 
@@ -140,9 +134,8 @@ Sharding DeviceAxes::ToSharding(int rank,
       replicated *= axis.size;
     }
   }
-  const bool all_replicated =
-      manual == 1 && std::all_of(out.tile_dims.begin(), out.tile_dims.end(),
-                                 [](int64_t t) { return t == 1; });
+  const bool all_replicated = manual == 1 && std::all_of(out.tile_dims.begin(), out.tile_dims.end(),
+                                                         [](int64_t t) { return t == 1; });
   if (all_replicated) return Sharding::Replicated();
   if (manual > 1) {
     out.subgroup_dims.push_back(manual);

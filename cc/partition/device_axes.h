@@ -23,8 +23,7 @@ class DeviceAxes {
  public:
   // The axes of a tiled sharding of an array whose first `batch_rank` dims
   // are batch dims, aligned to batch dim `batch_offset` of the batch shape.
-  static DeviceAxes FromSharding(const Sharding& sharding, int batch_rank,
-                                 int batch_offset);
+  static DeviceAxes FromSharding(const Sharding& sharding, int batch_rank, int batch_offset);
 
   const std::vector<Axis>& axes() const { return axes_; }
   int64_t TagProduct(Axis::Tag tag, int index) const;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "common/dims_string.h"
 #include "partition/device_axes.h"
 
 namespace batchpart::partition {
@@ -13,28 +14,20 @@ namespace {
 
 using Tag = Axis::Tag;
 
-std::string ShapeToString(const Shape& shape) {
-  std::ostringstream out;
-  out << "(";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << (shape.size() == 1 ? ",)" : ")");
-  return out.str();
-}
-
-[[noreturn]] void Invalid(const std::string& what, size_t index,
-                          const std::string& message) {
+[[noreturn]] void Invalid(const std::string& what, size_t index, const std::string& message) {
   throw std::invalid_argument(what + " " + std::to_string(index) + ": " + message);
 }
 
-void ValidateSharding(const Sharding& sharding, const Shape& shape,
-                      const std::string& what, size_t index) {
+void ValidateSharding(const Sharding& sharding, const Shape& shape, const std::string& what,
+                      size_t index) {
   if (sharding.kind == Sharding::Kind::kMaximal && sharding.devices.size() != 1) {
     Invalid(what, index, "a maximal sharding names exactly one device");
   }
   if (sharding.kind != Sharding::Kind::kTiled) return;
   if (sharding.tile_dims.size() != shape.size()) {
-    Invalid(what, index, "sharding has " + std::to_string(sharding.tile_dims.size()) +
-                             " tile dims for an array of shape " + ShapeToString(shape));
+    Invalid(what, index,
+            "sharding has " + std::to_string(sharding.tile_dims.size()) +
+                " tile dims for an array of shape " + DimsToString(shape));
   }
   if (sharding.subgroup_dims.size() != sharding.subgroup_kinds.size()) {
     Invalid(what, index, "subgroup dims and subgroup kinds differ in number");
@@ -46,9 +39,9 @@ void ValidateSharding(const Sharding& sharding, const Shape& shape,
     if (t < 1) Invalid(what, index, "subgroup sizes must be positive");
   }
   if (static_cast<int64_t>(sharding.devices.size()) != sharding.NumTiles()) {
-    Invalid(what, index, "device list has " + std::to_string(sharding.devices.size()) +
-                             " entries for " + std::to_string(sharding.NumTiles()) +
-                             " tiles");
+    Invalid(what, index,
+            "device list has " + std::to_string(sharding.devices.size()) + " entries for " +
+                std::to_string(sharding.NumTiles()) + " tiles");
   }
   std::unordered_set<int64_t> seen;
   for (int64_t d : sharding.devices) {
@@ -69,11 +62,12 @@ void ValidateArrays(const std::vector<Shape>& shapes, const std::vector<int>& ba
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     for (int64_t d : shapes[i]) {
-      if (d < 0) Invalid(what, i, "negative dimension in " + ShapeToString(shapes[i]));
+      if (d < 0) Invalid(what, i, "negative dimension in " + DimsToString(shapes[i]));
     }
     if (batch_ranks[i] < 0 || batch_ranks[i] > static_cast<int>(shapes[i].size())) {
-      Invalid(what, i, "batch rank " + std::to_string(batch_ranks[i]) +
-                           " does not fit shape " + ShapeToString(shapes[i]));
+      Invalid(what, i,
+              "batch rank " + std::to_string(batch_ranks[i]) + " does not fit shape " +
+                  DimsToString(shapes[i]));
     }
     if (!shardings.empty()) ValidateSharding(shardings[i], shapes[i], what, i);
   }
@@ -121,8 +115,8 @@ std::optional<std::pair<int64_t, int>> Placement(const DeviceAxes& axes, int64_t
 
 // Moves each axis that tiles a core dim onto a batch dim whose size it (or
 // a factor of it) divides; what does not fit is replicated.
-void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
-             const Shape& batch_shape, bool rebatch, bool split_axes) {
+void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank, const Shape& batch_shape,
+             bool rebatch, bool split_axes) {
   // Batch axes on broadcast dims of this array only tile padding.
   for (int pos; (pos = FindAxis(axes, [&](const Axis& a) {
                    return a.tag == Tag::kBatch &&
@@ -132,10 +126,9 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
   }
   for (int pos; (pos = FindAxis(axes, [](const Axis& a) { return a.tag == Tag::kCore; })) >= 0;) {
     const int64_t size = axes.axes()[pos].size;
-    const auto placement =
-        rebatch && size > 1
-            ? Placement(axes, size, shape, batch_rank, batch_shape, split_axes)
-            : std::nullopt;
+    const auto placement = rebatch && size > 1
+                               ? Placement(axes, size, shape, batch_rank, batch_shape, split_axes)
+                               : std::nullopt;
     if (!placement) {
       axes.Retag(pos, Tag::kReplicated, 0);
       continue;
@@ -147,9 +140,8 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank,
   }
 }
 
-std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape,
-                                       int batch_rank, const Shape& batch_shape,
-                                       bool rebatch, bool split_axes) {
+std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape, int batch_rank,
+                                       const Shape& batch_shape, bool rebatch, bool split_axes) {
   if (sharding.kind != Sharding::Kind::kTiled) return std::nullopt;
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
   Candidate candidate{DeviceAxes::FromSharding(sharding, batch_rank, offset)};
@@ -167,9 +159,8 @@ Sharding ShardingFor(const DeviceAxes& plan, const Shape& shape, int batch_rank,
   return plan.ToSharding(static_cast<int>(shape.size()), [&](const Axis& axis) {
     switch (axis.tag) {
       case Tag::kBatch:
-        return HasBatchDim(shape, batch_rank, batch_shape, axis.index)
-                   ? axis.index - offset
-                   : DeviceAxes::kToReplicated;
+        return HasBatchDim(shape, batch_rank, batch_shape, axis.index) ? axis.index - offset
+                                                                       : DeviceAxes::kToReplicated;
       case Tag::kManual:
         return DeviceAxes::kToManual;
       default:
@@ -188,9 +179,7 @@ Shape LocalShape(const Shape& shape, const Sharding& sharding) {
   return local;
 }
 
-bool IsManual(const Sharding& sharding) {
-  return sharding.kind == Sharding::Kind::kManual;
-}
+bool IsManual(const Sharding& sharding) { return sharding.kind == Sharding::Kind::kManual; }
 
 Plan PassThrough(const Problem& problem, const Shape& batch_shape) {
   Plan plan;
@@ -239,15 +228,15 @@ std::string Sharding::ToString() const {
   return out.str();
 }
 
-Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
-                          const std::vector<int>& batch_ranks) {
+Shape BroadcastBatchShape(const std::vector<Shape>& shapes, const std::vector<int>& batch_ranks) {
   if (batch_ranks.size() != shapes.size()) {
     throw std::invalid_argument("one batch rank per operand is required");
   }
   for (size_t k = 0; k < shapes.size(); ++k) {
     if (batch_ranks[k] < 0 || batch_ranks[k] > static_cast<int>(shapes[k].size())) {
-      Invalid("operand", k, "batch rank " + std::to_string(batch_ranks[k]) +
-                                " does not fit shape " + ShapeToString(shapes[k]));
+      Invalid("operand", k,
+              "batch rank " + std::to_string(batch_ranks[k]) + " does not fit shape " +
+                  DimsToString(shapes[k]));
     }
   }
   int rank = 0;
@@ -264,38 +253,35 @@ Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
         continue;
       }
       std::vector<int64_t> batch(shapes[k].begin(), shapes[k].begin() + batch_ranks[k]);
-      Invalid("operand", k, "batch shape " + ShapeToString(batch) +
-                                " does not broadcast with the other operands' (size " +
-                                std::to_string(size) + " against " +
-                                std::to_string(target) + ")");
+      Invalid("operand", k,
+              "batch shape " + DimsToString(batch) +
+                  " does not broadcast with the other operands' (size " + std::to_string(size) +
+                  " against " + std::to_string(target) + ")");
     }
   }
   return out;
 }
 
 Plan MakePlan(const Problem& problem) {
-  ValidateArrays(problem.operand_shapes, problem.operand_batch_ranks,
-                 problem.operand_shardings, false, "operand");
-  ValidateArrays(problem.result_shapes, problem.result_batch_ranks,
-                 problem.result_shardings, true, "result");
+  ValidateArrays(problem.operand_shapes, problem.operand_batch_ranks, problem.operand_shardings,
+                 false, "operand");
+  ValidateArrays(problem.result_shapes, problem.result_batch_ranks, problem.result_shardings, true,
+                 "result");
   const Shape batch_shape =
       BroadcastBatchShape(problem.operand_shapes, problem.operand_batch_ranks);
   const int rank_b = static_cast<int>(batch_shape.size());
   for (size_t r = 0; r < problem.result_shapes.size(); ++r) {
     const int b = problem.result_batch_ranks[r];
-    if (b > rank_b ||
-        !std::equal(problem.result_shapes[r].begin(), problem.result_shapes[r].begin() + b,
-                    batch_shape.end() - b)) {
-      Invalid("result", r, "shape " + ShapeToString(problem.result_shapes[r]) +
-                               " does not start with the batch shape " +
-                               ShapeToString(batch_shape));
+    if (b > rank_b || !std::equal(problem.result_shapes[r].begin(),
+                                  problem.result_shapes[r].begin() + b, batch_shape.end() - b)) {
+      Invalid("result", r,
+              "shape " + DimsToString(problem.result_shapes[r]) +
+                  " does not start with the batch shape " + DimsToString(batch_shape));
     }
   }
 
-  if (std::any_of(problem.operand_shardings.begin(), problem.operand_shardings.end(),
-                  IsManual) ||
-      std::any_of(problem.result_shardings.begin(), problem.result_shardings.end(),
-                  IsManual)) {
+  if (std::any_of(problem.operand_shardings.begin(), problem.operand_shardings.end(), IsManual) ||
+      std::any_of(problem.result_shardings.begin(), problem.result_shardings.end(), IsManual)) {
     return PassThrough(problem, batch_shape);
   }
 
@@ -305,9 +291,9 @@ Plan MakePlan(const Problem& problem) {
   auto consider = [&](const Sharding& sharding, const Shape& shape, int batch_rank) {
     if (sharding.kind == Sharding::Kind::kTiled) {
       if (num_devices >= 0 && num_devices != sharding.NumTiles()) {
-        throw std::invalid_argument("shardings span different numbers of devices: " +
-                                    std::to_string(num_devices) + " and " +
-                                    std::to_string(sharding.NumTiles()));
+        throw std::invalid_argument(
+            "shardings span different numbers of devices: " + std::to_string(num_devices) +
+            " and " + std::to_string(sharding.NumTiles()));
       }
       num_devices = sharding.NumTiles();
     }
@@ -322,8 +308,7 @@ Plan MakePlan(const Problem& problem) {
              problem.operand_batch_ranks[k]);
   }
   for (size_t r = 0; r < problem.result_shardings.size(); ++r) {
-    consider(problem.result_shardings[r], problem.result_shapes[r],
-             problem.result_batch_ranks[r]);
+    consider(problem.result_shardings[r], problem.result_shapes[r], problem.result_batch_ranks[r]);
   }
 
   Plan plan;

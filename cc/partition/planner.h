@@ -4,7 +4,7 @@
 // batch-partitionable call's operands and results, how many leading dims of
 // each are batch dims, and the shardings XLA proposes, it decides how every
 // operand and result must be sharded so that each device runs the kernel on
-// its own slice of the batch (DESIGN.md, "Partitioning semantics").
+// its own slice of the batch (docs/partitioning.md, "What the planner decides").
 #ifndef BATCHPART_PARTITION_PLANNER_H_
 #define BATCHPART_PARTITION_PLANNER_H_
 
@@ -44,7 +44,7 @@ struct Problem {
   // Shardings XLA proposes for the results (Shardy's propagation result);
   // empty when there is none. A hint, never a constraint.
   std::vector<Sharding> result_shardings;
-  // Move mesh axes that tile core dims onto batch dims (DESIGN.md rule 2).
+  // Move mesh axes that tile core dims onto batch dims (docs/partitioning.md, step 2).
   bool rebatch = true;
   // Allow moving only a factor of such an axis (the rest replicated). A
   // split axis is fine inside a program but cannot be expressed on jax's
@@ -57,7 +57,7 @@ struct Plan {
   std::vector<Sharding> result_shardings;
   std::vector<Shape> operand_local_shapes;
   std::vector<Shape> result_local_shapes;
-  Shape batch_shape;                // broadcast batch shape (global)
+  Shape batch_shape;                 // broadcast batch shape (global)
   std::vector<int64_t> batch_tiles;  // tiles per batch dim of batch_shape
   // Devices that compute each batch element (1 = no redundant work).
   int64_t replication = 1;
@@ -67,8 +67,7 @@ struct Plan {
 
 // Broadcast (NumPy rules, right-aligned) of the operands' batch shapes.
 // Throws std::invalid_argument naming the operand that does not broadcast.
-Shape BroadcastBatchShape(const std::vector<Shape>& shapes,
-                          const std::vector<int>& batch_ranks);
+Shape BroadcastBatchShape(const std::vector<Shape>& shapes, const std::vector<int>& batch_ranks);
 
 // Throws std::invalid_argument on inconsistent input (ranks, shardings that
 // do not match their arrays, device lists that are not permutations).

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/batch_broadcast.h"
+#include "common/dims_string.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -25,14 +26,6 @@ int64_t Product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
   int64_t n = 1;
   for (size_t i = begin; i < end; ++i) n *= dims[i];
   return n;
-}
-
-std::string DimsToString(ffi::Span<const int64_t> dims) {
-  std::string out = "(";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(dims[i]);
-  }
-  return out + (dims.size() == 1 ? ",)" : ")");
 }
 
 // Errors name the FFI target the kernel is registered as (batchpart/testing.py).
@@ -78,8 +71,7 @@ ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
       Softmax(x.typed_data<float>(), y->typed_data<float>(), lse->typed_data<float>(), batch, n);
       break;
     case ffi::F64:
-      Softmax(x.typed_data<double>(), y->typed_data<double>(), lse->typed_data<double>(), batch,
-              n);
+      Softmax(x.typed_data<double>(), y->typed_data<double>(), lse->typed_data<double>(), batch, n);
       break;
     default:
       return ShapeError("softmax", "unsupported dtype (float32 and float64 only)");
@@ -129,8 +121,8 @@ ffi::Error MatvecImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::Result<ffi::AnyBu
   const int64_t batch = Product(out_batch, 0, out_batch.size());
   switch (a.element_type()) {
     case ffi::F32:
-      Matvec(a.typed_data<float>(), x.typed_data<float>(), y->typed_data<float>(), a_index,
-             x_index, batch, m, n, alpha);
+      Matvec(a.typed_data<float>(), x.typed_data<float>(), y->typed_data<float>(), a_index, x_index,
+             batch, m, n, alpha);
       break;
     case ffi::F64:
       Matvec(a.typed_data<double>(), x.typed_data<double>(), y->typed_data<double>(), a_index,
@@ -165,8 +157,7 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
       Axpy(x.typed_data<float>(), y.typed_data<float>(), out->typed_data<float>(), size, alpha);
       break;
     case ffi::F64:
-      Axpy(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), size,
-           alpha);
+      Axpy(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), size, alpha);
       break;
     default:
       return ShapeError("axpy", "unsupported dtype (float32 and float64 only)");
@@ -217,30 +208,24 @@ ffi::Error CopyBytesImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmax, SoftmaxImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    kSoftmax, SoftmaxImpl,
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kMatvec, MatvecImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<double>("alpha"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    kMatvec, MatvecImpl,
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<double>(
+        "alpha"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAxpy, AxpyImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<double>("alpha"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    kAxpy, AxpyImpl,
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<double>(
+        "alpha"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyBytes, CopyBytesImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
-std::vector<std::pair<std::string, void*>> Handlers() {
+HandlerTable Handlers() {
   return {
       {"softmax", reinterpret_cast<void*>(kSoftmax)},
       {"matvec", reinterpret_cast<void*>(kMatvec)},

@@ -3,14 +3,13 @@
 #define BATCHPART_TESTING_TEST_KERNELS_H_
 
 #include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
+
+#include "common/handler_table.h"
 
 namespace batchpart::testing {
 
 // (short name, XLA_FFI_Handler*) for each test kernel.
-std::vector<std::pair<std::string, void*>> Handlers();
+HandlerTable Handlers();
 
 // Batch elements processed by all test kernels in this process.
 int64_t BatchElementsProcessed();
