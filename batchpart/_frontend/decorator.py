@@ -133,14 +133,15 @@ class _Rewriter:
         lambda *a: self.eval(closed.jaxpr, closed.consts, a, {}))(*avals)
 
   def function(self, f):
-    """``f`` (a function of arrays returning a flat list of arrays), with the
+    """``f`` (a function of arrays returning a pytree of arrays), with the
     ffi_calls it makes rewritten."""
     def rewritten(*args):
       try:
-        inner = jax.make_jaxpr(f)(*args)
+        inner, shapes = jax.make_jaxpr(f, return_shape=True)(*args)
       except TypeError:
         return f(*args)  # returns symbolic zeros: nothing to trace into
-      return self.eval(inner.jaxpr, inner.consts, args, {})
+      outs = self.eval(inner.jaxpr, inner.consts, args, {})
+      return jax.tree.unflatten(jax.tree.structure(shapes), outs)
     return rewritten
 
   def eval(self, jaxpr, consts, args, known):
