@@ -69,7 +69,8 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
   Returns:
     ``primitive`` itself. Calling this again with the same arguments does
     nothing; with different ones it raises ``ValueError`` naming the
-    primitive.
+    primitive. jax's caches are cleared, so every program lowered from now on
+    uses the wrapped rules (executables compiled before are unaffected).
 
   In Explicit sharding mode the primitive's results are typed with the
   batch sharding of its first operand's leading batch dims.
@@ -93,6 +94,9 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
     compat.wrap_abstract_eval(primitive, _explicit_batch_sharding(num_batch_dims,
                                                                   signature is not None))
     _wrapped[primitive] = key
+  # jax caches lowerings by jaxpr, and the wrap changes no jaxpr: without this
+  # a function traced before would keep its unpartitioned lowering.
+  jax.clear_caches()
   return primitive
 
 
