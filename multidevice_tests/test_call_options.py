@@ -1,4 +1,4 @@
-"""Acceptance case 11: aliasing, side effects, layouts and attributes survive
+"""Aliasing, side effects, layouts and attributes survive
 partitioning (the per-shard module restates them), under both partitioners."""
 
 import jax

@@ -1,4 +1,4 @@
-"""Acceptance case 10: bad input raises a Python exception naming the target
+"""Bad input raises a Python exception naming the target
 and the offending argument; nothing crashes, nothing is silently wrong."""
 
 import jax
