@@ -19,8 +19,7 @@ import dataclasses
 import re
 from collections.abc import Iterator
 
-from batchpart import _compat as compat
-from batchpart import _dtypes
+from batchpart import _compat as compat, _dtypes
 
 ir = compat.ir
 

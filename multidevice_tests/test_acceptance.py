@@ -7,15 +7,14 @@ shapes) and on values against NumPy.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
-from helpers import (collective_kinds, compiled_text, local_shapes, put, rng,
-                     the_custom_call)
+
+from helpers import collective_kinds, compiled_text, local_shapes, put, rng, the_custom_call
 
 SOFTMAX = "batchpart_test_softmax"
 MATVEC = "batchpart_test_matvec"

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
+
 from helpers import compiled_text, local_shapes, put, rng, the_custom_call
 
 SOFTMAX = "batchpart_test_softmax"

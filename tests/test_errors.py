@@ -37,7 +37,8 @@ def test_operand_rank_below_core_rank():
 
 def test_batch_shapes_do_not_broadcast():
   a, v = np.ones((4, 3, 5), f32), np.ones((6, 5), f32)
-  with pytest.raises(ValueError, match=rf"{MATVEC}.*batch shape \(6,\) of operand 1 does not broadcast"):
+  with pytest.raises(ValueError,
+                     match=rf"{MATVEC}.*batch shape \(6,\) of operand 1 does not broadcast"):
     bp.ffi_call(MATVEC, sds(4, 3), signature="(m,n),(n)->(m)")(a, v, alpha=1.0)
 
 

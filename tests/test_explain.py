@@ -5,7 +5,6 @@ behaviour is in multidevice_tests/test_explain.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import batchpart as bp
 from batchpart import testing as kernels

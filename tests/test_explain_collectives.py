@@ -1,11 +1,11 @@
 """The collective walk around a compiled call: async pairs count once, and
 the walk stops at instructions that compute across elements."""
 
-from hlo_sample import HLO
-
 from batchpart import _hlo
 from batchpart._explain.collectives import collectives
 from batchpart._explain.report import Collective
+
+from hlo_sample import HLO
 
 
 def test_collective_walk():

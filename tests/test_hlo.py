@@ -1,8 +1,8 @@
 """The compiled-HLO reader: instructions, edges, metadata, stack frames."""
 
-from hlo_sample import HLO
-
 from batchpart import _hlo
+
+from hlo_sample import HLO
 
 
 def test_parse_module():

@@ -15,8 +15,18 @@ import jax.numpy as jnp
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
-    EighResult, H, as_inexact, check_matrix, eye_like, hermitian_from_triangle, int_zeros,
-    matmul, symmetrize, tril, triu)
+  EighResult,
+  H,
+  as_inexact,
+  check_matrix,
+  eye_like,
+  hermitian_from_triangle,
+  int_zeros,
+  matmul,
+  symmetrize,
+  tril,
+  triu,
+)
 
 
 def _tangent_trsm(a, b, *, left_side=False, lower=False, transpose_a=False,

@@ -15,9 +15,18 @@ import jax.numpy as jnp
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._decompositions import eigh
 from batchpart.linalg._util import (
-    PivotedQRResult, QRResult, SVDResult, H, as_inexact, check_matrix, eye_like, int_zeros,
-    matmul, mT, tril)
-
+  H,
+  PivotedQRResult,
+  QRResult,
+  SVDResult,
+  as_inexact,
+  check_matrix,
+  eye_like,
+  int_zeros,
+  matmul,
+  mT,
+  tril,
+)
 
 # ---- QR -----------------------------------------------------------------------
 
