@@ -5,7 +5,10 @@ Call an FFI target with ``batchpart.ffi_call`` (or decorate an existing
 kernel on its own slice of the batch.
 """
 
+import importlib.metadata as _metadata
+
 from batchpart import _compat
+from batchpart._explain import explain
 from batchpart._frontend.adopt import ffi_lowering, partition_primitive
 from batchpart._frontend.decorator import batch_partitionable
 from batchpart._frontend.ffi_call import ffi_call
@@ -14,7 +17,6 @@ from batchpart._frontend.registry import (
     mark_batch_partitionable,
     register_ffi_target,
 )
-from batchpart._explain import explain
 from batchpart._partition import export as _export
 
 _compat.check_versions()
@@ -33,4 +35,5 @@ __all__ = [
     "partition_primitive",
     "register_ffi_target",
 ]
-__version__ = "0.1.0"
+# The version lives in pyproject.toml only; the installed metadata carries it.
+__version__ = _metadata.version("batchpart")

@@ -35,21 +35,22 @@ from collections.abc import Callable
 
 import jax
 import jax.extend.core as jax_extend_core
-from jax._src import config as jax_config
-from jax._src import core
-from jax._src import dispatch
-from jax._src import linear_util as lu
-from jax._src import ffi as jax_ffi
-from jax._src import xla_bridge
+from jax._src import (
+  config as jax_config,
+  core,
+  dispatch,
+  ffi as jax_ffi,
+  linear_util as lu,
+  xla_bridge,
+)
 from jax._src.custom_partitioning_sharding_rule import (
-    sdy_sharding_rule_to_mlir,
-    str_to_sdy_sharding_rule,
+  sdy_sharding_rule_to_mlir,
+  str_to_sdy_sharding_rule,
 )
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.lib import xla_client
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import func as func_dialect
-from jax._src.lib.mlir.dialects import hlo
+from jax._src.lib.mlir.dialects import func as func_dialect, hlo
 
 JAX_VERSION_CHECKED = "0.10.2"
 
@@ -245,7 +246,7 @@ def wrap_lowering_rules(primitive, wrap: Callable) -> bool:
   one and every platform's) by ``wrap(rule)``; False if it has none."""
   found = False
   tables = [(None, mlir._lowerings)] + list(mlir._platform_specific_lowerings.items())
-  for platform, table in tables:
+  for _platform, table in tables:
     entry = table.get(primitive)
     if entry is None:
       continue

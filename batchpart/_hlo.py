@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from batchpart import _dtypes
 from batchpart._partition import derived_names
 
 _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16|f8\w*)\[([\d,]*)\]")
@@ -38,8 +39,6 @@ COLLECTIVE_OPCODES = ("all-gather", "all-to-all", "collective-permute",
                       "all-reduce", "reduce-scatter", "ragged-all-to-all",
                       "collective-broadcast")
 
-_DTYPE_NAMES = {"pred": "bool", "bf16": "bfloat16"}
-
 
 @dataclasses.dataclass(frozen=True)
 class ArrayType:
@@ -48,15 +47,7 @@ class ArrayType:
 
   @property
   def nbytes(self) -> int:
-    name = _DTYPE_NAMES.get(self.dtype, self.dtype)
-    if name[0] in "sufc" and name[1:].isdigit():
-      kind = {"s": "int", "u": "uint", "f": "float", "c": "complex"}[name[0]]
-      name = f"{kind}{name[1:]}"
-    try:
-      itemsize = np.dtype(name).itemsize
-    except TypeError:
-      itemsize = 1
-    return int(np.prod(self.shape, dtype=np.int64)) * itemsize
+    return int(np.prod(self.shape, dtype=np.int64)) * _dtypes.itemsize(self.dtype)
 
   def __str__(self):
     return f"{self.dtype}[{','.join(map(str, self.shape))}]"

@@ -1,12 +1,31 @@
-"""Reading StableHLO modules (lowered programs, jax.export artifacts)."""
+"""Reading StableHLO modules (lowered programs, jax.export artifacts).
+
+Relies on the StableHLO jax emits (checked against jax/jaxlib 0.10.2), read
+with jax's MLIR Python bindings:
+- ``jax.ffi.ffi_call`` and ``batchpart.ffi_call`` lower to
+  ``stablehlo.custom_call`` with the FFI attributes in an
+  ``mhlo.backend_config`` dictionary (older encodings: ``api_version = 4``);
+  batchpart adds ``mhlo.frontend_attributes = {num_batch_dims = "k"}``.
+- ``shard_map`` bodies are ``sdy.manual_computation`` regions (Shardy) or
+  ``func.call``s whose operands come from ``SPMDFullToShardShape`` custom
+  calls (GSPMD).
+- an op's location prints as nested ``callsite("fn"("file":line:col ...)
+  at ...)``, innermost frame first.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterator
 
-from batchpart import _compat as compat
+from batchpart import _compat as compat, _dtypes
 
 ir = compat.ir
+
+_LOCATION_FRAME = re.compile(r'"((?:[^"\\]|\\.)*)"\("((?:[^"\\]|\\.)*)":(\d+):(\d+)')
+# Deeper func.call nesting than this is not followed (a guard against cycles).
+_MAX_CALL_DEPTH = 64
 
 
 def walk(operation) -> Iterator:
@@ -19,7 +38,24 @@ def walk(operation) -> Iterator:
 
 
 def string_attribute(attributes, name: str) -> str | None:
-  return ir.StringAttr(attributes[name]).value if name in attributes else None
+  """The value of a string attribute; None if it is absent or not a string."""
+  if name not in attributes:
+    return None
+  try:
+    return ir.StringAttr(attributes[name]).value
+  except (ValueError, TypeError):
+    return None
+
+
+def frontend_attribute(op, name: str) -> str | None:
+  """One entry of an op's ``mhlo.frontend_attributes``, or None."""
+  attrs = op.attributes
+  if "mhlo.frontend_attributes" not in attrs:
+    return None
+  try:
+    return string_attribute(ir.DictAttr(attrs["mhlo.frontend_attributes"]), name)
+  except (ValueError, TypeError):
+    return None
 
 
 def custom_call_targets(module) -> list[str]:
@@ -33,3 +69,95 @@ def custom_call_targets(module) -> list[str]:
     return [string_attribute(op.attributes, "call_target_name")
             for op in walk(module.operation)
             if op.operation.name == "stablehlo.custom_call"]
+
+
+def is_ffi_call(op) -> bool:
+  """Whether ``op`` is a ``stablehlo.custom_call`` in the typed-FFI encoding."""
+  if op.name != "stablehlo.custom_call":
+    return False
+  attrs = op.attributes
+  if "mhlo.backend_config" in attrs:
+    try:
+      ir.DictAttr(attrs["mhlo.backend_config"])
+      return True
+    except (ValueError, TypeError):
+      pass
+  if "api_version" in attrs:
+    try:
+      return ir.IntegerAttr(attrs["api_version"]).value == 4
+    except (ValueError, TypeError):
+      pass
+  return False
+
+
+def array_type(value) -> tuple[str, tuple[int, ...]]:
+  """(NumPy dtype name, shape) of a ranked tensor value; a value of another
+  type reads as (its type's text, ())."""
+  try:
+    t = ir.RankedTensorType(value.type)
+  except (ValueError, TypeError):
+    return str(value.type), ()
+  return _dtypes.from_mlir(str(t.element_type)), tuple(t.shape)
+
+
+def location_frames(location) -> tuple[tuple[str, str, int, int], ...]:
+  """(function, file, line, column) of each Python frame in an op's
+  location, innermost first."""
+  return tuple((function, file, int(line), int(column))
+               for function, file, line, column in _LOCATION_FRAME.findall(str(location)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomCall:
+  """A ``stablehlo.custom_call`` op and whether it runs in a manual
+  (``shard_map``) region."""
+  op: object
+  in_manual_region: bool
+
+
+def _defined_by_full_to_shard(value) -> bool:
+  owner = value.owner
+  if isinstance(owner, ir.Block):
+    return False
+  op = getattr(owner, "operation", owner)
+  return (op.name == "stablehlo.custom_call" and
+          string_attribute(op.attributes, "call_target_name") == "SPMDFullToShardShape")
+
+
+def entry_custom_calls(module) -> list[CustomCall]:
+  """The custom calls reachable from ``main``, in program order, following
+  ``func.call``s into their callees (as XLA inlines them)."""
+  funcs = {}
+  for op in module.body.operations:
+    name = string_attribute(op.operation.attributes, "sym_name")
+    if op.operation.name == "func.func" and name:
+      funcs[name] = op.operation
+  out: list[CustomCall] = []
+
+  def visit_region(region, manual, depth):
+    for block in region.blocks:
+      for op in block.operations:
+        visit(op.operation, manual, depth)
+
+  def visit(op, manual, depth):
+    if depth > _MAX_CALL_DEPTH:
+      return
+    if op.name == "stablehlo.custom_call":
+      out.append(CustomCall(op, manual))
+      return
+    if op.name == "func.call":
+      callee = str(op.attributes["callee"]).lstrip("@").strip('"')
+      if callee in funcs:
+        inner = manual or any(_defined_by_full_to_shard(v) for v in op.operands)
+        for region in funcs[callee].regions:
+          visit_region(region, inner, depth + 1)
+      return
+    inner = manual or op.name == "sdy.manual_computation"
+    for region in op.regions:
+      visit_region(region, inner, depth)
+
+  main = funcs.get("main")
+  if main is not None:
+    for region in main.regions:
+      visit_region(region, False, 0)
+  return out

@@ -107,8 +107,9 @@ def main(argv=None) -> int:
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
   sys.path.insert(0, os.path.dirname(__file__))
-  import batchpart as bp
   from _timing import fmt_time, interleaved
+
+  import batchpart as bp
 
   ops = _ops(jnp, bp)
   lines = []

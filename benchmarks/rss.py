@@ -108,8 +108,8 @@ def phase_compiles(args, mesh) -> dict:
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from batchpart._partition import callbacks, targets
   from batchpart import testing as kernels
+  from batchpart._partition import callbacks, targets
 
   x_base = np.random.default_rng(1).standard_normal((16, args.compiles + 8))
   x_base = x_base.astype(np.float32)

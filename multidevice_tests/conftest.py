@@ -1,15 +1,15 @@
-"""Multi-device tests: 8 simulated CPU devices, set before jax is imported.
+"""Multi-device tests: 8 simulated CPU devices.
 
-Run as their own pytest process (``pytest multidevice_tests``): XLA_FLAGS is
-read once, when the CPU backend starts.
+Run as their own pytest process (``pytest multidevice_tests``): the device
+count is read once, when the CPU backend starts. It is set through jax's
+config rather than XLA_FLAGS, so subprocesses a test starts see no inherited
+device count and set their own.
 """
 
-import os
+import jax
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+jax.config.update("jax_num_cpu_devices", 8)
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
 

@@ -1,19 +1,20 @@
-"""The Core issue's acceptance cases 1-9 and 11, under Shardy and GSPMD.
+"""How batchpart calls partition, under Shardy and GSPMD: batch- and
+core-sharded inputs, broadcast operands, uneven batches, 2-D meshes, Explicit
+and Manual modes, vmap, and the decorator on a plain ``jax.ffi.ffi_call``.
 
 Each asserts on the compiled HLO (collectives, per-device custom-call operand
 shapes) and on values against NumPy.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
-from helpers import (collective_kinds, compiled_text, local_shapes, put, rng,
-                     the_custom_call)
+
+from helpers import collective_kinds, compiled_text, local_shapes, put, rng, the_custom_call
 
 SOFTMAX = "batchpart_test_softmax"
 MATVEC = "batchpart_test_matvec"
@@ -25,7 +26,7 @@ def _assert_softmax(y, lse, x):
   np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-6)
 
 
-# 1. Batch-sharded input: no collectives, local shard, batch-sharded results.
+# Batch-sharded input: no collectives, local shard, batch-sharded results.
 def test_batch_sharded_has_no_collectives(partitioner, mesh8):
   x = rng().standard_normal((64, 16), dtype=np.float32)
   xs = put(x, mesh8, P("x"))
@@ -39,7 +40,7 @@ def test_batch_sharded_has_no_collectives(partitioner, mesh8):
   assert y.sharding.spec[0] == "x" and lse.sharding.spec[0] == "x"
 
 
-# 2. Core-sharded input: the work is split 8 ways (all-to-all, not replication).
+# Core-sharded input: the work is split 8 ways (all-to-all, not replication).
 def test_core_sharded_splits_work_eight_ways(partitioner, mesh8):
   x = rng(1).standard_normal((64, 16), dtype=np.float32)
   xs = put(x, mesh8, P(None, "x"))
@@ -51,7 +52,7 @@ def test_core_sharded_splits_work_eight_ways(partitioner, mesh8):
   assert kernels.batch_elements_processed() == 64
 
 
-# 3. A broadcast operand is neither gathered nor materialised.
+# A broadcast operand is neither gathered nor materialised.
 def test_broadcast_operand_is_not_materialised(partitioner, mesh8):
   a = rng(2).standard_normal((16, 4, 6), dtype=np.float32)
   v = rng(3).standard_normal((6,), dtype=np.float32)
@@ -74,7 +75,7 @@ def test_size_one_batch_dim_is_broadcast(partitioner, mesh8):
                              np.einsum("abij,bj->abi", a, v), rtol=1e-5, atol=1e-5)
 
 
-# 4. Uneven batch inside jit: right values.
+# Uneven batch inside jit: right values.
 @pytest.mark.parametrize("n", [10, 3, 1])
 def test_uneven_batch(partitioner, mesh8, n):
   x = rng(6).standard_normal((16, 8), dtype=np.float32)
@@ -83,7 +84,7 @@ def test_uneven_batch(partitioner, mesh8, n):
   _assert_softmax(y, lse, x[:n])
 
 
-# 5. 2-D mesh: over both axes 1/8; over one axis 1/4 and replicated.
+# 2-D mesh: over both axes 1/8; over one axis 1/4 and replicated.
 @pytest.mark.parametrize("spec,local", [
     (P(("a", "b")), (2, 8)), (P("a"), (8, 8)), (P("b"), (4, 8))])
 def test_two_dim_mesh(partitioner, mesh2x4, spec, local):
@@ -113,7 +114,7 @@ def test_two_dim_mesh_core_axis_moves_to_batch(partitioner, mesh2x4):
   _assert_softmax(*jax.jit(kernels.softmax)(xs), x)
 
 
-# 6. Explicit mode: result types carry the batch sharding; no all-gather.
+# Explicit mode: result types carry the batch sharding; no all-gather.
 def test_explicit_mode(partitioner):
   mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
   x = rng(10).standard_normal((16, 8), dtype=np.float32)
@@ -140,7 +141,7 @@ def test_explicit_mode_broadcast_operand(partitioner):
   np.testing.assert_allclose(y, a @ v, rtol=1e-5, atol=1e-5)
 
 
-# 7. Manual mode: inside shard_map.
+# Manual mode: inside shard_map.
 def test_inside_shard_map(partitioner, mesh8):
   x = rng(13).standard_normal((16, 8), dtype=np.float32)
   f = jax.shard_map(kernels.softmax, mesh=mesh8, in_specs=P("x"),
@@ -160,7 +161,7 @@ def test_inside_shard_map_partially_manual(partitioner, mesh2x4):
   _assert_softmax(*jax.jit(f)(xs), x)
 
 
-# 8. vmap: one custom call with one more batch dim, no loop.
+# vmap: one custom call with one more batch dim, no loop.
 @pytest.mark.parametrize("in_axes", [0, 1, 2])
 def test_vmap_is_one_call(partitioner, mesh8, in_axes):
   x = rng(15).standard_normal((8, 16, 8), dtype=np.float32)
@@ -185,7 +186,7 @@ def test_vmap_unbatched_operand_broadcasts(partitioner, mesh8):
                              rtol=1e-5, atol=1e-5)
 
 
-# 9. The decorator on a wrapper of a plain jax.ffi.ffi_call.
+# The decorator on a wrapper of a plain jax.ffi.ffi_call.
 jax.ffi.register_ffi_target("plain_test_softmax", _core.testing.handlers()["softmax"],
                             platform="cpu")
 # The same kernel under a name batchpart never marks, for contrast.

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.interpreters import mlir
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
-from batchpart import _compat as compat
-from batchpart import testing as kernels
+from batchpart import _compat as compat, testing as kernels
+
 from helpers import collective_kinds, local_shapes, put, the_custom_call
 
 HERE = os.path.dirname(__file__)

@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, _hlo
+
 from helpers import collective_kinds, local_shapes, put, the_custom_call
 
 S = jax.ShapeDtypeStruct

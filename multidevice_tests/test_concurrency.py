@@ -15,10 +15,11 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 from batchpart import testing as kernels
+
 from helpers import put, rng
 
 S = jax.ShapeDtypeStruct

@@ -10,6 +10,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import testing as kernels
+
 from helpers import collective_kinds, put
 
 r = np.random.default_rng(0)

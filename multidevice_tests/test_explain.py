@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
+
 from helpers import compiled_text, local_shapes, put, rng, the_custom_call
 
 SOFTMAX = "batchpart_test_softmax"
@@ -68,7 +69,7 @@ def _core_sharded(mesh, shape, dtype=np.float32):
   return put(x, mesh, P(*([None] * (len(shape) - 1)), "x"))
 
 
-# Acceptance: a core-sharded input goes through an all-to-all and every
+# A core-sharded input goes through an all-to-all and every
 # device computes its own batch elements; the plain call all-gathers and
 # every device computes everything.
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

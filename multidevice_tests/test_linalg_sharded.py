@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
-
 import scipy.linalg
 from jax.lax.linalg import SvdAlgorithm
+from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
+
 from helpers import collective_kinds, compiled_text, local_shapes, put, rng, the_custom_call
 
 

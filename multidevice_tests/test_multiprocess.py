@@ -9,8 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from batchpart import _hlo
-from batchpart import testing as kernels
+from batchpart import _hlo, testing as kernels
 
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
 

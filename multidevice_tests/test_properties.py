@@ -32,13 +32,12 @@ import os
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import testing as kernels

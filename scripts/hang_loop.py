@@ -15,7 +15,7 @@ killed, the evidence is collected:
 Configurations (``--configs``, comma separated; default: a,b,c):
 
   a   jnp.linalg.cholesky on a core-sharded input (jaxlib's LAPACK potrf
-      behind an all-gather): the case reported in DESIGN.md.
+      behind an all-gather): the hang docs/reliability.md describes.
   b   bp.linalg.cholesky on a core-sharded input (all-to-all + batchpart's
       potrf) plus a batch-sharded bp.linalg.cholesky and test softmax in the
       same program: batchpart's own programs.

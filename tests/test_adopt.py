@@ -9,8 +9,7 @@ import pytest
 from jax.interpreters import mlir
 
 import batchpart as bp
-from batchpart import _compat as compat
-from batchpart import testing as kernels
+from batchpart import _compat as compat, testing as kernels
 
 
 def _softmax_primitive(name, rule=None):

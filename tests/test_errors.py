@@ -1,4 +1,4 @@
-"""Acceptance case 10: bad input raises a Python exception naming the target
+"""Bad input raises a Python exception naming the target
 and the offending argument; nothing crashes, nothing is silently wrong."""
 
 import jax
@@ -37,7 +37,8 @@ def test_operand_rank_below_core_rank():
 
 def test_batch_shapes_do_not_broadcast():
   a, v = np.ones((4, 3, 5), f32), np.ones((6, 5), f32)
-  with pytest.raises(ValueError, match=rf"{MATVEC}.*batch shape \(6,\) of operand 1 does not broadcast"):
+  with pytest.raises(ValueError,
+                     match=rf"{MATVEC}.*batch shape \(6,\) of operand 1 does not broadcast"):
     bp.ffi_call(MATVEC, sds(4, 3), signature="(m,n),(n)->(m)")(a, v, alpha=1.0)
 
 

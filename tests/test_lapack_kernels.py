@@ -15,8 +15,7 @@ import jax
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
@@ -397,8 +396,8 @@ def test_svd_reconstructs(batch, m, n, dtype, full, seed):
     assert vt.shape == (*batch, n if full else k, n)
     assert_close(s, np.linalg.svd(a, compute_uv=False), dtype, scale_of(a))
     assert_close((u[..., :, :k] * s[..., None, :]) @ vt[..., :k, :], a, dtype, scale_of(a))
-    assert_close(herm(u) @ u, np.broadcast_to(np.eye(u.shape[-1]), u.shape[:-2] + (u.shape[-1],) * 2),
-                 dtype, max(m, 1))
+    eye = np.broadcast_to(np.eye(u.shape[-1]), u.shape[:-2] + (u.shape[-1],) * 2)
+    assert_close(herm(u) @ u, eye, dtype, max(m, 1))
     assert_close(vt @ herm(vt),
                  np.broadcast_to(np.eye(vt.shape[-2]), vt.shape[:-2] + (vt.shape[-2],) * 2),
                  dtype, max(n, 1))

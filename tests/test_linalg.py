@@ -6,11 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.linalg
 from hypothesis import given, settings, strategies as st
 
 import batchpart as bp
-
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -12,7 +12,6 @@ from jax.test_util import check_grads
 import batchpart as bp
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def x64():
   with jax.enable_x64(True):

@@ -1,6 +1,6 @@
 """The C++ partition planner, tested directly through nanobind.
 
-Unit cases pin down the plans DESIGN.md describes; hypothesis checks, over
+Unit cases pin down the plans docs/design.md describes; hypothesis checks, over
 random meshes, shardings and shapes, that every plan makes each device
 compute exactly the batch elements it outputs.
 """

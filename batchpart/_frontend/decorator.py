@@ -13,11 +13,14 @@ import functools
 
 import jax
 
-from batchpart import _compat as compat
-from batchpart import _primitive
+from batchpart import _compat as compat, _primitive
 from batchpart._frontend.registry import note_called
 from batchpart._frontend.signature import (
-    broadcast_batch_shapes, parse_signature, spec_from_num_batch_dims, spec_from_signature)
+  broadcast_batch_shapes,
+  parse_signature,
+  spec_from_num_batch_dims,
+  spec_from_signature,
+)
 
 
 def batch_partitionable(fn=None, *, signature: str | None = None,

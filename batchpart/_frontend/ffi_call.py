@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchpart import _compat as compat
-from batchpart import _primitive
+from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import (
-    BatchSpec, parse_signature, require_static_shapes, spec_from_num_batch_dims,
-    spec_from_signature)
+  BatchSpec,
+  parse_signature,
+  require_static_shapes,
+  spec_from_num_batch_dims,
+  spec_from_signature,
+)
 
 
 def ffi_call(

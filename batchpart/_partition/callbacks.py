@@ -12,8 +12,7 @@ import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import shard_module
-from batchpart._partition import shardings as sh
+from batchpart._partition import shard_module, shardings as sh
 from batchpart._partition.description import CallDescription
 from batchpart._partition.plan import make_plan
 

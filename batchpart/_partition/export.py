@@ -8,10 +8,8 @@ user wrote also allows its derived names.
 
 from __future__ import annotations
 
-from batchpart import _compat as compat
-from batchpart import _stablehlo
-from batchpart._partition import derived_names
-from batchpart._partition import targets
+from batchpart import _compat as compat, _stablehlo
+from batchpart._partition import derived_names, targets
 
 
 def register_module_targets(module, platforms=None) -> list[str]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import attributes
-from batchpart._partition import emit
+from batchpart._partition import attributes, emit
 from batchpart._partition.description import CallDescription
 
 ir = compat.ir

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchpart import _compat as compat
-from batchpart import _core
+from batchpart import _compat as compat, _core
 
 HloSharding = compat.HloSharding
 _Kind = _core.Sharding.Kind

@@ -12,8 +12,7 @@ from __future__ import annotations
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import callbacks
-from batchpart._partition import derived_names
+from batchpart._partition import callbacks, derived_names
 from batchpart._partition.description import CallDescription
 
 _lock = threading.Lock()

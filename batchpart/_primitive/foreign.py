@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from batchpart import _compat as compat
-from batchpart import _stablehlo
+from batchpart import _compat as compat, _stablehlo
 from batchpart._frontend.registry import note_called
 from batchpart._frontend.signature import BatchSpec, Signature, check_spec
 from batchpart._partition import derived_names, targets

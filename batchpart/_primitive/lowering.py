@@ -7,8 +7,7 @@ from __future__ import annotations
 from batchpart import _compat as compat
 from batchpart._frontend.registry import note_called
 from batchpart._frontend.signature import BatchSpec, check_spec
-from batchpart._partition import emit
-from batchpart._partition import targets
+from batchpart._partition import emit, targets
 from batchpart._partition.description import CallDescription
 from batchpart._primitive.primitive import batchpart_ffi_call_p
 

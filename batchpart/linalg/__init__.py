@@ -8,7 +8,8 @@ conventions follow :mod:`jax.numpy.linalg`, :mod:`jax.scipy.linalg` and
 :mod:`jax.lax.linalg`; a failed factorization gives NaN in that batch element.
 """
 
-from batchpart.linalg._decompositions import cholesky, eigh, lu, qr, svd
+from batchpart.linalg._decompositions import cholesky, eigh, lu
+from batchpart.linalg._orthogonal import qr, svd
 from batchpart.linalg._solves import solve, triangular_solve
 
 __all__ = ["cholesky", "eigh", "lu", "qr", "solve", "svd", "triangular_solve"]

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 import batchpart
-from batchpart._frontend.signature import parse_signature
 from batchpart import _cusolver_targets, _lapack_targets
+from batchpart._frontend.signature import parse_signature
 
 _registered = False
 _lock = threading.Lock()

@@ -10,7 +10,14 @@ import jax.numpy as jnp
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
-    as_inexact, check_matrix, hermitian_from_triangle, matmul, mT, tril, triu)
+  as_inexact,
+  check_matrix,
+  hermitian_from_triangle,
+  matmul,
+  mT,
+  tril,
+  triu,
+)
 
 
 def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,

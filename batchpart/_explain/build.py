@@ -1,0 +1,117 @@
+"""``explain``: lower and compile a function, read both programs, and
+report on each FFI call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+
+from batchpart import _dtypes, _hlo
+from batchpart._explain import collectives, matching, replication
+from batchpart._explain.lowered import LoweredCall, lowered_calls
+from batchpart._explain.report import CallReport, ExplainReport
+
+
+def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
+  """Compiles ``fn`` for the given arguments and reports on its FFI calls.
+
+  For every FFI call in the program (``batchpart.ffi_call``, a
+  ``batchpart.batch_partitionable`` wrapper, or a plain
+  ``jax.ffi.ffi_call``, including jax's own LAPACK calls): the target, global
+  and per-device operand and result shapes, the collectives XLA inserted to
+  feed the call and to consume its results (kind and bytes per device), and
+  how many devices compute each batch element. The program is lowered and
+  compiled, never run.
+
+  Args:
+    fn: the function to explain. A ``jax.jit``-wrapped function is used as
+      is (so its ``static_argnums``, ``in_shardings`` and ``out_shardings``
+      apply); anything else is wrapped in ``jax.jit``.
+    *args: positional arguments for ``fn``: arrays (their shardings are used)
+      or ``jax.ShapeDtypeStruct``s with a ``sharding``.
+    **kwargs: keyword arguments for ``fn``. ``explain`` takes no options of
+      its own, so every keyword goes to ``fn``.
+
+  Returns:
+    An ``ExplainReport``: ``.calls`` holds one ``CallReport`` per call
+    (``.calls`` is empty when the program has no FFI call); ``str(report)`` is
+    a readable table.
+  """
+  lowerable = fn if hasattr(fn, "lower") else jax.jit(fn)
+  lowered = lowerable.lower(*args, **kwargs)
+  calls_asked = lowered_calls(lowered.compiler_ir())
+  text = lowered.compile().as_text() or ""
+  module = _hlo.parse_module(text)
+  num_devices = max(module.num_partitions * module.replica_count, 1)
+  partitioner = "shardy" if jax.config.jax_use_shardy_partitioner else "gspmd"
+
+  compiled = matching.compiled_ffi_calls(module)
+  instances = matching.match(calls_asked, compiled, module)
+
+  calls = []
+  for index, low in enumerate(calls_asked):
+    mine = instances.get(index, [])
+    if not mine:
+      calls.append(_report(low, None, module, num_devices))
+    for inst in mine:
+      calls.append(_report(low, inst, module, num_devices))
+  for inst in instances.get(None, []):
+    calls.append(_report(None, inst, module, num_devices))
+  return ExplainReport(calls=tuple(calls), num_devices=num_devices,
+                       partitioner=partitioner, hlo_text=text)
+
+
+def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
+            module: _hlo.Module, num_devices: int) -> CallReport:
+  device_operands = device_results = None
+  before = after = ()
+  if inst is not None:
+    operand_types = inst.operand_types or tuple(
+        t for o in module.operands(inst) for t in o.result_types)
+    device_operands = tuple(t.shape for t in operand_types)
+    device_results = tuple(t.shape for t in inst.result_types)
+    before = collectives.collectives(module, inst, forward=False)
+    after = collectives.collectives(module, inst, forward=True)
+  if low is not None:
+    operand_dtypes = tuple(d for d, _ in low.operands)
+    result_dtypes = tuple(d for d, _ in low.results)
+    global_operands = tuple(s for _, s in low.operands)
+    global_results = tuple(s for _, s in low.results)
+  else:
+    operand_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.operand_types)
+    result_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.result_types)
+    global_operands = global_results = None
+  shared_by = None
+  if (low is not None and inst is not None and not low.in_shard_map):
+    shared_by = replication.replication(
+        num_devices, global_operands, global_results, device_operands,
+        device_results, low.num_batch_dims)
+  frames = low.frames if low is not None and low.frames else (
+      module.stack(inst.stack_frame_id) if inst is not None else ())
+  return CallReport(
+      target=low.target if low is not None else inst.target,
+      num_batch_dims=low.num_batch_dims if low is not None else None,
+      operand_dtypes=operand_dtypes, result_dtypes=result_dtypes,
+      global_operand_shapes=global_operands, global_result_shapes=global_results,
+      device_operand_shapes=device_operands, device_result_shapes=device_results,
+      collectives_before=before, collectives_after=after,
+      replication=shared_by, num_devices=num_devices,
+      source=_source(frames), hlo_name=inst.name if inst is not None else None,
+      op_name=inst.op_name if inst is not None else "",
+      in_shard_map=low.in_shard_map if low is not None else False,
+      removed=inst is None)
+
+
+# batchpart's own package directory: frames inside it are not the user's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _source(frames: Sequence[_hlo.Frame]) -> str:
+  """The innermost frame outside batchpart's own package, as text."""
+  if not frames:
+    return ""
+  frame = next((f for f in frames
+                if not os.path.abspath(f.file).startswith(_PACKAGE_DIR)), frames[0])
+  return f"{frame.file}:{frame.line} ({frame.function})"

@@ -1,0 +1,93 @@
+"""An ``ExplainReport`` as text: one table of global and per-device types per
+call, then its collectives, batch dims and replication."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from batchpart import _dtypes
+
+if TYPE_CHECKING:
+  from batchpart._explain.report import Collective, ExplainReport, Shape
+
+
+def _type(dtype: str, shape: Shape | None) -> str:
+  if shape is None:
+    return "?"
+  return f"{_dtypes.to_hlo(dtype)}[{','.join(map(str, shape))}]"
+
+
+def _bytes(n: int) -> str:
+  size = float(n)
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if size < 1024 or unit == "GiB":
+      return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+    size /= 1024
+  return f"{n} B"
+
+
+def _collective_text(cs: Sequence[Collective], call_op_names: set[str]) -> str:
+  if not cs:
+    return "none"
+  parts = []
+  for c in cs:
+    text = f"{c.kind} {_bytes(c.bytes)}"
+    if c.op_name and c.op_name not in call_op_names:
+      text += f" (for {c.op_name})"
+    parts.append(text)
+  return ", ".join(parts)
+
+
+def _at(shapes, i: int) -> Shape | None:
+  return shapes[i] if shapes is not None and i < len(shapes) else None
+
+
+def render(report: ExplainReport) -> str:
+  n = len(report.calls)
+  head = (f"batchpart.explain: {n} FFI call{'s' if n != 1 else ''}, "
+          f"{report.num_devices} device{'s' if report.num_devices != 1 else ''}"
+          f" ({report.partitioner})")
+  if not n:
+    return head + "\nno FFI call in this program"
+  lines = [head]
+  for k, call in enumerate(report.calls):
+    lines.append("")
+    where = f"  at {os.path.basename(call.source)}" if call.source else ""
+    lines.append(f"[{k}] {call.target}{where}")
+    if call.removed:
+      lines.append("    not in the compiled program (XLA removed it: unused, "
+                   "or merged with an identical call)")
+    rows = [("", "shard_map body" if call.in_shard_map else "global", "per device")]
+    for i, dtype in enumerate(call.operand_dtypes):
+      rows.append((f"operand {i}", _type(dtype, _at(call.global_operand_shapes, i)),
+                   _type(dtype, _at(call.device_operand_shapes, i))))
+    for i, dtype in enumerate(call.result_dtypes):
+      rows.append((f"result {i}", _type(dtype, _at(call.global_result_shapes, i)),
+                   _type(dtype, _at(call.device_result_shapes, i))))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    for r in rows:
+      lines.append(f"    {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip())
+    if not call.removed:
+      own = {call.op_name}
+      lines.append(f"    collectives before: "
+                   f"{_collective_text(call.collectives_before, own)}")
+      lines.append(f"    collectives after:  "
+                   f"{_collective_text(call.collectives_after, own)}")
+    if call.num_batch_dims is None:
+      batch = "none declared (replication judged over all dims)"
+    else:
+      batch = f"{call.num_batch_dims} leading (num_batch_dims)"
+    lines.append(f"    batch dims:  {batch}")
+    if call.in_shard_map:
+      rep = "n/a (inside shard_map: each device runs the body on its own block)"
+    elif call.replication is None:
+      rep = "unknown"
+    else:
+      rep = (f"{call.replication} (each batch element computed by "
+             f"{call.replication} of {call.num_devices} devices"
+             + ("; no redundant work)" if call.replication == 1 else ")"))
+    lines.append(f"    replication: {rep}")
+  return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""The report ``batchpart.explain`` returns: one ``CallReport`` per FFI
+call, with the ``Collective``s XLA put around it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from batchpart._explain import render
+
+Shape = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  """A collective XLA put in front of or behind an FFI call.
+
+  Attributes:
+    kind: the HLO opcode, e.g. ``"all-gather"``, ``"all-to-all"``,
+      ``"collective-permute"``, ``"all-reduce"`` (async ``-start``/``-done``
+      pairs count once, under the plain name).
+    bytes: bytes of the collective's result on each device (for a combined,
+      tuple-shaped collective: all of its results).
+    name: the instruction's name in the compiled HLO.
+    op_name: the jax operation XLA attributes it to (its metadata), e.g.
+      ``"jit(f)/ffi_call"``; a collective inserted for another operation on
+      the way (a ``reduce_sum`` over a sharded axis) names that operation.
+  """
+  kind: str
+  bytes: int
+  name: str = ""
+  op_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallReport:
+  """One FFI call of the program.
+
+  Attributes:
+    target: the FFI target name.
+    num_batch_dims: the leading dims batchpart treats as batch dims (the
+      call's ``num_batch_dims`` frontend attribute), or None for a call that
+      does not carry one (a plain ``jax.ffi.ffi_call``).
+    operand_dtypes, result_dtypes: NumPy dtype names.
+    global_operand_shapes, global_result_shapes: shapes in the program as
+      written (inside ``shard_map``: the per-shard shapes the body sees).
+      None for a compiled call explain could not tie to the lowered program.
+    device_operand_shapes, device_result_shapes: what the kernel gets and
+      returns on each device after partitioning; None if XLA removed the call.
+    collectives_before: collectives feeding the call's operands.
+    collectives_after: collectives consuming its results.
+    replication: how many devices compute each batch element (1: no
+      redundant work; ``num_devices``: every device computes everything);
+      None inside ``shard_map``, for removed calls, or when the shapes do not
+      determine it.
+    num_devices: devices the program is partitioned over.
+    source: ``file:line (function)`` of the call site in user code.
+    hlo_name: the custom call's instruction name in the compiled HLO.
+    op_name: the jax operation XLA attributes the call to, e.g.
+      ``"jit(f)/ffi_call"``.
+    in_shard_map: the call runs inside a ``shard_map`` body.
+    removed: the call is not in the compiled program (XLA dropped it as
+      unused or merged it with an identical call).
+  """
+  target: str
+  num_batch_dims: int | None
+  operand_dtypes: tuple[str, ...]
+  result_dtypes: tuple[str, ...]
+  global_operand_shapes: tuple[Shape, ...] | None
+  global_result_shapes: tuple[Shape, ...] | None
+  device_operand_shapes: tuple[Shape, ...] | None
+  device_result_shapes: tuple[Shape, ...] | None
+  collectives_before: tuple[Collective, ...]
+  collectives_after: tuple[Collective, ...]
+  replication: int | None
+  num_devices: int
+  source: str = ""
+  hlo_name: str | None = None
+  op_name: str = ""
+  in_shard_map: bool = False
+  removed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExplainReport:
+  """What ``batchpart.explain`` found; ``str()`` renders it as text.
+
+  Attributes:
+    calls: one ``CallReport`` per FFI call, in program order (a call XLA
+      copied, e.g. by unrolling a loop, appears once per copy).
+    num_devices: devices the program is partitioned over.
+    partitioner: ``"shardy"`` or ``"gspmd"``, as configured when compiling.
+    hlo_text: the compiled module's text.
+  """
+  calls: tuple[CallReport, ...]
+  num_devices: int
+  partitioner: str
+  hlo_text: str = dataclasses.field(default="", repr=False, compare=False)
+
+  def __str__(self) -> str:
+    return render.render(self)

@@ -1,0 +1,72 @@
+"""The text of an ExplainReport."""
+
+from batchpart._explain import CallReport, Collective, ExplainReport
+
+
+def test_render():
+  call = CallReport(
+      target="my_kernel", num_batch_dims=None, operand_dtypes=("float32",),
+      result_dtypes=("float32", "int32"), global_operand_shapes=((64, 16),),
+      global_result_shapes=((64, 16), (64,)), device_operand_shapes=((64, 16),),
+      device_result_shapes=((64, 16), (64,)),
+      collectives_before=(Collective("all-gather", 4096, "ag", "jit(f)/ffi_call"),
+                          Collective("all-reduce", 3 << 20, "ar", "jit(f)/reduce_sum")),
+      collectives_after=(), replication=8, num_devices=8,
+      source="/home/user/f.py:12 (f)", op_name="jit(f)/ffi_call")
+  text = str(ExplainReport(calls=(call,), num_devices=8, partitioner="shardy"))
+  assert text.splitlines()[0] == "batchpart.explain: 1 FFI call, 8 devices (shardy)"
+  assert "[0] my_kernel  at f.py:12 (f)" in text
+  assert "operand 0  f32[64,16]  f32[64,16]" in text
+  assert "result 1   s32[64]     s32[64]" in text
+  assert ("collectives before: all-gather 4.0 KiB, "
+          "all-reduce 3.0 MiB (for jit(f)/reduce_sum)") in text
+  assert "collectives after:  none" in text
+  assert "replication: 8 (each batch element computed by 8 of 8 devices)" in text
+
+
+def _call(**changes):
+  fields = dict(
+      target="k", num_batch_dims=1, operand_dtypes=("bfloat16",), result_dtypes=("bool",),
+      global_operand_shapes=((8, 2),), global_result_shapes=((8,),),
+      device_operand_shapes=((1, 2),), device_result_shapes=((1,),),
+      collectives_before=(), collectives_after=(), replication=1, num_devices=8)
+  fields.update(changes)
+  return CallReport(**fields)
+
+
+def _text(*calls, num_devices=8):
+  return str(ExplainReport(calls=calls, num_devices=num_devices, partitioner="gspmd"))
+
+
+def test_render_types_and_no_redundant_work():
+  text = _text(_call())
+  assert "operand 0  bf16[8,2]  bf16[1,2]" in text
+  assert "result 0   pred[8]    pred[1]" in text
+  assert "batch dims:  1 leading (num_batch_dims)" in text
+  assert "(each batch element computed by 1 of 8 devices; no redundant work)" in text
+
+
+def test_render_removed_call():
+  text = _text(_call(device_operand_shapes=None, device_result_shapes=None,
+                     replication=None, removed=True))
+  assert "not in the compiled program" in text
+  assert "operand 0  bf16[8,2]  ?" in text
+  assert "collectives before" not in text and "replication: unknown" in text
+
+
+def test_render_shard_map_body():
+  text = _text(_call(in_shard_map=True, replication=None))
+  assert "shard_map body" in text and "replication: n/a (inside shard_map" in text
+
+
+def test_render_no_calls_and_one_device():
+  assert _text(num_devices=1) == ("batchpart.explain: 0 FFI calls, 1 device (gspmd)\n"
+                                  "no FFI call in this program")
+
+
+def test_render_byte_units():
+  c = lambda n: Collective("all-to-all", n, "a2a", "jit(f)/ffi_call")
+  text = _text(_call(collectives_before=(c(1000),), collectives_after=(c(5 << 30),),
+                     op_name="jit(f)/ffi_call"))
+  assert "collectives before: all-to-all 1000 B" in text
+  assert "collectives after:  all-to-all 5.0 GiB" in text
