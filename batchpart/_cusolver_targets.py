@@ -4,13 +4,13 @@ The CUDA module ``batchpart._cuda`` (cc/cusolver/) is built only where CMake
 found nvcc and cuSOLVER/cuBLAS (see docs/gpu.md). Its handlers have the same
 target names and contracts as the CPU LAPACK kernels (cc/common/contracts.h),
 registered for platform ``"CUDA"`` through ``batchpart.register_ffi_target``
-(which calls ``jax.ffi.register_ffi_target(name, capsule, platform="CUDA")``
-and marks the target batch partitionable), as the CPU targets are. A custom call names only its target; XLA
-resolves the name in the handler registry of the platform the program is
-compiled for, so ``batchpart.linalg`` lowers once for every platform and the
-CPU and GPU handlers never meet. The batch partitioner is registered per
-target name, for every PJRT plugin (batchpart/_jax_adapter.py), so it covers
-the CUDA plugin too.
+(which calls ``jax.ffi.register_ffi_target(name, capsule, platform="CUDA")``),
+as the CPU targets are. A custom call names only its target; XLA resolves the
+name in the handler registry of the platform the program is compiled for, so
+``batchpart.linalg`` lowers once for every platform and the CPU and GPU
+handlers never meet. Each call's derived target is registered on every
+platform the lowering targets, and its partitioner on the CPU client and
+every PJRT plugin (batchpart/_compat.py), so it covers the CUDA plugin too.
 
 ``register()`` does nothing (and loads no CUDA library) unless the module was
 built and jax has CUDA devices.

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 import jax
 
-
 # Targets the CUDA module lacks: their options raise NotImplementedError on a
 # GPU (batchpart.linalg checks the platform).
 CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
@@ -50,8 +49,7 @@ def register() -> None:
     _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
     _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
     # Several CPU devices run their programs concurrently on the same cores;
-    # BLAS threads inside each call then only fight each other (a 256x256
-    # Cholesky on 8 simulated devices: 1.5 s with them, 12 ms without; see
+    # BLAS threads inside each call then only fight each other (measured in
     # docs/reliability.md). One device may use them, as jaxlib does.
     _core.lapack.set_single_threaded_blas(len(jax.devices("cpu")) > 1)
     from batchpart._frontend.registry import register_ffi_target

@@ -41,13 +41,13 @@ def _setup():
 
 def run_finufft(quick: bool) -> list[dict]:
   jax, mesh = _setup()
+  import jax_finufft
   import numpy as np
+  from _timing import interleaved
   from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax_finufft import ops
 
   import batchpart as bp
-  import jax_finufft
-  from jax_finufft import ops
-  from _timing import interleaved
 
   def wrap():
     # Each shard's transform count, and one thread per shard: the simulated
@@ -94,10 +94,10 @@ def run_linalg(quick: bool) -> list[dict]:
   jax.config.update("jax_cpu_enable_async_dispatch", False)
   import jax.numpy as jnp
   import numpy as np
+  from _timing import interleaved
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   import batchpart as bp
-  from _timing import interleaved
 
   L = jax.lax.linalg
   batch, n = (256, 32) if quick else (512, 64)
