@@ -41,7 +41,7 @@ def _candidates(mesh):
         (jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(a.shape[:-2], "int32")),
         input_layouts=[_lapack_targets.column_major(a.shape)],
         output_layouts=[_lapack_targets.column_major(a.shape), None],
-        vmap_method="expand_dims")(a, lower=True)
+        vmap_method="expand_dims")(a, lower=True, symmetrize=False)
     return factor
 
   shard_map_wrapper = jax.shard_map(

@@ -69,10 +69,10 @@ def real_dtype(dtype):
     return np.finfo(dtype).dtype
 
 
-def potrf(a, lower=True):
+def potrf(a, lower=True, symmetrize=False):
     batch = a.shape[:-2]
     return ffi("batchpart_potrf", [a], [matrix(a.shape, a.dtype), array(batch, np.int32)],
-               lower=lower)
+               lower=lower, symmetrize=symmetrize)
 
 
 def getrf(a):
@@ -245,7 +245,7 @@ def test_kernels_before_initialize_fail_cleanly():
             "batchpart_potrf",
             (jax.ShapeDtypeStruct((2, 2), np.float32), jax.ShapeDtypeStruct((), np.int32)))
         try:
-            call(np.eye(2, dtype=np.float32), lower=True)
+            call(np.eye(2, dtype=np.float32), lower=True, symmetrize=False)
         except Exception as e:
             print("ERROR:", e)
         """
@@ -272,6 +272,20 @@ def test_potrf_matches_numpy(batch, n, dtype, lower, seed):
     assert_close(factor, expected, dtype, scale_of(a))
     other = np.triu(factor, 1) if lower else np.tril(factor, -1)
     assert not other.any()  # the other triangle is zeroed
+
+
+@HYPOTHESIS
+@given(batch=batch_shapes, n=st.integers(0, 6), dtype=dtypes, lower=st.booleans(), seed=seeds)
+def test_potrf_symmetrize_factors_the_hermitian_part(batch, n, dtype, lower, seed):
+    """symmetrize=True factors (A + A^H) / 2, reading both triangles."""
+    rng = np.random.default_rng(seed)
+    a = hermitian_pd(rng, batch, n, dtype)
+    skew = random(rng, a.shape, dtype)
+    perturbed = (a + (skew - herm(skew)) / 4).astype(dtype)  # same Hermitian part
+    factor, info = potrf(perturbed, lower=lower, symmetrize=True)
+    assert not info.any()
+    expected = np.linalg.cholesky(a.astype(np.complex128 if np.iscomplexobj(a) else np.float64))
+    assert_close(factor, expected if lower else herm(expected), dtype, scale_of(a))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -573,20 +587,21 @@ def test_random_garbage_everywhere_never_fails(dtype):
 
 TRSM_ATTRS = {"left_side": True, "lower": True, "transpose_a": False, "conjugate_a": False,
               "unit_diagonal": False}
+POTRF_ATTRS = {"lower": True, "symmetrize": False}
 BAD_CALLS = [
     # (target, operands, results, attrs, message fragment)
     ("batchpart_potrf", [np.ones((2, 3, 4))],
-     [matrix((2, 3, 4), np.float64), array((2,), np.int32)], {"lower": True}, "square"),
+     [matrix((2, 3, 4), np.float64), array((2,), np.int32)], POTRF_ATTRS, "square"),
     ("batchpart_potrf", [np.ones((2, 3, 3))],
-     [matrix((2, 4, 4), np.float64), array((2,), np.int32)], {"lower": True}, "(2, 4, 4)"),
+     [matrix((2, 4, 4), np.float64), array((2,), np.int32)], POTRF_ATTRS, "(2, 4, 4)"),
     ("batchpart_potrf", [np.ones((2, 3, 3))],
-     [matrix((2, 3, 3), np.float32), array((2,), np.int32)], {"lower": True}, "float32"),
+     [matrix((2, 3, 3), np.float32), array((2,), np.int32)], POTRF_ATTRS, "float32"),
     ("batchpart_potrf", [np.ones((2, 3, 3))],
-     [matrix((2, 3, 3), np.float64), array((2,), np.float32)], {"lower": True}, "info"),
+     [matrix((2, 3, 3), np.float64), array((2,), np.float32)], POTRF_ATTRS, "info"),
     ("batchpart_potrf", [np.ones((3, 3), np.int32)],
-     [matrix((3, 3), np.int32), array((), np.int32)], {"lower": True}, "unsupported dtype int32"),
+     [matrix((3, 3), np.int32), array((), np.int32)], POTRF_ATTRS, "unsupported dtype int32"),
     ("batchpart_potrf", [np.ones((3,))], [array((3,), np.float64), array((), np.int32)],
-     {"lower": True}, "rank >= 2"),
+     POTRF_ATTRS, "rank >= 2"),
     ("batchpart_getrf", [np.ones((4, 3))],
      [matrix((4, 3), np.float64), array((4,), np.int32), array((4,), np.int32),
       array((), np.int32)], {}, "pivots"),

@@ -58,24 +58,27 @@ def cholesky(a, *, lower: bool = True, symmetrize_input: bool = True):
   """
   a, = as_inexact("cholesky", a)
   check_matrix("cholesky", "a", a, square=True)
-  factor = _cholesky_lower(symmetrize(a) if symmetrize_input else a)
+  factor = _cholesky_lower(a, bool(symmetrize_input))
   return factor if lower else H(factor)
 
 
-@jax.custom_jvp
-def _cholesky_lower(a):  # reads a's lower triangle only
-  factor, _ = _kernels.potrf_hermitian(a)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _cholesky_lower(a, symmetrize_input):
+  # The kernel symmetrizes on each device: a transpose in jax would move the
+  # other triangle across devices when a matrix dim is sharded.
+  factor, _ = _kernels.potrf_hermitian(a, symmetrize=symmetrize_input)
   return factor
 
 
 @_cholesky_lower.defjvp
-def _cholesky_jvp(primals, tangents):
+def _cholesky_jvp(symmetrize_input, primals, tangents):
   a, = primals
   a_dot, = tangents
-  # The kernel reads only the lower triangle, so only it varies (for
-  # symmetrized input, whose tangent is Hermitian, this changes nothing).
-  a_dot = hermitian_from_triangle(a_dot, lower=True)
-  L = _cholesky_lower(a)
+  # What the kernel factors: (a + a^H) / 2, or the Hermitian matrix of a's
+  # lower triangle.
+  a_dot = (symmetrize(a_dot) if symmetrize_input
+           else hermitian_from_triangle(a_dot, lower=True))
+  L = _cholesky_lower(a, symmetrize_input)
   # Murray 2016 (arXiv:1602.07527): dL = L phi(L^-1 dA L^-H).
   tmp = _tangent_trsm(L, a_dot, left_side=False, transpose_a=True, conjugate_a=True,
                       lower=True)

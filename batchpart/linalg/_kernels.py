@@ -58,8 +58,9 @@ S = jax.ShapeDtypeStruct
 i32 = np.int32
 
 
-def potrf_hermitian(a):
-  """Lower Cholesky factor of Hermitian `a`, without relayouts.
+def potrf_hermitian(a, *, symmetrize: bool = False):
+  """Lower Cholesky factor of Hermitian `a` (of ``(a + a^H) / 2`` with
+  ``symmetrize``, computed by the kernel on each device), without relayouts.
 
   A row-major Hermitian A is, read column-major, A^T = conj(A). Factoring
   that as U^H U (upper) and reading U back row-major gives U^T, and
@@ -71,7 +72,8 @@ def potrf_hermitian(a):
   # The kernel factors in place when XLA hands it the operand's buffer.
   return batchpart.ffi_call(
       "batchpart_potrf", [S(a.shape, a.dtype), S(tuple(batch), i32)],
-      signature="(n,n)->(n,n),()", input_output_aliases={0: 0})(a, lower=False)
+      signature="(n,n)->(n,n),()", input_output_aliases={0: 0})(
+          a, lower=False, symmetrize=bool(symmetrize))
 
 
 def getrf(a):

@@ -35,6 +35,8 @@
 // batchpart_potrf      Cholesky.
 //   operand  a       (..., n, n)
 //   attrs    lower: bool       which triangle of a is read and of the factor written
+//            symmetrize: bool  factor (a + a^H) / 2 (both triangles read), as
+//                              jax's symmetrize_input, instead of the triangle alone
 //   results  factor  (..., n, n)  the other triangle zeroed; all NaN where info != 0
 //            info    (...) int32
 //
@@ -192,7 +194,8 @@ auto BindPotrf(Binding binding) {
       .template Arg<ffi::AnyBuffer>()  // a
       .template Ret<ffi::AnyBuffer>()  // factor
       .template Ret<ffi::AnyBuffer>()  // info
-      .template Attr<bool>("lower");
+      .template Attr<bool>("lower")
+      .template Attr<bool>("symmetrize");
 }
 
 template <typename Binding>

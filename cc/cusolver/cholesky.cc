@@ -11,14 +11,18 @@ constexpr const char* kTarget = kPotrfTarget;
 
 template <typename T>
 ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t batch, int64_t n,
-                  bool lower, const ffi::AnyBuffer& a, ffi::AnyBuffer& factor,
-                  ffi::AnyBuffer& info) {
+                  bool lower, bool symmetrize, const ffi::AnyBuffer& a,
+                  ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
   int32_t* info_data = Data<int32_t>(info);
   if (batch == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, batch);
   const int64_t size = n * n;
   T* l = Data<T>(factor);
   BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), l, batch * size));
+  if (symmetrize) {
+    BATCHPART_RETURN_IF_ERROR(
+        CudaStatus(kTarget, "SymmetrizeTriangle", SymmetrizeTriangle(stream, l, n, batch, lower)));
+  }
 
   SolverHandle handle;
   BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
@@ -54,11 +58,12 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t b
 
 ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                      ffi::Result<ffi::AnyBuffer> factor, ffi::Result<ffi::AnyBuffer> info,
-                     bool lower) {
+                     bool lower, bool symmetrize) {
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, a, *factor, *info);
+    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, symmetrize, a,
+                     *factor, *info);
   });
 }
 

@@ -153,6 +153,31 @@ __global__ void SanitizeNonFiniteKernel(T* a, int64_t rows, int64_t cols, int64_
   }
 }
 
+__device__ inline float Mean(float x, float y) { return (x + y) / 2; }
+__device__ inline double Mean(double x, double y) { return (x + y) / 2; }
+__device__ inline cuComplex Mean(cuComplex x, cuComplex y) {
+  return make_cuComplex((x.x + y.x) / 2, (x.y + y.y) / 2);
+}
+__device__ inline cuDoubleComplex Mean(cuDoubleComplex x, cuDoubleComplex y) {
+  return make_cuDoubleComplex((x.x + y.x) / 2, (x.y + y.y) / 2);
+}
+
+// Threads write only the kept triangle and read only its mirror image (or
+// their own diagonal entry), so no entry is both written and read by two
+// threads.
+template <typename T>
+__global__ void SymmetrizeTriangleKernel(T* a, int64_t n, int64_t batch, bool lower) {
+  const int64_t size = n * n;
+  const Region kept = lower ? Region::kLower : Region::kUpper;
+  for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+    T* m = a + b * size;
+    for (int64_t e = threadIdx.x; e < size; e += blockDim.x) {
+      const int64_t i = e % n, j = e / n;
+      if (InRegion(kept, i, j)) m[e] = Mean(m[e], Conj(m[i * n + j]));
+    }
+  }
+}
+
 template <typename T>
 __global__ void FinishCholeskyKernel(T* a, int64_t n, int64_t batch, bool lower, int32_t* info) {
   const int64_t size = n * n;
@@ -313,6 +338,13 @@ cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t c
 }
 
 template <typename T>
+cudaError_t SymmetrizeTriangle(cudaStream_t stream, T* a, int64_t n, int64_t batch, bool lower) {
+  if (batch == 0 || n == 0) return cudaSuccess;
+  SymmetrizeTriangleKernel<T><<<Blocks(batch, 1), kThreads, 0, stream>>>(a, n, batch, lower);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t FinishCholesky(cudaStream_t stream, T* a, int64_t n, int64_t batch, bool lower,
                            int32_t* info) {
   if (batch == 0 || n == 0) return cudaSuccess;
@@ -362,6 +394,7 @@ cudaError_t FinishSolve(cudaStream_t stream, const int32_t* a_info, BroadcastInd
                                               int64_t, int64_t, int64_t);                         \
   template cudaError_t SanitizeNonFinite<T>(cudaStream_t, T*, int64_t, int64_t, int64_t, Region,  \
                                             int32_t*);                                            \
+  template cudaError_t SymmetrizeTriangle<T>(cudaStream_t, T*, int64_t, int64_t, bool);          \
   template cudaError_t FinishCholesky<T>(cudaStream_t, T*, int64_t, int64_t, bool, int32_t*);     \
   template cudaError_t FinishDecomposition<T>(cudaStream_t, const int32_t*, int32_t*, int64_t,    \
                                               GpuReal<T>*, int64_t, T*, int64_t, T*, int64_t);    \

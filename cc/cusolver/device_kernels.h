@@ -110,6 +110,11 @@ cudaError_t SanitizeNonFinite(cudaStream_t stream, T* a, int64_t rows, int64_t c
 // not finite, the matrix becomes all NaN (info, if 0, becomes the 1-based
 // column of the first non-finite diagonal entry, else n); elsewhere the
 // other triangle is zeroed.
+// Replaces the lower (or upper) triangle of each column-major n x n matrix
+// by that of (A + A^H) / 2 (jax's symmetrize_input, on the device).
+template <typename T>
+cudaError_t SymmetrizeTriangle(cudaStream_t stream, T* a, int64_t n, int64_t batch, bool lower);
+
 template <typename T>
 cudaError_t FinishCholesky(cudaStream_t stream, T* a, int64_t n, int64_t batch, bool lower,
                            int32_t* info);

@@ -15,7 +15,8 @@ constexpr const char* kTarget = kPotrfTarget;
 // (including one holding NaNs: potrf rejects a NaN pivot) becomes all NaN,
 // so the failure cannot pass for a result.
 template <typename T>
-void FactorOne(int64_t n, bool lower, T* l, int32_t* info) {
+void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
+  if (symmetrize) SymmetrizeTriangle(l, n, lower);
   char uplo = lower ? 'L' : 'U';
   lapack_int n_v = static_cast<lapack_int>(n), lda = LeadingDim(n), info_v = 0;
   Lapack<T>::potrf(&uplo, &n_v, l, &lda, &info_v);
@@ -29,7 +30,8 @@ void FactorOne(int64_t n, bool lower, T* l, int32_t* info) {
 
 template <typename T>
 ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
-                  const ffi::AnyBuffer& a, ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
+                  bool symmetrize, const ffi::AnyBuffer& a, ffi::AnyBuffer& factor,
+                  ffi::AnyBuffer& info) {
   const int64_t n = shape.n, size = n * n;
   const T* a_data = a.typed_data<T>();
   T* l_data = factor.typed_data<T>();
@@ -38,18 +40,18 @@ ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
   return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       CopyIfDistinct(a_data + b * size, l_data + b * size, size);
-      FactorOne<T>(n, lower, l_data + b * size, info_data + b);
+      FactorOne<T>(n, lower, symmetrize, l_data + b * size, info_data + b);
     }
   });
 }
 
 ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> factor,
-                     ffi::Result<ffi::AnyBuffer> info, bool lower) {
+                     ffi::Result<ffi::AnyBuffer> info, bool lower, bool symmetrize) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Factor<T>(pool, shape, lower, a, *factor, *info);
+    return Factor<T>(pool, shape, lower, symmetrize, a, *factor, *info);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <complex>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -78,6 +79,24 @@ void ZeroOtherTriangle(T* a, int64_t n, bool keep_lower) {
       std::fill_n(a + j * n, j, T(0));
     } else {
       std::fill_n(a + j * n + j + 1, n - j - 1, T(0));
+    }
+  }
+}
+
+// Replaces the lower (or upper) triangle of an n x n column-major matrix by
+// that of (A + A^H) / 2: what jax's symmetrize_input computes, here after
+// the matrix reached its device, so no transposed copy crosses devices.
+template <typename T>
+void SymmetrizeTriangle(T* a, int64_t n, bool lower) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = lower ? j : 0; i < (lower ? n : j + 1); ++i) {
+      T& x = a[i + j * n];
+      const T& y = a[j + i * n];
+      if constexpr (std::is_floating_point_v<T>) {
+        x = (x + y) / T(2);
+      } else {
+        x = (x + std::conj(y)) / typename T::value_type(2);
+      }
     }
   }
 }
