@@ -11,8 +11,8 @@ constexpr const char* kTarget = kPotrfTarget;
 
 template <typename T>
 ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t batch, int64_t n,
-                  bool lower, bool symmetrize, const ffi::AnyBuffer& a,
-                  ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
+                  bool lower, bool symmetrize, const ffi::AnyBuffer& a, ffi::AnyBuffer& factor,
+                  ffi::AnyBuffer& info) {
   int32_t* info_data = Data<int32_t>(info);
   if (batch == 0) return ffi::Error::Success();
   if (n == 0) return ZeroInts(kTarget, stream, info_data, batch);
@@ -62,8 +62,8 @@ ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
   return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, symmetrize, a,
-                     *factor, *info);
+    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, symmetrize, a, *factor,
+                     *info);
   });
 }
 

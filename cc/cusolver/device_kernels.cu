@@ -394,7 +394,7 @@ cudaError_t FinishSolve(cudaStream_t stream, const int32_t* a_info, BroadcastInd
                                               int64_t, int64_t, int64_t);                         \
   template cudaError_t SanitizeNonFinite<T>(cudaStream_t, T*, int64_t, int64_t, int64_t, Region,  \
                                             int32_t*);                                            \
-  template cudaError_t SymmetrizeTriangle<T>(cudaStream_t, T*, int64_t, int64_t, bool);          \
+  template cudaError_t SymmetrizeTriangle<T>(cudaStream_t, T*, int64_t, int64_t, bool);           \
   template cudaError_t FinishCholesky<T>(cudaStream_t, T*, int64_t, int64_t, bool, int32_t*);     \
   template cudaError_t FinishDecomposition<T>(cudaStream_t, const int32_t*, int32_t*, int64_t,    \
                                               GpuReal<T>*, int64_t, T*, int64_t, T*, int64_t);    \

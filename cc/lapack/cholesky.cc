@@ -29,9 +29,8 @@ void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
 }
 
 template <typename T>
-ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
-                  bool symmetrize, const ffi::AnyBuffer& a, ffi::AnyBuffer& factor,
-                  ffi::AnyBuffer& info) {
+ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower, bool symmetrize,
+                  const ffi::AnyBuffer& a, ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
   const int64_t n = shape.n, size = n * n;
   const T* a_data = a.typed_data<T>();
   T* l_data = factor.typed_data<T>();

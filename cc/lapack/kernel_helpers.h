@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <complex>
-#include <type_traits>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/ffi_helpers.h"
