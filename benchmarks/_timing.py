@@ -3,7 +3,10 @@ process, so drift in machine load hits all of them alike."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -38,3 +41,22 @@ def fmt_time(seconds: float) -> str:
   if seconds < 1:
     return f"{seconds * 1e3:7.2f}ms"
   return f"{seconds:7.2f}s "
+
+
+def run_child(script: str, args: list[str], *, timeout: float, tries: int = 3):
+  """Runs ``python script *args`` and returns the JSON its last stdout line
+  holds. A child past ``timeout`` is killed and run again: jaxlib's LAPACK
+  kernels can deadlock XLA's CPU pool on simulated devices
+  (docs/reliability.md)."""
+  for attempt in range(tries):
+    try:
+      proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                            timeout=timeout)
+    except subprocess.TimeoutExpired:
+      print(f"{script} {' '.join(args)}: timed out (attempt {attempt + 1}), retrying",
+            flush=True)
+      continue
+    if proc.returncode != 0:
+      raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+  raise RuntimeError(f"{script} {' '.join(args)}: timed out {tries} times")

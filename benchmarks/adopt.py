@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,21 +127,6 @@ def run_linalg(quick: bool) -> list[dict]:
   return rows
 
 
-def _child(part: str, quick: bool, timeout: float, tries: int = 3) -> list[dict]:
-  for attempt in range(tries):
-    try:
-      proc = subprocess.run([sys.executable, __file__, "--child", part] +
-                            (["--quick"] if quick else []),
-                            capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-      print(f"{part}: timed out (attempt {attempt + 1}), retrying", flush=True)
-      continue
-    if proc.returncode != 0:
-      raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-  raise RuntimeError(f"{part}: timed out {tries} times")
-
-
 def write(rows, quick: bool) -> None:
   lines = [
       "# Adoption benchmark: existing primitives, stock vs `bp.partition_primitive`",
@@ -200,7 +184,11 @@ def main() -> None:
     rows = (run_finufft if args.child == "finufft" else run_linalg)(args.quick)
     print(json.dumps(rows))
     return
-  rows = _child("finufft", args.quick, 1200) + _child("linalg", args.quick, 900)
+  sys.path.insert(0, HERE)
+  from _timing import run_child
+  quick = ["--quick"] if args.quick else []
+  rows = (run_child(__file__, ["--child", "finufft", *quick], timeout=1200) +
+          run_child(__file__, ["--child", "linalg", *quick], timeout=900))
   write(rows, args.quick)
   print(open(os.path.join(DOCS, "benchmarks-adopt.md")).read())
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,21 +87,6 @@ def child(partitioner: str, quick: bool) -> list[dict]:
   return rows
 
 
-def run_child(partitioner: str, quick: bool, tries: int = 3) -> list[dict]:
-  for attempt in range(tries):
-    try:
-      proc = subprocess.run(
-          [sys.executable, __file__, "--child", partitioner] + (["--quick"] if quick else []),
-          capture_output=True, text=True, timeout=1500)
-    except subprocess.TimeoutExpired:
-      print(f"{partitioner}: timed out (attempt {attempt + 1}), retrying", flush=True)
-      continue
-    if proc.returncode != 0:
-      raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-  raise RuntimeError(f"{partitioner}: timed out {tries} times")
-
-
 def write(rows, quick: bool) -> str:
   ms = lambda s: f"{s * 1e3:.2f} ms"
   lines = [
@@ -145,7 +129,11 @@ def main() -> None:
   if args.child:
     print(json.dumps(child(args.child, args.quick)))
     return
-  rows = run_child("shardy", args.quick) + run_child("gspmd", args.quick)
+  sys.path.insert(0, HERE)
+  from _timing import run_child
+  quick = ["--quick"] if args.quick else []
+  rows = [row for p in ("shardy", "gspmd")
+          for row in run_child(__file__, ["--child", p, *quick], timeout=1500)]
   print(write(rows, args.quick))
 
 
