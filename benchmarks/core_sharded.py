@@ -133,7 +133,7 @@ def main() -> None:
   from _timing import run_child
   quick = ["--quick"] if args.quick else []
   rows = [row for p in ("shardy", "gspmd")
-          for row in run_child(__file__, ["--child", p, *quick], timeout=1500)]
+          for row in run_child(__file__, ["--child", p, *quick], timeout=420)]
   print(write(rows, args.quick))
 
 
