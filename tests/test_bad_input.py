@@ -156,7 +156,8 @@ CASES = [
     Case("lapack_kernel_result_dtype",
          "from batchpart.linalg import _kernels\n_kernels.ensure_registered()\n"
          "def call(): return bp.ffi_call('batchpart_potrf', (S((2, 3, 3), f64), S((2,), i32)), "
-         "signature='(n,n)->(n,n),()')(np.ones((2, 3, 3), f32), lower=True)",
+         "signature='(n,n)->(n,n),()')(np.ones((2, 3, 3), f32), lower=True, "
+         "symmetrize=False)",
          "JaxRuntimeError", r"result factor has dtype float64, expected float32",
          "batchpart_potrf"),
     Case("lapack_kernel_integer_operand",
