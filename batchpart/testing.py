@@ -61,3 +61,49 @@ def softmax_reference(x):
   e = np.exp(x - m)
   s = e.sum(axis=-1, keepdims=True)
   return e / s, (m + np.log(s))[..., 0]
+
+
+# ---- linalg test helpers (shared by tests/ and multidevice_tests/) ----------------
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+#: dtype -> rtol and atol of a batchpart.linalg result against NumPy on CPU
+TOL = {np.float32: 2e-4, np.complex64: 2e-4, np.float64: 1e-10, np.complex128: 1e-10}
+
+
+def random_array(rng, shape, dtype):
+  """Standard normal entries (real and imaginary parts for complex dtypes)."""
+  x = rng.standard_normal(shape)
+  if np.issubdtype(dtype, np.complexfloating):
+    x = x + 1j * rng.standard_normal(shape)
+  return x.astype(dtype)
+
+
+def hermitian_pd(rng, batch, n, dtype):
+  """Random Hermitian positive definite n x n matrices; n * I keeps them well conditioned."""
+  x = random_array(rng, (*batch, n, n), dtype)
+  return (x @ conj_transpose(x) + n * np.eye(n)).astype(dtype)
+
+
+def conj_transpose(x):
+  """The conjugate transpose of the last two dims."""
+  return np.conj(np.swapaxes(x, -1, -2))
+
+
+def assert_close(actual, expected, dtype, scale=1.0, tols=TOL):
+  """Asserts actual ~ expected within tols[dtype] * scale, relative and absolute."""
+  tol = tols[dtype] * scale
+  np.testing.assert_allclose(np.asarray(actual), expected, rtol=tol, atol=tol)
+
+
+def assert_lu(a, lu, pivots, perm, dtype, scale, tols=TOL):
+  """Asserts jax.lax.linalg.lu's contract for a: int32 pivots and perm of their shapes,
+  and P A = L U within tols[dtype] * scale."""
+  *batch, m, n = a.shape
+  k = min(m, n)
+  assert pivots.shape == (*batch, k) and perm.shape == (*batch, m)
+  assert pivots.dtype == np.int32 and perm.dtype == np.int32
+  lu = np.asarray(lu)
+  l = np.tril(lu[..., :, :k], -1) + np.eye(m, k)
+  u = np.triu(lu[..., :k, :])
+  permuted = np.take_along_axis(a, np.asarray(perm)[..., None], axis=-2)
+  assert_close(l @ u, permuted, dtype, scale, tols)

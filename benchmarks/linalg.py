@@ -118,6 +118,19 @@ def main(argv=None) -> int:
     print(line, flush=True)
     lines.append(line)
 
+  def emit_timed(cells, ours, other, a):
+    """Times ours against other on a and emits a row: cells, both times, other/ours."""
+    t = interleaved({"bp": jax.jit(ours), "other": jax.jit(other)}, (a,),
+                    repeats=3 if args.quick else 5)
+    emit(f"| {cells} | {fmt_time(t['bp'])} | {fmt_time(t['other'])} | "
+         f"{t['other'] / t['bp']:.2f}x |")
+
+  def write_out():
+    """Writes the tables to --out when it is given."""
+    if args.out:
+      with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
   device = jax.devices()[0]
   emit(f"# batchpart.linalg benchmarks\n\njax {jax.__version__}, {device.platform}, "
        f"{os.cpu_count()} cores; float32; median of interleaved rounds; ratio > 1 means "
@@ -132,13 +145,8 @@ def main(argv=None) -> int:
     for name, (ours, theirs, kind) in _option_ops(jnp, bp).items():
       for batch, n in grid:
         a = jax.device_put(_matrices(np, batch, n, kind), device)
-        t = interleaved({"bp": jax.jit(ours), "jax": jax.jit(theirs)}, (a,),
-                        repeats=3 if args.quick else 5)
-        emit(f"| {name} | {batch} | {n} | {fmt_time(t['bp'])} | {fmt_time(t['jax'])} | "
-             f"{t['jax'] / t['bp']:.2f}x |")
-    if args.out:
-      with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        emit_timed(f"{name} | {batch} | {n}", ours, theirs, a)
+    write_out()
     return 0
 
   # (1) one device
@@ -153,10 +161,7 @@ def main(argv=None) -> int:
   for name, (ours, theirs, _, kind) in ops.items():
     for batch, n in grid:
       a = jax.device_put(_matrices(np, batch, n, kind), device)
-      t = interleaved({"bp": jax.jit(ours), "jnp": jax.jit(theirs)}, (a,),
-                      repeats=3 if args.quick else 5)
-      emit(f"| {name} | {batch} | {n} | {fmt_time(t['bp'])} | {fmt_time(t['jnp'])} | "
-           f"{t['jnp'] / t['bp']:.2f}x |")
+      emit_timed(f"{name} | {batch} | {n}", ours, theirs, a)
 
   if not args.gpu:
     # (2) eight devices
@@ -168,10 +173,7 @@ def main(argv=None) -> int:
     for name, (ours, theirs, _, kind) in ops.items():
       for label, spec in (("batch", P("x")), ("core", P(None, "x"))):
         a = jax.device_put(_matrices(np, batch, n, kind), NamedSharding(mesh, spec))
-        t = interleaved({"bp": jax.jit(ours), "jnp": jax.jit(theirs)}, (a,),
-                        repeats=3 if args.quick else 5)
-        emit(f"| {name} | {label}-sharded | {fmt_time(t['bp'])} | {fmt_time(t['jnp'])} | "
-             f"{t['jnp'] / t['bp']:.2f}x |")
+        emit_timed(f"{name} | {label}-sharded", ours, theirs, a)
 
     # (3) pure_callback with NumPy
     batch, n = (256, 16) if args.quick else (1024, 32)
@@ -189,14 +191,9 @@ def main(argv=None) -> int:
                                  tuple(numpy_fn(np.asarray(x))) if isinstance(out, tuple)
                                  else numpy_fn(np.asarray(x)), out),
           out, a, vmap_method="expand_dims")
-      t = interleaved({"bp": jax.jit(ours), "cb": jax.jit(callback)}, (a,),
-                      repeats=3 if args.quick else 5)
-      emit(f"| {name} | {fmt_time(t['bp'])} | {fmt_time(t['cb'])} | "
-           f"{t['cb'] / t['bp']:.2f}x |")
+      emit_timed(name, ours, callback, a)
 
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write("\n".join(lines) + "\n")
+  write_out()
   return 0
 
 

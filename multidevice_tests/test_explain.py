@@ -69,15 +69,20 @@ def _core_sharded(mesh, shape, dtype=np.float32):
   return put(x, mesh, P(*([None] * (len(shape) - 1)), "x"))
 
 
+def _explain_core_sharded(mesh, fn, target, shape):
+  """A core-sharded input of `shape`, explain(fn) on it, and the report's one call to target."""
+  xs = _core_sharded(mesh, shape)
+  report = bp.explain(fn, xs)
+  return xs, report, _one_call(report, target)
+
+
 # A core-sharded input goes through an all-to-all and every
 # device computes its own batch elements; the plain call all-gathers and
 # every device computes everything.
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_core_sharded_batchpart_call_uses_all_to_all(partitioner, mesh8, case):
   _, fn, target, _, _, shape = case
-  xs = _core_sharded(mesh8, shape)
-  report = bp.explain(fn, xs)
-  call = _one_call(report, target)
+  xs, report, call = _explain_core_sharded(mesh8, fn, target, shape)
   assert report.num_devices == 8 and call.num_devices == 8
   assert "all-to-all" in _kinds(call.collectives_before)
   assert "all-gather" not in _kinds(call.collectives_before)
@@ -94,9 +99,7 @@ def test_core_sharded_batchpart_call_uses_all_to_all(partitioner, mesh8, case):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_core_sharded_plain_call_all_gathers(partitioner, mesh8, case):
   _, _, _, plain, target, shape = case
-  xs = _core_sharded(mesh8, shape)
-  report = bp.explain(plain, xs)
-  call = _one_call(report, target)
+  _, report, call = _explain_core_sharded(mesh8, plain, target, shape)
   assert call.num_batch_dims is None
   assert _kinds(call.collectives_before) == ["all-gather"]
   assert call.collectives_before[0].bytes == _nbytes(shape)  # the whole input

@@ -41,6 +41,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import testing as kernels
+from batchpart.testing import conj_transpose, hermitian_pd, random_array
 
 EXAMPLES = int(os.environ.get("BATCHPART_PROPERTY_EXAMPLES", "500"))
 SEED = os.environ.get("BATCHPART_PROPERTY_SEED")
@@ -194,33 +195,17 @@ def _dtype(data):
   return data.draw(st.sampled_from([np.float32, np.complex64]), label="dtype")
 
 
-def _random(rng, shape, dtype):
-  x = rng.standard_normal(shape)
-  if np.issubdtype(dtype, np.complexfloating):
-    x = x + 1j * rng.standard_normal(shape)
-  return x.astype(dtype)
-
-
-def _hermitian_pd(rng, batch, n, dtype):
-  m = _random(rng, (*batch, n, n), dtype)
-  return (m @ np.conj(np.swapaxes(m, -1, -2)) + n * np.eye(n)).astype(dtype)
-
-
-def _H(x):
-  return np.conj(np.swapaxes(x, -1, -2))
-
-
 def _cholesky(data, rng) -> Call:
   (batch,) = _batch_shapes(data, 1, broadcast=False)
   n = data.draw(st.sampled_from(CORE_SIZES), label="n")
   dtype = _dtype(data)
   lower = data.draw(st.booleans(), label="lower")
-  a = _hermitian_pd(rng, batch, n, dtype)
+  a = hermitian_pd(rng, batch, n, dtype)
 
   def check(ops, outs):
     L = np.linalg.cholesky(ops[0].astype(np.complex128 if np.iscomplexobj(ops[0])
                                          else np.float64))
-    _assert_close(outs, L if lower else _H(L), "cholesky", rtol=1e-3, atol=1e-4)
+    _assert_close(outs, L if lower else conj_transpose(L), "cholesky", rtol=1e-3, atol=1e-4)
 
   return Call(f"linalg.cholesky(lower={lower}, {np.dtype(dtype).name})", [a],
               lambda a: bp.linalg.cholesky(a, lower=lower), check)
@@ -254,7 +239,7 @@ def _qr(data, rng) -> Call:
   n = data.draw(st.sampled_from(CORE_SIZES), label="n")
   mode = data.draw(st.sampled_from(["reduced", "complete"]), label="mode")
   dtype = _dtype(data)
-  a = _random(rng, (*batch, m, n), dtype)
+  a = random_array(rng, (*batch, m, n), dtype)
 
   def check(ops, outs):
     q, r = (np.asarray(o) for o in outs)
@@ -272,8 +257,8 @@ def _eigh(data, rng) -> Call:
   (batch,) = _batch_shapes(data, 1, broadcast=False)
   n = data.draw(st.sampled_from(CORE_SIZES), label="n")
   dtype = _dtype(data)
-  a = _random(rng, (*batch, n, n), dtype)
-  a = ((a + _H(a)) / 2).astype(dtype)
+  a = random_array(rng, (*batch, n, n), dtype)
+  a = ((a + conj_transpose(a)) / 2).astype(dtype)
 
   def check(ops, outs):
     w, v = (np.asarray(o) for o in outs)
@@ -281,9 +266,9 @@ def _eigh(data, rng) -> Call:
     _assert_close(w, np.linalg.eigvalsh(a), "eigh eigenvalues", rtol=1e-3, atol=1e-4)
     # Eigenvectors are unique up to phase (and within repeated eigenvalues):
     # compare what is unique.
-    _assert_close(v @ (w[..., :, None] * _H(v)), a, "eigh V diag(w) V^H", rtol=1e-3,
+    _assert_close(v @ (w[..., :, None] * conj_transpose(v)), a, "eigh V diag(w) V^H", rtol=1e-3,
                   atol=1e-4)
-    _assert_close(_H(v) @ v, np.broadcast_to(np.eye(n), v.shape), "eigh V^H V",
+    _assert_close(conj_transpose(v) @ v, np.broadcast_to(np.eye(n), v.shape), "eigh V^H V",
                   rtol=1e-3, atol=1e-4)
 
   return Call(f"linalg.eigh({np.dtype(dtype).name})", [a],
@@ -297,7 +282,7 @@ def _svd(data, rng) -> Call:
   compute_uv = data.draw(st.booleans(), label="compute_uv")
   full = data.draw(st.booleans(), label="full_matrices")
   dtype = _dtype(data)
-  a = _random(rng, (*batch, m, n), dtype)
+  a = random_array(rng, (*batch, m, n), dtype)
 
   def fn(a):
     out = bp.linalg.svd(a, full_matrices=full, compute_uv=compute_uv)
@@ -329,8 +314,8 @@ def _triangular_solve(data, rng) -> Call:
   lower = data.draw(st.booleans(), label="lower")
   transpose = data.draw(st.booleans(), label="transpose_a")
   dtype = _dtype(data)
-  a = _random(rng, (*a_batch, n, n), dtype) + (2 * n * np.eye(n)).astype(dtype)
-  b = _random(rng, (*b_batch, n, k) if left else (*b_batch, k, n), dtype)
+  a = random_array(rng, (*a_batch, n, n), dtype) + (2 * n * np.eye(n)).astype(dtype)
+  b = random_array(rng, (*b_batch, n, k) if left else (*b_batch, k, n), dtype)
 
   def fn(a, b):
     return bp.linalg.triangular_solve(a, b, left_side=left, lower=lower,
@@ -360,8 +345,8 @@ def _solve(data, rng) -> Call:
   k = data.draw(st.sampled_from(CORE_SIZES), label="k")
   vector = data.draw(st.booleans(), label="vector b")
   dtype = _dtype(data)
-  a = _random(rng, (*a_batch, n, n), dtype) + (2 * n * np.eye(n)).astype(dtype)
-  b = _random(rng, (n,) if vector else (*b_batch, n, k), dtype)
+  a = random_array(rng, (*a_batch, n, n), dtype) + (2 * n * np.eye(n)).astype(dtype)
+  b = random_array(rng, (n,) if vector else (*b_batch, n, k), dtype)
 
   def check(ops, outs):
     a, b = ops

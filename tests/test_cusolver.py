@@ -25,9 +25,16 @@ import pytest
 
 import batchpart as bp
 from batchpart import _cusolver_targets
+from batchpart.testing import (
+  DTYPES,
+  assert_close,
+  assert_lu,
+  conj_transpose as H,
+  hermitian_pd as hpd,
+  random_array as rand,
+)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 TOL = {np.float32: 3e-4, np.complex64: 3e-4, np.float64: 1e-10, np.complex128: 1e-10}
 
 
@@ -152,25 +159,8 @@ def gpu():
     yield jax.devices("cuda")[0]
 
 
-def rand(rng, shape, dtype):
-  x = rng.standard_normal(shape)
-  if np.issubdtype(dtype, np.complexfloating):
-    x = x + 1j * rng.standard_normal(shape)
-  return x.astype(dtype)
-
-
-def hpd(rng, batch, n, dtype):
-  x = rand(rng, (*batch, n, n), dtype)
-  return (x @ np.conj(np.swapaxes(x, -1, -2)) + n * np.eye(n)).astype(dtype)
-
-
-def H(x):
-  return np.conj(np.swapaxes(x, -1, -2))
-
-
 def close(actual, expected, dtype, scale=1.0):
-  tol = TOL[dtype] * scale
-  np.testing.assert_allclose(np.asarray(actual), expected, rtol=tol, atol=tol)
+  assert_close(actual, expected, dtype, scale, tols=TOL)
 
 
 def on(device, *arrays):
@@ -209,13 +199,7 @@ def test_lu(gpu, dtype, shape, batch):
   a = rand(np.random.default_rng(1), (*batch, m, n), dtype)
   lu, pivots, perm = bp.linalg.lu(*on(gpu, a))
   assert_on_gpu(lu, pivots, perm)
-  k = min(m, n)
-  assert pivots.shape == (*batch, k) and perm.shape == (*batch, m)
-  assert pivots.dtype == np.int32 and perm.dtype == np.int32
-  lu = np.asarray(lu)
-  l = np.tril(lu[..., :, :k], -1) + np.eye(m, k)
-  u = np.triu(lu[..., :k, :])
-  close(l @ u, np.take_along_axis(a, np.asarray(perm)[..., None], axis=-2), dtype, scale=max(n, 1))
+  assert_lu(a, lu, pivots, perm, dtype, scale=max(n, 1), tols=TOL)
   if dtype in (np.float64, np.complex128):
     # Partial pivoting picks the same rows as LAPACK (float32 rounding could
     # flip a near tie, so only double precision is compared).

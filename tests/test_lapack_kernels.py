@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
+from batchpart.testing import conj_transpose as herm, hermitian_pd, random_array as random
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,22 +159,6 @@ def gesv(a, b):
 
 
 # ---- inputs and tolerances -------------------------------------------------------
-
-
-def random(rng, shape, dtype):
-    x = rng.standard_normal(shape)
-    if np.iscomplexobj(np.zeros((), dtype)):
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
-
-
-def hermitian_pd(rng, batch, n, dtype):
-    x = random(rng, (*batch, n, n), dtype)
-    return (x @ herm(x) + n * np.eye(n)).astype(dtype)
-
-
-def herm(x):
-    return np.conj(np.swapaxes(x, -1, -2))
 
 
 def unread_triangle(n, lower):

@@ -9,36 +9,18 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import batchpart as bp
+from batchpart.testing import (
+  DTYPES,
+  assert_close as close,
+  assert_lu,
+  conj_transpose as H,
+  hermitian_pd as hpd,
+  random_array as rand,
+)
 
+# The float64 and complex128 cases need jax's 64-bit types.
+pytestmark = pytest.mark.usefixtures("x64")
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-  with jax.enable_x64(True):
-    yield
-
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
-TOL = {np.float32: 2e-4, np.complex64: 2e-4, np.float64: 1e-10, np.complex128: 1e-10}
-
-
-def rand(rng, shape, dtype):
-  x = rng.standard_normal(shape)
-  if np.issubdtype(dtype, np.complexfloating):
-    x = x + 1j * rng.standard_normal(shape)
-  return x.astype(dtype)
-
-
-def hpd(rng, batch, n, dtype):
-  x = rand(rng, (*batch, n, n), dtype)
-  return (x @ np.conj(np.swapaxes(x, -1, -2)) + n * np.eye(n)).astype(dtype)
-
-
-def close(actual, expected, dtype, scale=1.0):
-  tol = TOL[dtype] * scale
-  np.testing.assert_allclose(np.asarray(actual), expected, rtol=tol, atol=tol)
-
-
-def H(x):
-  return np.conj(np.swapaxes(x, -1, -2))
 
 
 batch_shapes = st.sampled_from([(), (0,), (1,), (3,), (2, 3), (4, 0)])
@@ -61,13 +43,7 @@ def test_cholesky(batch, n, dtype, lower):
 def test_lu(batch, m, n, dtype):
   a = rand(np.random.default_rng(1), (*batch, m, n), dtype)
   lu, pivots, perm = bp.linalg.lu(a)
-  k = min(m, n)
-  assert pivots.shape == (*batch, k) and perm.shape == (*batch, m)
-  assert pivots.dtype == np.int32 and perm.dtype == np.int32
-  lu = np.asarray(lu)
-  l = np.tril(lu[..., :, :k], -1) + np.eye(m, k)
-  u = np.triu(lu[..., :k, :])
-  close(l @ u, np.take_along_axis(a, np.asarray(perm)[..., None], axis=-2), dtype, scale=n)
+  assert_lu(a, lu, pivots, perm, dtype, scale=n)
   ref_lu, ref_piv, ref_perm = jax.lax.linalg.lu(a)
   np.testing.assert_array_equal(perm, ref_perm)
   np.testing.assert_array_equal(pivots, ref_piv)

@@ -11,11 +11,8 @@ from jax.test_util import check_grads
 
 import batchpart as bp
 
-
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-  with jax.enable_x64(True):
-    yield
+# The float64 and complex128 cases need jax's 64-bit types.
+pytestmark = pytest.mark.usefixtures("x64")
 
 rng = np.random.default_rng(0)
 

@@ -14,34 +14,19 @@ from jax.test_util import check_grads
 
 import batchpart as bp
 from batchpart.linalg import _kernels
+from batchpart.testing import (
+  DTYPES,
+  assert_close as close,
+  conj_transpose as H,
+  random_array as rand,
+)
+
+# The float64 and complex128 cases need jax's 64-bit types.
+pytestmark = pytest.mark.usefixtures("x64")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-  with jax.enable_x64(True):
-    yield
-
-
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
-TOL = {np.float32: 2e-4, np.complex64: 2e-4, np.float64: 1e-10, np.complex128: 1e-10}
 batch_shapes = st.sampled_from([(), (0,), (1,), (3,), (2, 2)])
 sizes = st.sampled_from([1, 2, 4, 7])
-
-
-def rand(rng, shape, dtype):
-  x = rng.standard_normal(shape)
-  if np.issubdtype(dtype, np.complexfloating):
-    x = x + 1j * rng.standard_normal(shape)
-  return x.astype(dtype)
-
-
-def H(x):
-  return np.conj(np.swapaxes(x, -1, -2))
-
-
-def close(actual, expected, dtype, scale=1.0):
-  tol = TOL[dtype] * scale
-  np.testing.assert_allclose(np.asarray(actual), expected, rtol=tol, atol=tol)
 
 
 def from_triangle(x, lower):

@@ -101,7 +101,8 @@ def eigh(a, *, lower: bool, compute_vectors: bool = True):
                lower=bool(lower), compute_vectors=bool(compute_vectors))
 
 
-def svd(a, *, full_matrices: bool, compute_uv: bool):
+def _svd_results(a, full_matrices: bool, compute_uv: bool):
+  """The result shapes of an SVD target: s, u, vt (empty when not computed), info."""
   *batch, m, n = a.shape
   batch = tuple(batch)
   k = min(m, n)
@@ -111,9 +112,13 @@ def svd(a, *, full_matrices: bool, compute_uv: bool):
     u_cols, vt_rows = m, n
   else:
     u_cols, vt_rows = k, k
+  return [S((*batch, k), _real(a.dtype)), S((*batch, m, u_cols), a.dtype),
+          S((*batch, vt_rows, n), a.dtype), S(batch, i32)]
+
+
+def svd(a, *, full_matrices: bool, compute_uv: bool):
   return _call("batchpart_svd", "(m,n)->(k),(m,p),(q,n),()", [a],
-               [S((*batch, k), _real(a.dtype)), S((*batch, m, u_cols), a.dtype),
-                S((*batch, vt_rows, n), a.dtype), S(batch, i32)],
+               _svd_results(a, full_matrices, compute_uv),
                full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
 
 
@@ -175,18 +180,8 @@ def geqp3(a, *, full_matrices: bool):
 
 
 def gesvd(a, *, full_matrices: bool, compute_uv: bool):
-  *batch, m, n = a.shape
-  batch = tuple(batch)
-  k = min(m, n)
-  if not compute_uv:
-    u_cols, vt_rows = 0, 0
-  elif full_matrices:
-    u_cols, vt_rows = m, n
-  else:
-    u_cols, vt_rows = k, k
   return _call("batchpart_gesvd", "(m,n)->(k),(m,p),(q,n),()", [a],
-               [S((*batch, k), _real(a.dtype)), S((*batch, m, u_cols), a.dtype),
-                S((*batch, vt_rows, n), a.dtype), S(batch, i32)],
+               _svd_results(a, full_matrices, compute_uv),
                full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
 
 

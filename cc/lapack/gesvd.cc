@@ -8,14 +8,13 @@
 
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/option_kernels.h"
 
 namespace batchpart::lapack {
 namespace {
 
 constexpr char kTarget[] = "batchpart_gesvd";
-// info for a matrix refused because it holds NaN/Inf, as batchpart_svd.
-constexpr int32_t kNonFiniteInfo = -4;
 
 struct GesvdShape {
   Dims batch;
@@ -80,32 +79,6 @@ struct GesvdScratch {
 };
 
 template <typename T>
-void DecomposeOne(const GesvdShape& shape, const T* a, Real<T>* s, T* u, T* vt, int32_t* info,
-                  GesvdScratch<T>& scratch) {
-  const int64_t u_size = shape.m * shape.u_cols, vt_size = shape.vt_rows * shape.n;
-  if (shape.k == 0) {  // nothing to decompose; U and Vt are identities (as batchpart_svd)
-    FillIdentity(u, shape.m, shape.u_cols);
-    FillIdentity(vt, shape.vt_rows, shape.n);
-    *info = 0;
-    return;
-  }
-  std::copy_n(a, shape.m * shape.n, scratch.a.data());
-  const bool computes_uv = shape.job != 'N';
-  if (!AllFinite(scratch.a.data(), shape.m * shape.n)) {
-    *info = kNonFiniteInfo;
-  } else {
-    *info = CallGesvd<T>(shape, scratch.a.data(), s, computes_uv ? u : &scratch.unused_uv,
-                         computes_uv ? vt : &scratch.unused_uv, scratch.work.data(),
-                         static_cast<lapack_int>(scratch.work.size()), scratch.rwork.data());
-  }
-  if (*info != 0) {
-    FillNaN(s, shape.k);
-    FillNaN(u, u_size);
-    FillNaN(vt, vt_size);
-  }
-}
-
-template <typename T>
 ffi::Error Decompose(ffi::ThreadPool& pool, const GesvdShape& shape, const ffi::AnyBuffer& a,
                      ffi::AnyBuffer& s, ffi::AnyBuffer& u, ffi::AnyBuffer& vt,
                      ffi::AnyBuffer& info) {
@@ -119,22 +92,14 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const GesvdShape& shape, const ffi::
     lwork = QueriedSize(size);
   }
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
-  const T* a_data = a.typed_data<T>();
-  Real<T>* s_data = s.typed_data<Real<T>>();
-  T* u_data = u.typed_data<T>();
-  T* vt_data = vt.typed_data<T>();
-  int32_t* info_data = info.typed_data<int32_t>();
-  const int64_t a_size = shape.m * shape.n, u_size = shape.m * shape.u_cols,
-                vt_size = shape.vt_rows * shape.n;
   const double flops =
       kFlopScale<T> * (shape.job == 'N' ? 4.0 : 22.0) * shape.m * shape.n * shape.k;
-  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    GesvdScratch<T> scratch(shape, lwork);
-    for (int64_t b = begin; b < end; ++b) {
-      DecomposeOne<T>(shape, a_data + b * a_size, s_data + b * shape.k, u_data + b * u_size,
-                      vt_data + b * vt_size, info_data + b, scratch);
-    }
-  });
+  return DecomposeEachSvd<T, GesvdScratch<T>>(
+      pool, shape, lwork, flops, shape.job != 'N', a, s, u, vt, info,
+      [&](GesvdScratch<T>& scratch, Real<T>* sb, T* ub, T* vtb) {
+        return CallGesvd<T>(shape, scratch.a.data(), sb, ub, vtb, scratch.work.data(),
+                            static_cast<lapack_int>(scratch.work.size()), scratch.rwork.data());
+      });
 }
 
 ffi::Error GesvdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> s,

@@ -7,6 +7,7 @@
 #include "common/batch_broadcast.h"
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/option_kernels.h"
 
 namespace batchpart::lapack {
@@ -70,32 +71,24 @@ void Factor(int64_t n_, char uplo, const T* a, int64_t a_index, FactorCache<T>& 
 template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const PosvShape& shape, bool lower, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
-  const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
-  const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
-  const int64_t n = shape.n, a_size = n * n, x_size = n * shape.nrhs;
-  const T* a_data = a.typed_data<T>();
-  const T* b_data = b.typed_data<T>();
-  T* x_data = x.typed_data<T>();
-  int32_t* info_data = info.typed_data<int32_t>();
+  const int64_t n = shape.n;
   char uplo = lower ? 'L' : 'U';
   const double flops = kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * shape.nrhs);
-  return ForEachBatchChunk(pool, Product(shape.x_batch), flops, [&](int64_t begin, int64_t end) {
-    FactorCache<T> cache(n);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t ai = a_index(i);
-      Factor<T>(n, uplo, a_data + ai * a_size, ai, cache);
-      T* xi = x_data + i * x_size;
-      CopyIfDistinct(b_data + b_index(i) * x_size, xi, x_size);
-      info_data[i] = cache.info;
-      if (cache.info != 0) {
-        FillNaN(xi, x_size);
-        continue;
-      }
-      lapack_int n_v = static_cast<lapack_int>(n), nrhs = static_cast<lapack_int>(shape.nrhs);
-      lapack_int lda = LeadingDim(n), ldb = LeadingDim(n), potrs_info = 0;
-      Lapack<T>::potrs(&uplo, &n_v, &nrhs, cache.factor.data(), &lda, xi, &ldb, &potrs_info);
-    }
-  });
+  return SolveEachBatchElement<T, FactorCache<T>>(
+      pool, shape, flops, a, b, x, info,
+      [&](const T* ai, int64_t a_index, FactorCache<T>& cache) {
+        Factor<T>(n, uplo, ai, a_index, cache);
+      },
+      [&](FactorCache<T>& cache, T* xi, int32_t* info_i) {
+        *info_i = cache.info;
+        if (cache.info != 0) {
+          FillNaN(xi, n * shape.nrhs);
+          return;
+        }
+        lapack_int n_v = static_cast<lapack_int>(n), nrhs = static_cast<lapack_int>(shape.nrhs);
+        lapack_int lda = LeadingDim(n), ldb = LeadingDim(n), potrs_info = 0;
+        Lapack<T>::potrs(&uplo, &n_v, &nrhs, cache.factor.data(), &lda, xi, &ldb, &potrs_info);
+      });
 }
 
 ffi::Error PosvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,

@@ -5,6 +5,7 @@
 
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
 
 namespace batchpart::lapack {
@@ -36,17 +37,10 @@ struct QrScratch {
 template <typename T>
 void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
   lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
-  lapack_int k = static_cast<lapack_int>(shape.k), q_cols = static_cast<lapack_int>(shape.q_cols);
   lapack_int lda = LeadingDim(shape.m), lwork = static_cast<lapack_int>(s.work.size()), info = 0;
   std::copy_n(a, shape.m * shape.n, s.a.data());
   Lapack<T>::geqrf(&m, &n, s.a.data(), &lda, s.tau.data(), s.work.data(), &lwork, &info);
-  // R: the first r_rows rows of the factored matrix, upper triangle only.
-  CopyMatrix(s.a.data(), shape.m, r, shape.r_rows, shape.r_rows, shape.n);
-  ZeroBelowDiagonal(r, shape.r_rows, shape.n);
-  // Q: orgqr expands the k reflectors (below the diagonal of the first k
-  // columns) into q_cols orthonormal columns; it writes every column.
-  CopyMatrix(s.a.data(), shape.m, q, shape.m, shape.m, shape.k);
-  Lapack<T>::orgqr(&m, &q_cols, &k, q, &lda, s.tau.data(), s.work.data(), &lwork, &info);
+  WriteQAndR(shape, s.a.data(), s.tau.data(), s.work, q, r);
 }
 
 template <typename T>
@@ -56,18 +50,10 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
   if (batch == 0) return ffi::Error::Success();
   const int64_t lwork = QueryWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
-  const T* a_data = a.typed_data<T>();
-  T* q_data = q.typed_data<T>();
-  T* r_data = r.typed_data<T>();
-  const int64_t a_size = shape.m * shape.n, q_size = shape.m * shape.q_cols,
-                r_size = shape.r_rows * shape.n;
-  const double flops = kFlopScale<T> * 2.0 * shape.k * (shape.m * shape.n + shape.m * shape.q_cols);
-  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    QrScratch<T> scratch(shape, lwork);
-    for (int64_t b = begin; b < end; ++b) {
-      FactorOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size, scratch);
-    }
-  });
+  return ForEachQrElement<T, QrScratch<T>>(
+      pool, shape, lwork, a, q, r, [&](int64_t, const T* ab, T* qb, T* rb, QrScratch<T>& s) {
+        FactorOne<T>(shape, ab, qb, rb, s);
+      });
 }
 
 ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,

@@ -7,6 +7,7 @@
 
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/option_kernels.h"
 
 namespace batchpart::lapack {
@@ -143,13 +144,7 @@ void PivotedQrOne(const QrOptionShape& shape, const T* a, T* q, T* r, int32_t* p
   CallGeqp3<T>(shape, s.a.data(), s.jpvt.data(), s.tau.data(), s.work.data(),
                static_cast<lapack_int>(s.work.size()), s.rwork.data());
   for (int64_t j = 0; j < shape.n; ++j) p[j] = s.jpvt[j] - 1;
-  CopyMatrix(s.a.data(), shape.m, r, shape.r_rows, shape.r_rows, shape.n);
-  ZeroBelowDiagonal(r, shape.r_rows, shape.n);
-  lapack_int m = static_cast<lapack_int>(shape.m), k = static_cast<lapack_int>(shape.k);
-  lapack_int q_cols = static_cast<lapack_int>(shape.q_cols), lda = LeadingDim(shape.m);
-  lapack_int lwork = static_cast<lapack_int>(s.work.size()), info = 0;
-  CopyMatrix(s.a.data(), shape.m, q, shape.m, shape.m, shape.k);
-  Lapack<T>::orgqr(&m, &q_cols, &k, q, &lda, s.tau.data(), s.work.data(), &lwork, &info);
+  WriteQAndR(shape, s.a.data(), s.tau.data(), s.work, q, r);
 }
 
 template <typename T>
@@ -159,20 +154,11 @@ ffi::Error PivotedQr(ffi::ThreadPool& pool, const QrOptionShape& shape, const ff
   if (batch == 0) return ffi::Error::Success();
   const int64_t lwork = shape.k ? QueryGeqp3Workspace<T>(shape) : 1;
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kGeqp3Target, "workspace size", lwork));
-  const T* a_data = a.typed_data<T>();
-  T* q_data = q.typed_data<T>();
-  T* r_data = r.typed_data<T>();
   int32_t* p_data = p.typed_data<int32_t>();
-  const int64_t a_size = shape.m * shape.n, q_size = shape.m * shape.q_cols,
-                r_size = shape.r_rows * shape.n;
-  const double flops = kFlopScale<T> * 2.0 * shape.k * (shape.m * shape.n + shape.m * shape.q_cols);
-  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    Geqp3Scratch<T> scratch(shape, lwork);
-    for (int64_t b = begin; b < end; ++b) {
-      PivotedQrOne<T>(shape, a_data + b * a_size, q_data + b * q_size, r_data + b * r_size,
-                      p_data + b * shape.n, scratch);
-    }
-  });
+  return ForEachQrElement<T, Geqp3Scratch<T>>(
+      pool, shape, lwork, a, q, r, [&](int64_t b, const T* ab, T* qb, T* rb, Geqp3Scratch<T>& s) {
+        PivotedQrOne<T>(shape, ab, qb, rb, p_data + b * shape.n, s);
+      });
 }
 
 ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,

@@ -7,6 +7,7 @@
 #include "common/batch_broadcast.h"
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
 
 namespace batchpart::lapack {
@@ -55,24 +56,14 @@ void SolveOne(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t* in
 template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
-  const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
-  const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
-  const int64_t n = shape.n, a_size = n * n, x_size = n * shape.nrhs;
-  const T* a_data = a.typed_data<T>();
-  const T* b_data = b.typed_data<T>();
-  T* x_data = x.typed_data<T>();
-  int32_t* info_data = info.typed_data<int32_t>();
+  const int64_t n = shape.n;
   const double flops = kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * shape.nrhs);
-  return ForEachBatchChunk(pool, Product(shape.x_batch), flops, [&](int64_t begin, int64_t end) {
-    LuCache<T> cache(n);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t ai = a_index(i);
-      Factor<T>(n, a_data + ai * a_size, ai, cache);
-      T* xi = x_data + i * x_size;
-      CopyIfDistinct(b_data + b_index(i) * x_size, xi, x_size);
-      SolveOne<T>(shape, cache, xi, info_data + i);
-    }
-  });
+  return SolveEachBatchElement<T, LuCache<T>>(
+      pool, shape, flops, a, b, x, info,
+      [&](const T* ai, int64_t a_index, LuCache<T>& cache) { Factor<T>(n, ai, a_index, cache); },
+      [&](const LuCache<T>& cache, T* xi, int32_t* info_i) {
+        SolveOne<T>(shape, cache, xi, info_i);
+      });
 }
 
 ffi::Error GesvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,

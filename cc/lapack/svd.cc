@@ -5,6 +5,7 @@
 
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
+#include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
 
 namespace batchpart::lapack {
@@ -72,33 +73,6 @@ int64_t QueryWorkspace(const SvdShape& shape) {
 }
 
 template <typename T>
-void DecomposeOne(const SvdShape& shape, const T* a, Real<T>* s, T* u, T* vt, int32_t* info,
-                  SvdScratch<T>& scratch) {
-  const int64_t u_size = shape.m * shape.u_cols, vt_size = shape.vt_rows * shape.n;
-  if (shape.k == 0) {  // nothing to decompose; U and Vt are identities
-    FillIdentity(u, shape.m, shape.u_cols);
-    FillIdentity(vt, shape.vt_rows, shape.n);
-    *info = 0;
-    return;
-  }
-  std::copy_n(a, shape.m * shape.n, scratch.a.data());
-  const bool computes_uv = shape.compute_uv;
-  if (!AllFinite(scratch.a.data(), shape.m * shape.n)) {
-    *info = kNonFiniteInfo;
-  } else {
-    *info = CallGesdd<T>(shape, scratch.a.data(), s, computes_uv ? u : &scratch.unused_uv,
-                         computes_uv ? vt : &scratch.unused_uv, scratch.work.data(),
-                         static_cast<lapack_int>(scratch.work.size()), scratch.rwork.data(),
-                         scratch.iwork.data());
-  }
-  if (*info != 0) {
-    FillNaN(s, shape.k);
-    FillNaN(u, u_size);
-    FillNaN(vt, vt_size);
-  }
-}
-
-template <typename T>
 ffi::Error Decompose(ffi::ThreadPool& pool, const SvdShape& shape, const ffi::AnyBuffer& a,
                      ffi::AnyBuffer& s, ffi::AnyBuffer& u, ffi::AnyBuffer& vt,
                      ffi::AnyBuffer& info) {
@@ -110,22 +84,15 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const SvdShape& shape, const ffi::An
     BATCHPART_RETURN_IF_ERROR(
         ExpectLapackInt(kTarget, "real workspace size", RealWorkspaceSize(shape)));
   }
-  const T* a_data = a.typed_data<T>();
-  Real<T>* s_data = s.typed_data<Real<T>>();
-  T* u_data = u.typed_data<T>();
-  T* vt_data = vt.typed_data<T>();
-  int32_t* info_data = info.typed_data<int32_t>();
-  const int64_t a_size = shape.m * shape.n, u_size = shape.m * shape.u_cols,
-                vt_size = shape.vt_rows * shape.n;
   const double flops =
       kFlopScale<T> * (shape.compute_uv ? 14.0 : 4.0) * shape.m * shape.n * shape.k;
-  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    SvdScratch<T> scratch(shape, lwork);
-    for (int64_t b = begin; b < end; ++b) {
-      DecomposeOne<T>(shape, a_data + b * a_size, s_data + b * shape.k, u_data + b * u_size,
-                      vt_data + b * vt_size, info_data + b, scratch);
-    }
-  });
+  return DecomposeEachSvd<T, SvdScratch<T>>(
+      pool, shape, lwork, flops, shape.compute_uv, a, s, u, vt, info,
+      [&](SvdScratch<T>& scratch, Real<T>* sb, T* ub, T* vtb) {
+        return CallGesdd<T>(shape, scratch.a.data(), sb, ub, vtb, scratch.work.data(),
+                            static_cast<lapack_int>(scratch.work.size()), scratch.rwork.data(),
+                            scratch.iwork.data());
+      });
 }
 
 ffi::Error SvdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> s,
