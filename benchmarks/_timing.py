@@ -3,6 +3,7 @@ process, so drift in machine load hits all of them alike."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -60,3 +61,23 @@ def run_child(script: str, args: list[str], *, timeout: float, tries: int = 3):
       raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
   raise RuntimeError(f"{script} {' '.join(args)}: timed out {tries} times")
+
+
+def parts_in_children(script: str, parts: dict, *, timeout: float):
+  """The command line of a benchmark whose parts each run in a child process.
+
+  ``script --child NAME [--quick]`` runs ``parts[NAME](quick)`` here and
+  prints its rows as JSON (returns None). Without ``--child``, every part
+  runs in a child (``run_child``), in order; returns (rows, quick).
+  """
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--child", choices=list(parts))
+  args = parser.parse_args()
+  if args.child:
+    print(json.dumps(parts[args.child](args.quick)))
+    return None
+  quick = ["--quick"] if args.quick else []
+  rows = [row for name in parts
+          for row in run_child(script, ["--child", name, *quick], timeout=timeout)]
+  return rows, args.quick

@@ -19,8 +19,6 @@ then the partitioned one; the two executables are timed side by side.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -176,21 +174,13 @@ def write(rows, quick: bool) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--child", choices=["finufft", "linalg"])
-  args = parser.parse_args()
-  if args.child:
-    rows = (run_finufft if args.child == "finufft" else run_linalg)(args.quick)
-    print(json.dumps(rows))
-    return
   sys.path.insert(0, HERE)
-  from _timing import run_child
-  quick = ["--quick"] if args.quick else []
-  rows = (run_child(__file__, ["--child", "finufft", *quick], timeout=1200) +
-          run_child(__file__, ["--child", "linalg", *quick], timeout=900))
-  write(rows, args.quick)
-  print(open(os.path.join(DOCS, "benchmarks-adopt.md")).read())
+  from _timing import parts_in_children
+  done = parts_in_children(__file__, {"finufft": run_finufft, "linalg": run_linalg},
+                           timeout=1200)
+  if done is not None:
+    write(*done)
+    print(open(os.path.join(DOCS, "benchmarks-adopt.md")).read())
 
 
 if __name__ == "__main__":

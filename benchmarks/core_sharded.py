@@ -22,7 +22,6 @@ docs/reliability.md); a child that hangs is retried.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -122,19 +121,13 @@ def write(rows, quick: bool) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--child", choices=["shardy", "gspmd"])
-  args = parser.parse_args()
-  if args.child:
-    print(json.dumps(child(args.child, args.quick)))
-    return
   sys.path.insert(0, HERE)
-  from _timing import run_child
-  quick = ["--quick"] if args.quick else []
-  rows = [row for p in ("shardy", "gspmd")
-          for row in run_child(__file__, ["--child", p, *quick], timeout=420)]
-  print(write(rows, args.quick))
+  from _timing import parts_in_children
+  done = parts_in_children(__file__, {"shardy": lambda quick: child("shardy", quick),
+                                      "gspmd": lambda quick: child("gspmd", quick)},
+                           timeout=420)
+  if done is not None:
+    print(write(*done))
 
 
 if __name__ == "__main__":
