@@ -79,7 +79,8 @@ def _cholesky_jvp(symmetrize_input, primals, tangents):
   a_dot = (symmetrize(a_dot) if symmetrize_input
            else hermitian_from_triangle(a_dot, lower=True))
   L = _cholesky_lower(a, symmetrize_input)
-  # Murray 2016 (arXiv:1602.07527): dL = L phi(L^-1 dA L^-H).
+  # The Cholesky tangent: dL = L phi(L^-1 dA L^-H), phi = lower triangle with
+  # the diagonal halved.
   tmp = _tangent_trsm(L, a_dot, left_side=False, transpose_a=True, conjugate_a=True,
                       lower=True)
   inner = _tangent_trsm(L, tmp, left_side=True, lower=True)

@@ -117,7 +117,7 @@ def _pivoted_qr_jvp(full_matrices, primals, tangents):
 
 def _thin_qr_jvp(q, r, dx):
   """Tangents of q (m, n) and r (n, n) for an (m, n) input, m >= n
-  (Townsend, "Differentiating the QR decomposition")."""
+  (the standard QR tangent, as jax.lax.linalg's)."""
   dx_rinv = _tangent_solves.triangular_solve(r, dx, left_side=False, lower=False)  # X r = dA
   qt_dx_rinv = matmul(H(q), dx_rinv)
   lower = tril(qt_dx_rinv, -1)
@@ -144,8 +144,7 @@ def _qr_tangents(x, dx, q, r, full_matrices):
   if not full_matrices or m == n:
     return dq_mn, dr_nn
   # Tall and complete: the last m - n columns of q span the orthogonal
-  # complement; their tangent (Roberts & Roberts, arXiv:2409.13374, eqs. 32-33)
-  # is dq_mp = dq_mn Z^H - (q_mn + q_mp Z)(dq_pn - Z dq_nn)^H with
+  # complement; their tangent is dq_mp = dq_mn Z^H - (q_mn + q_mp Z)(dq_pn - Z dq_nn)^H with
   # Z = q_pn (q_nn - I)^-1.
   q_nn, q_pn, q_mp = q_mn[..., :n, :], q_mn[..., n:, :], q[..., :, n:]
   dq_nn, dq_pn = dq_mn[..., :n, :], dq_mn[..., n:, :]
