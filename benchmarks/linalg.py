@@ -23,10 +23,12 @@ import sys
 NUM_DEVICES = 8
 
 
-def _setup(gpu: bool):
+def _setup(gpu: bool, devices: int = NUM_DEVICES):
   import jax
   if not gpu:
-    jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
+    # With several CPU devices batchpart's kernels run BLAS single-threaded
+    # (the devices share the cores): one-device numbers need a 1-device process.
+    jax.config.update("jax_num_cpu_devices", devices)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
   return jax
 
@@ -100,8 +102,10 @@ def main(argv=None) -> int:
   parser.add_argument("--gpu", action="store_true")
   parser.add_argument("--options", action="store_true", help="only section (4)")
   parser.add_argument("--out", default=None, help="Markdown file for the tables")
+  parser.add_argument("--one-device", action="store_true",
+                      help="only section (1), in a process with one CPU device")
   args = parser.parse_args(argv)
-  jax = _setup(args.gpu)
+  jax = _setup(args.gpu, 1 if args.one_device else NUM_DEVICES)
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
       a = jax.device_put(_matrices(np, batch, n, kind), device)
       emit_timed(f"{name} | {batch} | {n}", ours, theirs, a)
 
-  if not args.gpu:
+  if not args.gpu and not args.one_device:
     # (2) eight devices
     mesh = jax.make_mesh((NUM_DEVICES,), ("x",), axis_types=(AxisType.Auto,))
     batch, n = (64, 32) if args.quick else (512, 64)
