@@ -161,3 +161,24 @@ def entry_custom_calls(module) -> list[CustomCall]:
     for region in main.regions:
       visit_region(region, False, 0)
   return out
+
+
+def layouts(op, name: str, shapes) -> tuple:
+  """A custom call's `operand_layouts` / `result_layouts` (minor-to-major), or
+  the default row-major ones when the attribute is absent."""
+  if name not in op.attributes:
+    return tuple(tuple(range(len(s) - 1, -1, -1)) for s in shapes)
+  return tuple(tuple(int(d) for d in ir.DenseIntElementsAttr(a))
+               for a in ir.ArrayAttr(op.attributes[name]))
+
+
+def aliases(op) -> tuple:
+  """A custom call's (operand, result) alias pairs, sorted."""
+  if "output_operand_aliases" not in op.attributes:
+    return ()
+  out = []
+  for a in ir.ArrayAttr(op.attributes["output_operand_aliases"]):
+    alias = compat.hlo.OutputOperandAlias(a)
+    result = alias.output_tuple_indices[0] if len(alias.output_tuple_indices) else 0
+    out.append((int(alias.operand_index), int(result)))
+  return tuple(sorted(out))

@@ -67,3 +67,24 @@ def test_shard_map_bodies_are_manual_regions(text):
     calls = [c for _, c in _custom_calls(module) if _stablehlo.is_ffi_call(c.op)]
     manual = [(c.in_manual_region, _stablehlo.array_type(c.op.operands[0])[1]) for c in calls]
     assert manual == [(True, (4,)), (False, (8,))]
+
+
+def test_custom_call_layouts_and_aliases():
+  text = '''
+  func.func public @main(%a: tensor<2x3x3xf32>) -> tensor<2x3x3xf32> {
+    %0 = stablehlo.custom_call @k(%a) {mhlo.backend_config = {},
+        operand_layouts = [dense<[1, 2, 0]> : tensor<3xindex>],
+        result_layouts = [dense<[2, 1, 0]> : tensor<3xindex>],
+        output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [],
+                                  operand_index = 0, operand_tuple_indices = []>]}
+        : (tensor<2x3x3xf32>) -> tensor<2x3x3xf32>
+    return %0 : tensor<2x3x3xf32>
+  }'''
+  with _compat.make_ir_context() as context:
+    module = _compat.ir.Module.parse(text, context)
+    (op,) = [o for o in _stablehlo.walk(module.operation)
+             if o.operation.name == "stablehlo.custom_call"]
+    assert _stablehlo.layouts(op, "operand_layouts", [(2, 3, 3)]) == ((1, 2, 0),)
+    assert _stablehlo.layouts(op, "result_layouts", [(2, 3, 3)]) == ((2, 1, 0),)
+    assert _stablehlo.layouts(op, "missing", [(2, 3)]) == ((1, 0),)
+    assert _stablehlo.aliases(op) == ((0, 0),)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from batchpart import _compat as compat
+from batchpart import _compat as compat, _dtypes
 
 ir = compat.ir
 
@@ -51,18 +51,10 @@ def to_python(attr):
   """A Python/NumPy value of a scalar, string or array attribute."""
   if isinstance(attr, ir.BoolAttr):
     return bool(attr.value)
-  if isinstance(attr, ir.IntegerAttr):
-    return np.dtype(_int_dtype(attr.type)).type(attr.value)
-  if isinstance(attr, ir.FloatAttr):
-    width = ir.FloatType(attr.type).width
-    return np.dtype({16: np.float16, 32: np.float32, 64: np.float64}[width]).type(attr.value)
+  if isinstance(attr, (ir.IntegerAttr, ir.FloatAttr)):
+    return np.dtype(_dtypes.from_mlir(str(attr.type))).type(attr.value)
   if isinstance(attr, ir.StringAttr):
     return attr.value
   if isinstance(attr, (ir.DenseIntElementsAttr, ir.DenseFPElementsAttr)):
     return np.array(attr)
   return attr  # left as MLIR: rules may still pass it through
-
-
-def _int_dtype(t) -> str:
-  it = ir.IntegerType(t)
-  return f"{'u' if it.is_unsigned else ''}int{it.width}"

@@ -17,11 +17,10 @@ from batchpart import _compat as compat, _stablehlo
 from batchpart._frontend.registry import note_called
 from batchpart._frontend.signature import BatchSpec, Signature, check_spec
 from batchpart._partition import derived_names, targets
-from batchpart._partition.description import CallDescription, default_layout
+from batchpart._partition.description import CallDescription
 from batchpart._primitive.lowering import sharding_rule
 
 ir = compat.ir
-hlo = compat.hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,34 +61,10 @@ def _shapes(values) -> list[tuple[int, ...]]:
   return [tuple(ir.RankedTensorType(v.type).shape) for v in values]
 
 
-def _layouts(op, name, shapes):
-  if name not in op.attributes:
-    return tuple(default_layout(len(s)) for s in shapes)
-  return tuple(tuple(int(d) for d in ir.DenseIntElementsAttr(a))
-               for a in ir.ArrayAttr(op.attributes[name]))
-
-
-def _aliases(op):
-  if "output_operand_aliases" not in op.attributes:
-    return ()
-  out = []
-  for a in ir.ArrayAttr(op.attributes["output_operand_aliases"]):
-    alias = hlo.OutputOperandAlias(a)
-    result = alias.output_tuple_indices[0] if len(alias.output_tuple_indices) else 0
-    out.append((int(alias.operand_index), int(result)))
-  return tuple(sorted(out))
-
-
 def _is_typed_ffi_call(op) -> bool:
-  if op.operation.name != "stablehlo.custom_call":
-    return False
-  # jax emits typed-FFI calls (custom_call_api_version=4) with their
-  # attributes in a dict-valued "mhlo.backend_config".
-  attrs = op.attributes
-  typed = ("mhlo.backend_config" in attrs and
-           isinstance(attrs["mhlo.backend_config"], ir.DictAttr))
-  target = ir.StringAttr(attrs["call_target_name"]).value
-  return typed and not derived_names.is_derived(target)
+  """A typed-FFI custom call batchpart has not retargeted yet."""
+  target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
+  return _stablehlo.is_ffi_call(op.operation) and not derived_names.is_derived(target)
 
 
 def retarget(ctx, op, declaration: BatchDeclaration) -> None:
@@ -105,9 +80,9 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
                                 zip(operand_shapes, spec.operand_core_ranks)),
       result_batch_ranks=tuple(len(s) - c for s, c in
                                zip(result_shapes, spec.result_core_ranks)),
-      operand_layouts=_layouts(op, "operand_layouts", operand_shapes),
-      result_layouts=_layouts(op, "result_layouts", result_shapes),
-      aliases=_aliases(op),
+      operand_layouts=_stablehlo.layouts(op, "operand_layouts", operand_shapes),
+      result_layouts=_stablehlo.layouts(op, "result_layouts", result_shapes),
+      aliases=_stablehlo.aliases(op),
       has_side_effect=("has_side_effect" in attrs and
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
       attribute_rule=declaration.attribute_rule,
