@@ -26,8 +26,12 @@ def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0
     jax.block_until_ready(f(*args))
     loops[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
   samples = {name: [] for name in candidates}
-  for _ in range(repeats):
-    for name, f in candidates.items():
+  names = list(candidates)
+  for r in range(repeats):
+    # Each round starts with another candidate: the first of a round runs on
+    # a colder machine (caches, frequency), which must not favour one of them.
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      f = candidates[name]
       t0 = time.perf_counter()
       for _ in range(loops[name]):
         out = f(*args)

@@ -80,7 +80,7 @@ def child(partitioner: str, quick: bool) -> list[dict]:
     for k in ("batchpart", "batchpart_default_out"):
       for g, w in zip(jax.tree.leaves(candidates[k](a)), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4)
-    t = interleaved(candidates, (a,), repeats=3 if quick else 5)
+    t = interleaved(candidates, (a,), repeats=3 if quick else 8)
     rows.append({"op": name, "partitioner": partitioner, **t})
     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
   return rows
