@@ -17,8 +17,7 @@ from batchpart import _compat as compat, _stablehlo
 from batchpart._frontend.registry import note_called
 from batchpart._frontend.signature import BatchSpec, Signature, check_spec
 from batchpart._partition import derived_names, targets
-from batchpart._partition.description import CallDescription
-from batchpart._primitive.lowering import sharding_rule
+from batchpart._primitive.lowering import describe, shardy_rule_attribute
 
 ir = compat.ir
 
@@ -74,19 +73,14 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   operand_shapes, result_shapes = _shapes(op.operands), _shapes(op.results)
   spec = declaration.spec(target, operand_shapes, result_shapes)
   batch_shape = check_spec(target, spec, operand_shapes, result_shapes)
-  description = CallDescription(
-      target=target,
-      operand_batch_ranks=tuple(len(s) - c for s, c in
-                                zip(operand_shapes, spec.operand_core_ranks)),
-      result_batch_ranks=tuple(len(s) - c for s, c in
-                               zip(result_shapes, spec.result_core_ranks)),
-      operand_layouts=_stablehlo.layouts(op, "operand_layouts", operand_shapes),
-      result_layouts=_stablehlo.layouts(op, "result_layouts", result_shapes),
-      aliases=_stablehlo.aliases(op),
+  description = describe(
+      target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
+      input_layouts=_stablehlo.layouts(op, "operand_layouts", operand_shapes),
+      output_layouts=_stablehlo.layouts(op, "result_layouts", result_shapes),
+      input_output_aliases=_stablehlo.aliases(op),
       has_side_effect=("has_side_effect" in attrs and
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
-      attribute_rule=declaration.attribute_rule,
-  )
+      attribute_rule=declaration.attribute_rule)
   name = targets.ensure_derived(description, compat.lowering_platforms(ctx),
                                 caller=declaration.owner)
   note_called(target)
@@ -98,11 +92,11 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   attrs["mhlo.frontend_attributes"] = ir.DictAttr.get(frontend)
   if "sdy.sharding_rule" in attrs:
     del attrs["sdy.sharding_rule"]
-  if compat.use_shardy() and operand_shapes and not compat.is_manual_lowering(ctx):
-    rule, replicated = sharding_rule(operand_shapes, spec.operand_core_ranks,
-                                     result_shapes, spec.result_core_ranks, batch_shape)
-    attrs["sdy.sharding_rule"] = compat.sdy_sharding_rule(
-        rule, [v.type for v in op.operands], [r.type for r in op.results], replicated)
+  rule = shardy_rule_attribute(ctx, operand_shapes, spec.operand_core_ranks, result_shapes,
+                               spec.result_core_ranks, batch_shape,
+                               [v.type for v in op.operands], [r.type for r in op.results])
+  if rule is not None:
+    attrs["sdy.sharding_rule"] = rule
 
 
 def _snapshot(block) -> set[int]:

@@ -82,6 +82,17 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
   )
 
 
+def shardy_rule_attribute(ctx, operand_shapes, operand_core_ranks, result_shapes,
+                          result_core_ranks, batch_shape, operand_types, result_types):
+  """The ``sdy.sharding_rule`` attribute of a batchpart call, or None where
+  none belongs (GSPMD, no operands, a fully manual region)."""
+  if not (compat.use_shardy() and operand_shapes and not compat.is_manual_lowering(ctx)):
+    return None
+  rule, replicated = sharding_rule(operand_shapes, operand_core_ranks, result_shapes,
+                                   result_core_ranks, batch_shape)
+  return compat.sdy_sharding_rule(rule, operand_types, result_types, replicated)
+
+
 def _ir_types(ctx, avals):
   return [compat.aval_to_ir_type(ctx.module_context, a) for a in avals]
 
@@ -104,11 +115,11 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
   note_called(target_name)
   extra = {"mhlo.frontend_attributes": compat.ir_attribute(
       {"num_batch_dims": str(len(batch_shape))})}
-  if compat.use_shardy() and avals_in and not compat.is_manual_lowering(ctx):
-    rule, replicated = sharding_rule(operand_shapes, operand_core_ranks, result_shapes,
-                                     result_core_ranks, batch_shape)
-    extra["sdy.sharding_rule"] = compat.sdy_sharding_rule(
-        rule, _ir_types(ctx, avals_in), _ir_types(ctx, avals_out), replicated)
+  rule = shardy_rule_attribute(ctx, operand_shapes, operand_core_ranks, result_shapes,
+                               result_core_ranks, batch_shape, _ir_types(ctx, avals_in),
+                               _ir_types(ctx, avals_out))
+  if rule is not None:
+    extra["sdy.sharding_rule"] = rule
   attrs = compat.unwrap_kwargs_hashable(tuple((k, v) for k, _, v in attributes))
   config = {k: compat.ir_attribute(v) for k, v in attrs.items()}
   return emit.custom_call(name, description, operands, _ir_types(ctx, avals_out), config,
