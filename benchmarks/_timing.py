@@ -12,12 +12,21 @@ import time
 
 import jax
 
+# OpenBLAS's worker threads spin for about 0.1 s after a threaded call
+# (its THREAD_TIMEOUT, 2^28 cycles) before they sleep. jaxlib's LAPACK kernels
+# call OpenBLAS threaded, so on a 2-core machine the candidate that runs next
+# shares a core with a spinning thread it never started. A pause longer than
+# that between candidates measures each one on the machine it would get alone.
+SETTLE_SECONDS = 0.25
 
-def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.02):
+
+def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.02,
+                settle: float = SETTLE_SECONDS):
   """Median seconds per call of each (already jitted) candidate.
 
   Each round calls every candidate enough times to run for ``min_time``
-  (calibrated on the first call), then the rounds are repeated.
+  (calibrated on the first call), pausing ``settle`` seconds before each
+  candidate, then the rounds are repeated.
   """
   loops = {}
   for name, f in candidates.items():
@@ -32,6 +41,7 @@ def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0
     # a colder machine (caches, frequency), which must not favour one of them.
     for name in names[r % len(names):] + names[:r % len(names)]:
       f = candidates[name]
+      time.sleep(settle)
       t0 = time.perf_counter()
       for _ in range(loops[name]):
         out = f(*args)
