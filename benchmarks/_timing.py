@@ -20,7 +20,7 @@ import jax
 SETTLE_SECONDS = 0.25
 
 
-def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.02,
+def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.1,
                 settle: float = SETTLE_SECONDS):
   """Median seconds per call of each (already jitted) candidate.
 
@@ -65,14 +65,15 @@ def run_child(script: str, args: list[str], *, timeout: float, tries: int = 3):
   (docs/reliability.md)."""
   for attempt in range(tries):
     try:
-      proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+      # The child's stderr (its progress) goes straight to ours.
+      proc = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, text=True,
                             timeout=timeout)
     except subprocess.TimeoutExpired:
       print(f"{script} {' '.join(args)}: timed out (attempt {attempt + 1}), retrying",
             flush=True)
       continue
     if proc.returncode != 0:
-      raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-4000:])
+      raise RuntimeError(f"{script} {' '.join(args)} failed:\n{proc.stdout[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
   raise RuntimeError(f"{script} {' '.join(args)}: timed out {tries} times")
 

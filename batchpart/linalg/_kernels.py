@@ -124,23 +124,12 @@ def svd(a, *, full_matrices: bool, compute_uv: bool):
 
 def trsm(a, b, *, left_side: bool, lower: bool, transpose_a: bool, conjugate_a: bool,
          unit_diagonal: bool):
-  """Solves op(a) x = b (left_side) or x op(a) = b, without relayouts.
-
-  A row-major matrix is, read column-major, its transpose. Transposing
-  op(a) x = b gives x^T op(a)^T = b^T, and op(a)^T is op(a^T) with the same
-  op (transpose and conjugation commute with transposition), a^T being
-  lower where a is upper. So the kernel solves the transposed system on the
-  other side on the swapped operands, whose column-major layouts are the
-  row-major layouts of a and b: XLA turns every swapaxes into a bitcast.
-  """
   batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-  swap = lambda x: jax.numpy.swapaxes(x, -1, -2)
-  signature = "(p,p),(q,p)->(q,p)" if left_side else "(p,p),(p,q)->(p,q)"
-  xt = _call("batchpart_trsm", signature, [swap(a), swap(b)],
-             S((*batch, *b.shape[-2:][::-1]), b.dtype),
-             left_side=not left_side, lower=not lower, transpose_a=bool(transpose_a),
-             conjugate_a=bool(conjugate_a), unit_diagonal=bool(unit_diagonal))
-  return swap(xt)
+  signature = "(p,p),(p,q)->(p,q)" if left_side else "(p,p),(q,p)->(q,p)"
+  return _call("batchpart_trsm", signature, [a, b],
+               S((*batch, *b.shape[-2:]), b.dtype),
+               left_side=bool(left_side), lower=bool(lower), transpose_a=bool(transpose_a),
+               conjugate_a=bool(conjugate_a), unit_diagonal=bool(unit_diagonal))
 
 
 def gesv(a, b):
