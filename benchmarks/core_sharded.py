@@ -82,8 +82,8 @@ def child(partitioner: str, quick: bool) -> list[dict]:
             out_shardings=out),
         "jnp": jax.jit(theirs, out_shardings=out),
     }
-    jnp_batch = jax.jit(theirs, out_shardings=out)
-    candidates["jnp_batch_input"] = lambda _, f=jnp_batch: f(a_batch)
+    # The same jitted jnp candidate, called on the batch-sharded copy.
+    candidates["jnp_batch_input"] = lambda _, f=candidates["jnp"]: f(a_batch)
     want = jax.tree.map(np.asarray, candidates["shard_map"](a))
     for k in ("batchpart", "batchpart_default_out"):
       for g, w in zip(jax.tree.leaves(candidates[k](a)), jax.tree.leaves(want)):
@@ -123,6 +123,8 @@ def write(rows, quick: bool) -> str:
       "\"jnp work\" is jnp.linalg's core-sharded time over its batch-sharded time: the ceiling",
       "of \"vs jnp.linalg\" for a kernel as fast as jaxlib's with a free reshard (jnp replicates",
       "only the first kernel of a chain, e.g. geqrf of qr and getrf of solve).",
+      "Each candidate runs after a pause that lets OpenBLAS threads left spinning by the",
+      "previous one go to sleep (`benchmarks/_timing.py`, SETTLE_SECONDS).",
       "",
   ]
   text = "\n".join(lines)
