@@ -51,16 +51,18 @@ def array(shape, dtype):
     return (tuple(shape), dtype, False)
 
 
-def ffi(target, operands, results, **attrs):
-    """Calls `target`; every operand is a (batched) matrix, passed column-major.
+def ffi(target, operands, results, *, row_major=False, **attrs):
+    """Calls `target`; every operand is a (batched) matrix, passed column-major
+    (row-major with `row_major`).
 
     `results` holds matrix(...) / array(...) specs; returns numpy arrays.
     """
+    layout = (lambda shape: None) if row_major else column_major
     call = jax.ffi.ffi_call(
         target,
         [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype, _ in results],
-        input_layouts=[column_major(np.shape(x)) for x in operands],
-        output_layouts=[column_major(shape) if is_matrix else None
+        input_layouts=[layout(np.shape(x)) for x in operands],
+        output_layouts=[layout(shape) if is_matrix else None
                         for shape, _, is_matrix in results],
     )
     return tuple(np.asarray(r) for r in call(*operands, **attrs))
@@ -76,15 +78,19 @@ def potrf(a, lower=True, symmetrize=False):
                lower=lower, symmetrize=symmetrize)
 
 
-def getrf(a):
+def getrf(a, row_major=False):
     *batch, m, n = a.shape
     k = min(m, n)
     return ffi(
-        "batchpart_getrf",
+        "batchpart_getrf_row_major" if row_major else "batchpart_getrf",
         [a],
         [matrix(a.shape, a.dtype), array((*batch, k), np.int32), array((*batch, m), np.int32),
          array(batch, np.int32)],
+        row_major=row_major,
     )
+
+
+LU_ORDERS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 
 
 def qr(a, full_matrices=False):
@@ -295,12 +301,11 @@ def split_lu(lu):
     return lower, upper
 
 
-@HYPOTHESIS
-@given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes, seed=seeds)
-def test_getrf_reconstructs_and_matches_scipy_pivots(batch, m, n, dtype, seed):
-    a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
-    lu, pivots, perm, info = getrf(a)
+def check_lu(a, lu, pivots, perm, info):
+    """`lu` factors `a` as LAPACK would: A[perm] = L U, scipy's pivots."""
+    *batch, m, n = a.shape
     k = min(m, n)
+    dtype = a.dtype
     assert lu.shape == a.shape and pivots.shape == (*batch, k) and perm.shape == (*batch, m)
     assert not info.any()
     lower, upper = split_lu(lu)
@@ -313,11 +318,29 @@ def test_getrf_reconstructs_and_matches_scipy_pivots(batch, m, n, dtype, seed):
             assert list(pivots[index]) == list(expected_piv)
 
 
+@LU_ORDERS
+@HYPOTHESIS
+@given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes, seed=seeds)
+def test_getrf_reconstructs_and_matches_scipy_pivots(row_major, batch, m, n, dtype, seed):
+    a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
+    check_lu(a, *getrf(a, row_major))
+
+
+# The row-major kernel factors up to 64x64 itself and hands larger matrices,
+# transposed, to LAPACK (cc/lapack/row_major_lu.h): both sides of the switch.
+@pytest.mark.parametrize("m, n", [(64, 64), (65, 65), (64, 90), (90, 64), (130, 20), (20, 130)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_getrf_singular_keeps_factors_and_reports_info(dtype):
+def test_row_major_getrf_on_both_sides_of_its_size_switch(m, n, dtype):
+    a = random(np.random.default_rng(m * n), (2, m, n), dtype)
+    check_lu(a, *getrf(a, row_major=True))
+
+
+@LU_ORDERS
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_getrf_singular_keeps_factors_and_reports_info(row_major, dtype):
     a = random(np.random.default_rng(1), (3, 4, 4), dtype)
     a[1, :, 2] = 0  # column 3 is zero: U[2, 2] == 0
-    lu, _, perm, info = getrf(a)
+    lu, _, perm, info = getrf(a, row_major)
     assert info[1] == 3 and info[0] == 0 and info[2] == 0
     assert np.isfinite(lu).all()
     lower, upper = split_lu(lu)

@@ -77,11 +77,21 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
 
 
 def getrf(a):
+  """LU of `a`. On CPU the row-major target, which needs no relayout on either
+  side (small matrices factor in place); elsewhere the column-major one. A
+  program traced for another platform than it runs on still gets a correct
+  kernel: the column-major target exists everywhere, and the row-major one
+  on a GPU fails to compile, naming it."""
   *batch, m, n = a.shape
   batch = tuple(batch)
-  return _call("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
-               [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
-                S(batch, i32)], aliases={0: 0})
+  signature = "(m,n)->(m,n),(k),(m),()"
+  results = [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
+             S(batch, i32)]
+  if _platform_of([a]) == "cpu":
+    ensure_registered()
+    return batchpart.ffi_call("batchpart_getrf_row_major", results, signature=signature,
+                              input_output_aliases={0: 0})(a)
+  return _call("batchpart_getrf", signature, [a], results, aliases={0: 0})
 
 
 def qr(a, *, full_matrices: bool):

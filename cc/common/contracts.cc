@@ -94,8 +94,8 @@ ffi::ErrorOr<CholeskyShape> ValidatePotrf(const ffi::AnyBuffer& a, const ffi::An
 
 ffi::ErrorOr<LuShape> ValidateGetrf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu,
                                     const ffi::AnyBuffer& pivots, const ffi::AnyBuffer& perm,
-                                    const ffi::AnyBuffer& info) {
-  constexpr const char* kTarget = kGetrfTarget;
+                                    const ffi::AnyBuffer& info, const char* target) {
+  const char* const kTarget = target;
   return Validated<LuShape>([&](LuShape& shape) -> ffi::Error {
     MatrixDims dims;
     BATCHPART_RETURN_IF_ERROR(ExpectOperandA(kTarget, a, /*square=*/false, dims));

@@ -131,9 +131,10 @@ struct LuShape {
   Dims batch;
   int64_t m, n, k;
 };
+// `target` names the caller in errors (the CPU's row-major LU shares the contract).
 ffi::ErrorOr<LuShape> ValidateGetrf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& lu,
                                     const ffi::AnyBuffer& pivots, const ffi::AnyBuffer& perm,
-                                    const ffi::AnyBuffer& info);
+                                    const ffi::AnyBuffer& info, const char* target = kGetrfTarget);
 
 struct QrShape {
   Dims batch;

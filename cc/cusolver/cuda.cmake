@@ -187,7 +187,7 @@ set_target_properties(batchpart_cuda_device PROPERTIES
 # are batchpart_kernel_common's (cc/common/), which _core links too, so both
 # platforms report the same errors.
 file(GLOB BATCHPART_CUSOLVER_SOURCES CONFIGURE_DEPENDS cc/cusolver/*.cc)
-nanobind_add_module(_cuda NB_STATIC ${BATCHPART_CUSOLVER_SOURCES})
+nanobind_add_module(_cuda NB_STATIC NOMINSIZE ${BATCHPART_CUSOLVER_SOURCES})  # no -Os, as _core
 target_include_directories(_cuda PRIVATE cc ${XLA_FFI_INCLUDE_DIR}
   ${BATCHPART_CUSOLVER_INCLUDE_DIR} ${BATCHPART_CUBLAS_INCLUDE_DIR})
 target_link_libraries(_cuda PRIVATE batchpart_kernel_common batchpart_cuda_device

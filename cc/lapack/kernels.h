@@ -7,6 +7,7 @@
 
 #include "common/contracts.h"
 #include "common/handler_table.h"
+#include "lapack/option_kernels.h"
 #include "xla/ffi/api/api.h"
 
 namespace batchpart::lapack {
@@ -19,6 +20,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartSvd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesv);
 // CPU-only targets for jax's options (option_kernels.h; no cuSOLVER twin).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGetrfRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqrf);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqp3);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvd);
@@ -34,6 +36,7 @@ inline HandlerTable Handlers() {
       {kSvdTarget, reinterpret_cast<void*>(BatchpartSvd)},
       {kTrsmTarget, reinterpret_cast<void*>(BatchpartTrsm)},
       {kGesvTarget, reinterpret_cast<void*>(BatchpartGesv)},
+      {kGetrfRowMajorTarget, reinterpret_cast<void*>(BatchpartGetrfRowMajor)},
       {"batchpart_geqrf", reinterpret_cast<void*>(BatchpartGeqrf)},
       {"batchpart_geqp3", reinterpret_cast<void*>(BatchpartGeqp3)},
       {"batchpart_gesvd", reinterpret_cast<void*>(BatchpartGesvd)},

@@ -1,39 +1,67 @@
-// batchpart_getrf: batched LU factorization with partial pivoting (getrf).
+// batchpart_getrf and batchpart_getrf_row_major: batched LU factorization
+// with partial pivoting, of column-major (getrf) or row-major matrices.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <vector>
 
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
+#include "lapack/row_major_lu.h"
 
 namespace batchpart::lapack {
 namespace {
 
-constexpr const char* kTarget = kGetrfTarget;
-
-// Turns getrf's 1-based pivots into 0-based ones and the row permutation
-// they describe (apply the swaps, in order, to 0..m-1). A pivot outside
-// [i, m) cannot come from LAPACK; it is skipped rather than trusted with a
-// memory access.
-void PivotsToPermutation(int32_t* pivots, int64_t k, int32_t* perm, int64_t m) {
+// Turns 0-based pivots into the row permutation they describe (apply the
+// swaps, in order, to 0..m-1). A pivot outside [i, m) cannot come from a
+// factorization; it is skipped rather than trusted with a memory access.
+void PivotsToPermutation(const int32_t* pivots, int64_t k, int32_t* perm, int64_t m) {
   std::iota(perm, perm + m, 0);
   for (int64_t i = 0; i < k; ++i) {
-    const int32_t p = --pivots[i];
+    const int32_t p = pivots[i];
     if (p >= i && p < m) std::swap(perm[i], perm[p]);
   }
 }
 
+// getrf on the column-major m x n `lu`, pivots made 0-based.
 template <typename T>
-void FactorOne(const LuShape& shape, T* lu, int32_t* pivots, int32_t* perm, int32_t* info) {
-  lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
-  lapack_int lda = LeadingDim(shape.m), info_v = 0;
-  Lapack<T>::getrf(&m, &n, lu, &lda, pivots, &info_v);
-  *info = info_v;
-  PivotsToPermutation(pivots, shape.k, perm, shape.m);
+int32_t LapackLu(int64_t m_size, int64_t n_size, T* lu, int32_t* pivots) {
+  lapack_int m = static_cast<lapack_int>(m_size), n = static_cast<lapack_int>(n_size);
+  lapack_int lda = LeadingDim(m_size), info = 0;
+  Lapack<T>::getrf(&m, &n, lu, &lda, pivots, &info);
+  for (int64_t i = 0; i < std::min(m_size, n_size); ++i) --pivots[i];
+  return info;
 }
 
+// Factors one column-major matrix in place.
 template <typename T>
+struct ColumnMajor {
+  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>&) {
+    return LapackLu(shape.m, shape.n, lu, pivots);
+  }
+};
+
+// Factors one row-major matrix in place: small ones directly, larger ones by
+// LAPACK's blocked getrf on a column-major copy in `scratch`.
+template <typename T>
+struct RowMajor {
+  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>& scratch) {
+    const int64_t m = shape.m, n = shape.n;
+    if (shape.k <= kRowMajorLuMaxSize) return RowMajorLu(m, n, lu, pivots);
+    scratch.resize(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) scratch[i + j * m] = lu[i * n + j];
+    }
+    const int32_t info = LapackLu(m, n, scratch.data(), pivots);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) lu[i * n + j] = scratch[i + j * m];
+    }
+    return info;
+  }
+};
+
+template <typename T, template <typename> class Order>
 ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuffer& a,
                   ffi::AnyBuffer& lu, ffi::AnyBuffer& pivots, ffi::AnyBuffer& perm,
                   ffi::AnyBuffer& info) {
@@ -46,28 +74,46 @@ ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuf
   int32_t* info_data = info.typed_data<int32_t>();
   const double flops = kFlopScale<T> * shape.m * shape.n * shape.k;
   return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch;
     for (int64_t b = begin; b < end; ++b) {
       CopyIfDistinct(a_data + b * size, lu_data + b * size, size);
-      FactorOne<T>(shape, lu_data + b * size, piv_data + b * shape.k, perm_data + b * shape.m,
-                   info_data + b);
+      int32_t* piv = piv_data + b * shape.k;
+      info_data[b] = Order<T>::Factor(shape, lu_data + b * size, piv, scratch);
+      PivotsToPermutation(piv, shape.k, perm_data + b * shape.m, shape.m);
     }
+  });
+}
+
+template <template <typename> class Order>
+ffi::Error LuImpl(const char* target, ffi::ThreadPool pool, ffi::AnyBuffer a,
+                  ffi::Result<ffi::AnyBuffer> lu, ffi::Result<ffi::AnyBuffer> pivots,
+                  ffi::Result<ffi::AnyBuffer> perm, ffi::Result<ffi::AnyBuffer> info) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(target));
+  BATCHPART_ASSIGN_OR_RETURN(const LuShape shape,
+                             ValidateGetrf(a, *lu, *pivots, *perm, *info, target));
+  return DispatchByDtype(target, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Factor<T, Order>(pool, shape, a, *lu, *pivots, *perm, *info);
   });
 }
 
 ffi::Error GetrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> lu,
                      ffi::Result<ffi::AnyBuffer> pivots, ffi::Result<ffi::AnyBuffer> perm,
                      ffi::Result<ffi::AnyBuffer> info) {
-  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  BATCHPART_ASSIGN_OR_RETURN(const LuShape shape, ValidateGetrf(a, *lu, *pivots, *perm, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(pool, shape, a, *lu, *pivots, *perm, *info);
-  });
+  return LuImpl<ColumnMajor>(kGetrfTarget, pool, a, lu, pivots, perm, info);
+}
+
+ffi::Error GetrfRowMajorImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> lu,
+                             ffi::Result<ffi::AnyBuffer> pivots, ffi::Result<ffi::AnyBuffer> perm,
+                             ffi::Result<ffi::AnyBuffer> info) {
+  return LuImpl<RowMajor>(kGetrfRowMajorTarget, pool, a, lu, pivots, perm, info);
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrf, GetrfImpl,
-                              BindGetrf(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));  // info
+                              BindGetrf(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrfRowMajor, GetrfRowMajorImpl,
+                              BindGetrf(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack

@@ -1,10 +1,14 @@
 // CPU LAPACK kernels behind batchpart.linalg's options (pivoted and raw QR,
-// the QR-iteration SVD, the Cholesky solve). Same conventions as the targets
-// in kernels.h (column-major matrices, batch loops, NaN on failure, int32
-// integer results); they have no CUDA twin, so they are registered for the
-// CPU platform only.
+// the QR-iteration SVD, the Cholesky solve) and the CPU's row-major LU. Same
+// conventions as the targets in common/contracts.h (column-major matrices
+// unless noted, batch loops, NaN on failure, int32 integer results); they
+// have no CUDA twin, so they are registered for the CPU platform only.
 //
 // Targets (k = min(m, n)):
+//
+// batchpart_getrf_row_major  The contract of batchpart_getrf, with a and lu
+//                            row-major: XLA needs no relayout on either side
+//                            (row_major_lu.h).
 //
 // batchpart_geqrf      Householder QR without forming Q (geqrf), numpy's "raw".
 //   operand  a       (..., m, n)
@@ -42,6 +46,10 @@
 
 #include "xla/ffi/api/api.h"
 
-namespace batchpart::lapack {}  // namespace batchpart::lapack
+namespace batchpart::lapack {
+
+inline constexpr char kGetrfRowMajorTarget[] = "batchpart_getrf_row_major";
+
+}  // namespace batchpart::lapack
 
 #endif  // BATCHPART_LAPACK_OPTION_KERNELS_H_
