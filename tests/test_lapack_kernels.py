@@ -158,10 +158,11 @@ def trsm(a, b, *, left_side=True, lower=True, transpose_a=False, conjugate_a=Fal
     return x
 
 
-def gesv(a, b):
+def gesv(a, b, row_major=False):
     batch = broadcast_batch(a, b)
-    return ffi("batchpart_gesv", [a, b],
-               [matrix((*batch, *b.shape[-2:]), b.dtype), array(batch, np.int32)])
+    return ffi("batchpart_gesv_row_major" if row_major else "batchpart_gesv", [a, b],
+               [matrix((*batch, *b.shape[-2:]), b.dtype), array(batch, np.int32)],
+               row_major=row_major)
 
 
 # ---- inputs and tolerances -------------------------------------------------------
@@ -497,16 +498,17 @@ def test_trsm_broadcasts_both_operands(dtype):
 # ---- gesv --------------------------------------------------------------------------
 
 
+@LU_ORDERS
 @HYPOTHESIS
 @given(batch=batch_shapes, n=st.integers(0, 5), r=st.integers(0, 3), dtype=dtypes,
        broadcast=st.sampled_from(["none", "a", "b"]), seed=seeds)
-def test_gesv_matches_numpy(batch, n, r, dtype, broadcast, seed):
+def test_gesv_matches_numpy(row_major, batch, n, r, dtype, broadcast, seed):
     rng = np.random.default_rng(seed)
     a_batch = (1,) * len(batch) if broadcast == "a" else batch
     b_batch = batch[1:] if broadcast == "b" else batch
     a = (random(rng, (*a_batch, n, n), dtype) + 2 * n * np.eye(n)).astype(dtype)
     b = random(rng, (*b_batch, n, r), dtype)
-    x, info = gesv(a, b)
+    x, info = gesv(a, b, row_major)
     out_batch = broadcast_batch(a, b)
     assert x.shape == (*out_batch, n, r) and info.shape == out_batch and not info.any()
     expected = np.linalg.solve(np.broadcast_to(a, (*out_batch, n, n)),
@@ -514,26 +516,41 @@ def test_gesv_matches_numpy(batch, n, r, dtype, broadcast, seed):
     assert_close(x, expected, dtype, scale_of(b))
 
 
+@LU_ORDERS
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gesv_singular_gives_nan_in_that_element_only(dtype):
+def test_gesv_singular_gives_nan_in_that_element_only(row_major, dtype):
     rng = np.random.default_rng(6)
     a = (random(rng, (3, 4, 4), dtype) + 8 * np.eye(4)).astype(dtype)
     a[0, 1] = 0  # a zero row
     b = random(rng, (3, 4, 2), dtype)
-    x, info = gesv(a, b)
+    x, info = gesv(a, b, row_major)
     assert info[0] > 0 and np.isnan(x[0]).all()
     assert not info[1:].any()
     assert_close(x[1:], np.linalg.solve(a[1:], b[1:]), dtype, scale_of(b))
 
 
-def test_gesv_shared_matrix_many_right_hand_sides():
+@LU_ORDERS
+def test_gesv_shared_matrix_many_right_hand_sides(row_major):
     """One A broadcast over a batch of b: factored once per chunk, still right."""
     rng = np.random.default_rng(7)
     a = (random(rng, (6, 6), np.float64) + 12 * np.eye(6))[None]
     b = random(rng, (500, 6, 3), np.float64)
-    x, info = gesv(a, b)
+    x, info = gesv(a, b, row_major)
     assert not info.any()
     assert_close(x, np.linalg.solve(a, b), np.float64, scale_of(b))
+
+
+# The row-major solve factors up to 64x64 itself and larger matrices through
+# LAPACK (cc/lapack/lu_steps.h); the substitution is its own at every size.
+@pytest.mark.parametrize("n, r", [(64, 1), (64, 64), (65, 3), (100, 130)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_major_gesv_on_both_sides_of_its_size_switch(n, r, dtype):
+    rng = np.random.default_rng(n + r)
+    a = random(rng, (2, n, n), dtype)
+    b = random(rng, (2, n, r), dtype)
+    x, info = gesv(a, b, row_major=True)
+    assert not info.any()
+    assert_close(a @ x, b, dtype, n * np.abs(a).max() * np.abs(x).max())
 
 
 # ---- garbage (padding rows) never fails the call ----------------------------------

@@ -76,22 +76,25 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
           a, lower=False, symmetrize=bool(symmetrize))
 
 
+def _lu_call(target, signature, operands, results, *, aliases=None):
+  """`target` where jax's platform is not CPU; on CPU its row-major twin
+  (``<target>_row_major``), which needs no relayout on either side. A program
+  traced for another platform than it runs on still gets a correct kernel:
+  the column-major target exists everywhere, and the row-major one on a GPU
+  fails to compile, naming it."""
+  if _platform_of(operands) != "cpu":
+    return _call(target, signature, operands, results, aliases=aliases)
+  ensure_registered()
+  return batchpart.ffi_call(f"{target}_row_major", results, signature=signature,
+                            input_output_aliases=aliases)(*operands)
+
+
 def getrf(a):
-  """LU of `a`. On CPU the row-major target, which needs no relayout on either
-  side (small matrices factor in place); elsewhere the column-major one. A
-  program traced for another platform than it runs on still gets a correct
-  kernel: the column-major target exists everywhere, and the row-major one
-  on a GPU fails to compile, naming it."""
   *batch, m, n = a.shape
   batch = tuple(batch)
-  signature = "(m,n)->(m,n),(k),(m),()"
-  results = [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
-             S(batch, i32)]
-  if _platform_of([a]) == "cpu":
-    ensure_registered()
-    return batchpart.ffi_call("batchpart_getrf_row_major", results, signature=signature,
-                              input_output_aliases={0: 0})(a)
-  return _call("batchpart_getrf", signature, [a], results, aliases={0: 0})
+  return _lu_call("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
+                  [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
+                   S(batch, i32)], aliases={0: 0})
 
 
 def qr(a, *, full_matrices: bool):
@@ -144,8 +147,8 @@ def trsm(a, b, *, left_side: bool, lower: bool, transpose_a: bool, conjugate_a: 
 
 def gesv(a, b):
   batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-  return _call("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
-               [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])
+  return _lu_call("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
+                  [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])
 
 
 # ---- CPU-only targets (cc/lapack/option_kernels.h) ------------------------------

@@ -194,8 +194,9 @@ ffi::ErrorOr<TrsmShape> ValidateTrsm(const ffi::AnyBuffer& a, const ffi::AnyBuff
 }
 
 ffi::ErrorOr<GesvShape> ValidateGesv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& info) {
-  constexpr const char* kTarget = kGesvTarget;
+                                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& info,
+                                     const char* target) {
+  const char* const kTarget = target;
   return Validated<GesvShape>([&](GesvShape& shape) -> ffi::Error {
     BATCHPART_RETURN_IF_ERROR(
         ExpectSolveOperands(kTarget, a, b, x, shape.a_batch, shape.b_batch, shape.x_batch));

@@ -180,8 +180,10 @@ struct GesvShape {
   Dims a_batch, b_batch, x_batch;
   int64_t n, nrhs;
 };
+// `target` names the caller in errors (the CPU's row-major solve shares the contract).
 ffi::ErrorOr<GesvShape> ValidateGesv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& info);
+                                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& info,
+                                     const char* target = kGesvTarget);
 
 // ---- FFI signatures ------------------------------------------------------------
 //

@@ -8,7 +8,7 @@
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
-#include "lapack/row_major_lu.h"
+#include "lapack/lu_steps.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -24,16 +24,6 @@ void PivotsToPermutation(const int32_t* pivots, int64_t k, int32_t* perm, int64_
   }
 }
 
-// getrf on the column-major m x n `lu`, pivots made 0-based.
-template <typename T>
-int32_t LapackLu(int64_t m_size, int64_t n_size, T* lu, int32_t* pivots) {
-  lapack_int m = static_cast<lapack_int>(m_size), n = static_cast<lapack_int>(n_size);
-  lapack_int lda = LeadingDim(m_size), info = 0;
-  Lapack<T>::getrf(&m, &n, lu, &lda, pivots, &info);
-  for (int64_t i = 0; i < std::min(m_size, n_size); ++i) --pivots[i];
-  return info;
-}
-
 // Factors one column-major matrix in place.
 template <typename T>
 struct ColumnMajor {
@@ -42,22 +32,11 @@ struct ColumnMajor {
   }
 };
 
-// Factors one row-major matrix in place: small ones directly, larger ones by
-// LAPACK's blocked getrf on a column-major copy in `scratch`.
+// Factors one row-major matrix in place.
 template <typename T>
 struct RowMajor {
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>& scratch) {
-    const int64_t m = shape.m, n = shape.n;
-    if (shape.k <= kRowMajorLuMaxSize) return RowMajorLu(m, n, lu, pivots);
-    scratch.resize(m * n);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) scratch[i + j * m] = lu[i * n + j];
-    }
-    const int32_t info = LapackLu(m, n, scratch.data(), pivots);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) lu[i * n + j] = scratch[i + j * m];
-    }
-    return info;
+    return FactorRowMajor(shape.m, shape.n, lu, pivots, scratch);
   }
 };
 
@@ -65,7 +44,6 @@ template <typename T, template <typename> class Order>
 ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuffer& a,
                   ffi::AnyBuffer& lu, ffi::AnyBuffer& pivots, ffi::AnyBuffer& perm,
                   ffi::AnyBuffer& info) {
-  static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
   const int64_t size = shape.m * shape.n;
   const T* a_data = a.typed_data<T>();
   T* lu_data = lu.typed_data<T>();

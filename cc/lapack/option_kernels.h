@@ -8,7 +8,10 @@
 //
 // batchpart_getrf_row_major  The contract of batchpart_getrf, with a and lu
 //                            row-major: XLA needs no relayout on either side
-//                            (row_major_lu.h).
+//                            (lu_steps.h).
+//
+// batchpart_gesv_row_major   The contract of batchpart_gesv, with a, b and x
+//                            row-major (lu_steps.h).
 //
 // batchpart_geqrf      Householder QR without forming Q (geqrf), numpy's "raw".
 //   operand  a       (..., m, n)
@@ -49,6 +52,7 @@
 namespace batchpart::lapack {
 
 inline constexpr char kGetrfRowMajorTarget[] = "batchpart_getrf_row_major";
+inline constexpr char kGesvRowMajorTarget[] = "batchpart_gesv_row_major";
 
 }  // namespace batchpart::lapack
 
