@@ -10,8 +10,9 @@ passed column-major (see ``column_major``).
 
 The targets in ``CPU_ONLY_TARGET_NAMES`` (``cc/lapack/option_kernels.h``)
 serve options that LAPACK has and cuSOLVER's kernels here do not: pivoted and
-raw QR, the QR-iteration SVD, the Cholesky solve; and the row-major LU and
-solve, which batchpart.linalg uses on CPU in place of the column-major ones. They are
+raw QR, the QR-iteration SVD, the Cholesky solve; and the row-major LU,
+solve and triangular solve, which batchpart.linalg uses on CPU in place of
+the column-major ones. They are
 registered for the CPU platform only; batchpart.linalg refuses the options on
 other platforms.
 """
@@ -29,6 +30,7 @@ import jax
 CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
   "batchpart_getrf_row_major",
   "batchpart_gesv_row_major",
+  "batchpart_trsm_row_major",
   "batchpart_geqrf",
   "batchpart_geqp3",
   "batchpart_gesvd",

@@ -27,12 +27,12 @@ CASES = {
             lambda a: np.linalg.svd(a, compute_uv=False)),
     "qr_r": (lambda a: jnp.abs(bp.linalg.qr(a, mode="r")), "batchpart_qr",
              lambda a: np.abs(np.linalg.qr(a, mode="r"))),
-    "lu": (lambda a: bp.linalg.lu(a)[0], "batchpart_getrf",
+    "lu": (lambda a: bp.linalg.lu(a)[0], "batchpart_getrf_row_major",
            lambda a: np.asarray(jax.lax.linalg.lu(a)[0])),
-    "solve": (lambda a: bp.linalg.solve(a, a[..., :, :2]), "batchpart_gesv",
+    "solve": (lambda a: bp.linalg.solve(a, a[..., :, :2]), "batchpart_gesv_row_major",
               lambda a: np.linalg.solve(a, a[..., :, :2])),
     "triangular_solve": (lambda a: bp.linalg.triangular_solve(a, a[..., :, :2]),
-                         "batchpart_trsm",
+                         "batchpart_trsm_row_major",
                          lambda a: np.asarray(jax.lax.linalg.triangular_solve(
                              a, a[..., :, :2], left_side=True, lower=True))),
     # The options with CPU-only targets.
@@ -107,7 +107,7 @@ def test_broadcast_solve_operand(partitioner, mesh8):
   args = put(a, mesh8, P()), put(b, mesh8, P("x"))
   text = compiled_text(bp.linalg.solve, *args)
   assert collective_kinds(text) == set()
-  assert local_shapes(the_custom_call(text, "batchpart_gesv")) == [(4, 4), (2, 4, 2)]
+  assert local_shapes(the_custom_call(text, "batchpart_gesv_row_major")) == [(4, 4), (2, 4, 2)]
   np.testing.assert_allclose(jax.jit(bp.linalg.solve)(*args), np.linalg.solve(a, b),
                              rtol=1e-4, atol=1e-4)
 

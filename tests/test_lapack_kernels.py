@@ -90,7 +90,8 @@ def getrf(a, row_major=False):
     )
 
 
-LU_ORDERS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
+# The CPU's row-major twins (batchpart_<op>_row_major) share their targets' tests.
+LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 
 
 def qr(a, full_matrices=False):
@@ -143,12 +144,13 @@ def broadcast_batch(a, b):
 
 
 def trsm(a, b, *, left_side=True, lower=True, transpose_a=False, conjugate_a=False,
-         unit_diagonal=False):
+         unit_diagonal=False, row_major=False):
     shape = (*broadcast_batch(a, b), *b.shape[-2:])
     (x,) = ffi(
-        "batchpart_trsm",
+        "batchpart_trsm_row_major" if row_major else "batchpart_trsm",
         [a, b],
         [matrix(shape, b.dtype)],
+        row_major=row_major,
         left_side=left_side,
         lower=lower,
         transpose_a=transpose_a,
@@ -319,7 +321,7 @@ def check_lu(a, lu, pivots, perm, info):
             assert list(pivots[index]) == list(expected_piv)
 
 
-@LU_ORDERS
+@LAYOUTS
 @HYPOTHESIS
 @given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes, seed=seeds)
 def test_getrf_reconstructs_and_matches_scipy_pivots(row_major, batch, m, n, dtype, seed):
@@ -336,7 +338,7 @@ def test_row_major_getrf_on_both_sides_of_its_size_switch(m, n, dtype):
     check_lu(a, *getrf(a, row_major=True))
 
 
-@LU_ORDERS
+@LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_getrf_singular_keeps_factors_and_reports_info(row_major, dtype):
     a = random(np.random.default_rng(1), (3, 4, 4), dtype)
@@ -465,11 +467,12 @@ def trsm_reference(a, b, left_side, lower, transpose_a, conjugate_a, unit_diagon
     return np.swapaxes(np.linalg.solve(np.swapaxes(op, -1, -2), bt), -1, -2)
 
 
+@LAYOUTS
 @HYPOTHESIS
 @given(batch=batch_shapes, p=st.integers(0, 5), q=st.integers(0, 4), dtype=dtypes,
        flags=st.tuples(*[st.booleans()] * 5), broadcast=st.sampled_from(["none", "a", "b"]),
        seed=seeds)
-def test_trsm_matches_numpy(batch, p, q, dtype, flags, broadcast, seed):
+def test_trsm_matches_numpy(row_major, batch, p, q, dtype, flags, broadcast, seed):
     left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
     rng = np.random.default_rng(seed)
     a_batch = batch[1:] if broadcast == "a" else batch  # a broadcast over the leading dim
@@ -479,18 +482,19 @@ def test_trsm_matches_numpy(batch, p, q, dtype, flags, broadcast, seed):
     a = np.where(unread_triangle(p, lower), np.asarray(np.nan, dtype), a)
     b = random(rng, (*b_batch, p, q) if left_side else (*b_batch, q, p), dtype)
     x = trsm(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
-             conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+             conjugate_a=conjugate_a, unit_diagonal=unit_diagonal, row_major=row_major)
     expected = trsm_reference(a, b, *flags)
     assert x.shape == expected.shape
     assert_close(x, expected, dtype, scale_of(b))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_trsm_broadcasts_both_operands(dtype):
+def test_trsm_broadcasts_both_operands(row_major, dtype):
     rng = np.random.default_rng(5)
     a = triangular(rng, (1, 3, 4, 4), dtype, lower=True)
     b = random(rng, (2, 1, 4, 2), dtype)
-    x = trsm(a, b)
+    x = trsm(a, b, row_major=row_major)
     assert x.shape == (2, 3, 4, 2)
     assert_close(x, trsm_reference(a, b, True, True, False, False, False), dtype, scale_of(b))
 
@@ -498,7 +502,7 @@ def test_trsm_broadcasts_both_operands(dtype):
 # ---- gesv --------------------------------------------------------------------------
 
 
-@LU_ORDERS
+@LAYOUTS
 @HYPOTHESIS
 @given(batch=batch_shapes, n=st.integers(0, 5), r=st.integers(0, 3), dtype=dtypes,
        broadcast=st.sampled_from(["none", "a", "b"]), seed=seeds)
@@ -516,7 +520,7 @@ def test_gesv_matches_numpy(row_major, batch, n, r, dtype, broadcast, seed):
     assert_close(x, expected, dtype, scale_of(b))
 
 
-@LU_ORDERS
+@LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gesv_singular_gives_nan_in_that_element_only(row_major, dtype):
     rng = np.random.default_rng(6)
@@ -529,7 +533,7 @@ def test_gesv_singular_gives_nan_in_that_element_only(row_major, dtype):
     assert_close(x[1:], np.linalg.solve(a[1:], b[1:]), dtype, scale_of(b))
 
 
-@LU_ORDERS
+@LAYOUTS
 def test_gesv_shared_matrix_many_right_hand_sides(row_major):
     """One A broadcast over a batch of b: factored once per chunk, still right."""
     rng = np.random.default_rng(7)

@@ -1,5 +1,6 @@
 """Thin calls of batchpart's LAPACK targets (cc/lapack/kernels.h) through
-``batchpart.ffi_call``: signatures, column-major layouts, attributes.
+``batchpart.ffi_call``: signatures, layouts (column-major, or the CPU's
+row-major twins of getrf, gesv and trsm), attributes.
 
 Every function here is a single batch-partitionable custom call; the public
 functions in this package add jax's conventions and derivatives.
@@ -76,25 +77,25 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
           a, lower=False, symmetrize=bool(symmetrize))
 
 
-def _lu_call(target, signature, operands, results, *, aliases=None):
+def _row_major_on_cpu(target, signature, operands, results, *, aliases=None, **attributes):
   """`target` where jax's platform is not CPU; on CPU its row-major twin
   (``<target>_row_major``), which needs no relayout on either side. A program
   traced for another platform than it runs on still gets a correct kernel:
   the column-major target exists everywhere, and the row-major one on a GPU
   fails to compile, naming it."""
   if _platform_of(operands) != "cpu":
-    return _call(target, signature, operands, results, aliases=aliases)
+    return _call(target, signature, operands, results, aliases=aliases, **attributes)
   ensure_registered()
   return batchpart.ffi_call(f"{target}_row_major", results, signature=signature,
-                            input_output_aliases=aliases)(*operands)
+                            input_output_aliases=aliases)(*operands, **attributes)
 
 
 def getrf(a):
   *batch, m, n = a.shape
   batch = tuple(batch)
-  return _lu_call("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
-                  [S(a.shape, a.dtype), S((*batch, min(m, n)), i32), S((*batch, m), i32),
-                   S(batch, i32)], aliases={0: 0})
+  return _row_major_on_cpu("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
+                           [S(a.shape, a.dtype), S((*batch, min(m, n)), i32),
+                            S((*batch, m), i32), S(batch, i32)], aliases={0: 0})
 
 
 def qr(a, *, full_matrices: bool):
@@ -139,16 +140,16 @@ def trsm(a, b, *, left_side: bool, lower: bool, transpose_a: bool, conjugate_a: 
          unit_diagonal: bool):
   batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
   signature = "(p,p),(p,q)->(p,q)" if left_side else "(p,p),(q,p)->(q,p)"
-  return _call("batchpart_trsm", signature, [a, b],
-               S((*batch, *b.shape[-2:]), b.dtype),
-               left_side=bool(left_side), lower=bool(lower), transpose_a=bool(transpose_a),
-               conjugate_a=bool(conjugate_a), unit_diagonal=bool(unit_diagonal))
+  return _row_major_on_cpu(
+      "batchpart_trsm", signature, [a, b], S((*batch, *b.shape[-2:]), b.dtype),
+      left_side=bool(left_side), lower=bool(lower), transpose_a=bool(transpose_a),
+      conjugate_a=bool(conjugate_a), unit_diagonal=bool(unit_diagonal))
 
 
 def gesv(a, b):
   batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-  return _lu_call("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
-                  [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])
+  return _row_major_on_cpu("batchpart_gesv", "(n,n),(n,r)->(n,r),()", [a, b],
+                           [S((*batch, *b.shape[-2:]), b.dtype), S(tuple(batch), i32)])
 
 
 # ---- CPU-only targets (cc/lapack/option_kernels.h) ------------------------------

@@ -172,8 +172,8 @@ ffi::ErrorOr<SvdShape> ValidateSvd(const ffi::AnyBuffer& a, const ffi::AnyBuffer
 }
 
 ffi::ErrorOr<TrsmShape> ValidateTrsm(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                                     const ffi::AnyBuffer& x, bool left_side) {
-  constexpr const char* kTarget = kTrsmTarget;
+                                     const ffi::AnyBuffer& x, bool left_side, const char* target) {
+  const char* const kTarget = target;
   return Validated<TrsmShape>([&](TrsmShape& shape) -> ffi::Error {
     BATCHPART_RETURN_IF_ERROR(
         ExpectSolveOperands(kTarget, a, b, x, shape.a_batch, shape.b_batch, shape.x_batch));

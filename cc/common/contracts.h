@@ -173,8 +173,10 @@ struct TrsmShape {
   int64_t p;           // A is p x p
   int64_t rows, cols;  // of B and X
 };
+// `target` names the caller in errors (the CPU's row-major trsm shares the contract).
 ffi::ErrorOr<TrsmShape> ValidateTrsm(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                                     const ffi::AnyBuffer& x, bool left_side);
+                                     const ffi::AnyBuffer& x, bool left_side,
+                                     const char* target = kTrsmTarget);
 
 struct GesvShape {
   Dims a_batch, b_batch, x_batch;

@@ -22,6 +22,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesv);
 // CPU-only targets for jax's options (option_kernels.h; no cuSOLVER twin).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGetrfRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvRowMajor);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsmRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqrf);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqp3);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvd);
@@ -39,6 +40,7 @@ inline HandlerTable Handlers() {
       {kGesvTarget, reinterpret_cast<void*>(BatchpartGesv)},
       {kGetrfRowMajorTarget, reinterpret_cast<void*>(BatchpartGetrfRowMajor)},
       {kGesvRowMajorTarget, reinterpret_cast<void*>(BatchpartGesvRowMajor)},
+      {kTrsmRowMajorTarget, reinterpret_cast<void*>(BatchpartTrsmRowMajor)},
       {"batchpart_geqrf", reinterpret_cast<void*>(BatchpartGeqrf)},
       {"batchpart_geqp3", reinterpret_cast<void*>(BatchpartGeqp3)},
       {"batchpart_gesvd", reinterpret_cast<void*>(BatchpartGesvd)},

@@ -13,6 +13,10 @@
 // batchpart_gesv_row_major   The contract of batchpart_gesv, with a, b and x
 //                            row-major (lu_steps.h).
 //
+// batchpart_trsm_row_major   The contract of batchpart_trsm, with a, b and x
+//                            row-major: BLAS solves the transposed system on
+//                            the same buffers (triangular_solve.cc).
+//
 // batchpart_geqrf      Householder QR without forming Q (geqrf), numpy's "raw".
 //   operand  a       (..., m, n)
 //   results  h       (..., m, n)   R on and above the diagonal, reflectors below
@@ -53,6 +57,7 @@ namespace batchpart::lapack {
 
 inline constexpr char kGetrfRowMajorTarget[] = "batchpart_getrf_row_major";
 inline constexpr char kGesvRowMajorTarget[] = "batchpart_gesv_row_major";
+inline constexpr char kTrsmRowMajorTarget[] = "batchpart_trsm_row_major";
 
 }  // namespace batchpart::lapack
 

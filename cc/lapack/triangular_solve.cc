@@ -1,17 +1,20 @@
-// batchpart_trsm: batched triangular solve (BLAS trsm) with broadcast batch dims.
+// batchpart_trsm and batchpart_trsm_row_major: batched triangular solve
+// (BLAS trsm) with broadcast batch dims, of column-major or row-major
+// matrices.
 #include <algorithm>
 #include <complex>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include "common/batch_broadcast.h"
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
+#include "lapack/option_kernels.h"
 
 namespace batchpart::lapack {
 namespace {
-
-constexpr const char* kTarget = kTrsmTarget;
 
 template <typename T>
 void Conjugate(T* data, int64_t count) {
@@ -36,6 +39,19 @@ void SolveOne(const TrsmShape& shape, const TrsmOptions& o, const T* a, T* x) {
   if (conjugate_only) Conjugate(x, shape.rows * shape.cols);
 }
 
+// The column-major problem that a row-major one is, on the same buffers.
+// Read column-major, the row-major A and X are A^T and X^T, and
+// op(A) X = B is X^T op(A)^T = B^T: the other side, the other triangle of
+// A^T, and the same transpose and conjugation of it. So BLAS solves it with
+// no transposed copy on either side of the kernel.
+std::pair<TrsmShape, TrsmOptions> AsColumnMajor(const TrsmShape& shape, TrsmOptions options) {
+  TrsmShape transposed = shape;
+  std::swap(transposed.rows, transposed.cols);
+  options.left_side = !options.left_side;
+  options.lower = !options.lower;
+  return {transposed, options};
+}
+
 template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOptions& options,
                  const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x) {
@@ -55,21 +71,38 @@ ffi::Error Solve(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOption
   });
 }
 
-ffi::Error TrsmImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                    ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower, bool transpose_a,
-                    bool conjugate_a, bool unit_diagonal) {
-  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  BATCHPART_ASSIGN_OR_RETURN(const TrsmShape shape, ValidateTrsm(a, b, *x, left_side));
-  const TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+ffi::Error TrsmImpl(const char* target, bool row_major, ffi::ThreadPool pool, ffi::AnyBuffer a,
+                    ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower,
+                    bool transpose_a, bool conjugate_a, bool unit_diagonal) {
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(target));
+  BATCHPART_ASSIGN_OR_RETURN(TrsmShape shape, ValidateTrsm(a, b, *x, left_side, target));
+  TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
+  if (row_major) std::tie(shape, options) = AsColumnMajor(shape, options);
+  return DispatchByDtype(target, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     return Solve<T>(pool, shape, options, a, b, *x);
   });
 }
 
+ffi::Error ColumnMajorTrsm(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                           ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower,
+                           bool transpose_a, bool conjugate_a, bool unit_diagonal) {
+  return TrsmImpl(kTrsmTarget, /*row_major=*/false, pool, a, b, x, left_side, lower, transpose_a,
+                  conjugate_a, unit_diagonal);
+}
+
+ffi::Error RowMajorTrsm(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                        ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower, bool transpose_a,
+                        bool conjugate_a, bool unit_diagonal) {
+  return TrsmImpl(kTrsmRowMajorTarget, /*row_major=*/true, pool, a, b, x, left_side, lower,
+                  transpose_a, conjugate_a, unit_diagonal);
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsm, TrsmImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsm, ColumnMajorTrsm,
+                              BindTrsm(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsmRowMajor, RowMajorTrsm,
                               BindTrsm(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack
