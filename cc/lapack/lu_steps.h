@@ -113,22 +113,13 @@ int32_t FactorRowMajor(int64_t m, int64_t n, T* a, int32_t* pivots, std::vector<
   return info;
 }
 
-// Overwrites the row-major n x r `x` (holding B) with the solution of
-// A X = B, given the row-major LU of A and its 0-based pivots from
-// FactorRowMajor (U nonsingular): the row swaps, then forward and back
-// substitution, each step an update of a contiguous row of X.
+// Forward and back substitution L Y = X, U X = Y on the row-major n x r
+// `x`, each step an update of a contiguous row of X; `lu` row-major.
 template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void SolveRowMajorLu(int64_t n, int64_t r, const T* lu, const int32_t* pivots, T* x) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (pivots[i] != i) {
-      T* row = x + i * r;
-      T* other = x + pivots[i] * r;
-      for (int64_t j = 0; j < r; ++j) std::swap(row[j], other[j]);
-    }
-  }
+void SubstituteRows(int64_t n, int64_t r, const T* lu, T* x) {
   for (int64_t i = 1; i < n; ++i) {  // L Y = P B, L unit lower
     T* __restrict xi = x + i * r;
     for (int64_t k = 0; k < i; ++k) {
@@ -146,6 +137,37 @@ void SolveRowMajorLu(int64_t n, int64_t r, const T* lu, const int32_t* pivots, T
     }
     const T diagonal = lu[i * n + i];
     for (int64_t j = 0; j < r; ++j) xi[j] /= diagonal;
+  }
+}
+
+// The same substitution by BLAS on the transposed system: read column-major,
+// the row-major X is X^T and the row-major LU holds L^T (unit upper) and U^T
+// (lower), and L U X = Y is X^T U^T L^T = Y^T. Blocked trsm beats the row
+// updates once A is larger than RowMajorLu's range.
+template <typename T>
+void SubstituteWithBlas(int64_t n, int64_t r, const T* lu, T* x) {
+  lapack_int rows = static_cast<lapack_int>(r), cols = static_cast<lapack_int>(n);
+  lapack_int lda = LeadingDim(n), ldb = LeadingDim(r);
+  char right = 'R', upper = 'U', lower = 'L', no_trans = 'N', unit = 'U', non_unit = 'N';
+  T one(1);
+  T* a = const_cast<T*>(lu);
+  Lapack<T>::trsm(&right, &upper, &no_trans, &unit, &rows, &cols, &one, a, &lda, x, &ldb);
+  Lapack<T>::trsm(&right, &lower, &no_trans, &non_unit, &rows, &cols, &one, a, &lda, x, &ldb);
+}
+
+// Overwrites the row-major n x r `x` (holding B) with the solution of
+// A X = B, given the row-major LU of A and its 0-based pivots from
+// FactorRowMajor (U nonsingular): the row swaps, then the substitution.
+template <typename T>
+void SolveRowMajorLu(int64_t n, int64_t r, const T* lu, const int32_t* pivots, T* x) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (pivots[i] != i) std::swap_ranges(x + i * r, x + (i + 1) * r, x + pivots[i] * r);
+  }
+  if (n == 0 || r == 0) return;
+  if (n <= kRowMajorLuMaxSize) {
+    SubstituteRows(n, r, lu, x);
+  } else {
+    SubstituteWithBlas(n, r, lu, x);
   }
 }
 
