@@ -33,6 +33,11 @@ constexpr double kMaxFlopsPerParallelElement = 2e6;
 // More chunks than threads evens out elements of unequal cost (iterative
 // eigen/SVD solvers) and threads that start late.
 constexpr int64_t kChunksPerThread = 4;
+// OpenBLAS runs calls on matrices up to 32x32 on the calling thread anyway
+// (its own size cut-offs for threading), and setting its thread count costs
+// about 3 us, more than a batch of 8 8x8 trsm: below this many flops per
+// element the loop leaves BLAS threading alone.
+constexpr double kMinFlopsForBlasThreads = 32.0 * 32.0 * 32.0;
 
 // Whether `batch` large elements keep `num_threads` threads busy: a whole
 // number of rounds, or at least kChunksPerThread rounds, so that threads
@@ -134,8 +139,9 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
   if (batch <= 0) return ffi::Error::Success();
   const int64_t num_threads = g_parallel_enabled.load() ? pool.num_threads() : 1;
   const int64_t num_chunks = NumChunks(batch, flops_per_element, num_threads);
-  const bool single_blas = num_chunks > 1 || g_single_threaded_blas.load() ||
-                           flops_per_element <= kMaxFlopsPerParallelElement;
+  const bool single_blas = flops_per_element >= kMinFlopsForBlasThreads &&
+                           (num_chunks > 1 || g_single_threaded_blas.load() ||
+                            flops_per_element <= kMaxFlopsPerParallelElement);
   auto state = std::make_shared<LoopState>(batch, num_chunks, single_blas);
   // The calling thread is one worker; the pool supplies the others.
   const int64_t num_tasks = std::min(num_chunks, num_threads) - 1;
