@@ -96,6 +96,21 @@ int32_t LapackLu(int64_t m_size, int64_t n_size, T* lu, int32_t* pivots) {
   return info;
 }
 
+// Writes the transpose of the row-major rows x cols `src` to `dst` (so
+// `dst` holds `src` column-major), in tiles that stay in cache on both sides.
+template <typename T>
+void Transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = i0; i < i1; ++i) dst[j * rows + i] = src[i * cols + j];
+      }
+    }
+  }
+}
+
 // The LU of the row-major m x n `a`, in place, as RowMajorLu returns it:
 // small matrices directly, larger ones by LAPACK's blocked getrf on a
 // column-major copy in `scratch`.
@@ -103,13 +118,9 @@ template <typename T>
 int32_t FactorRowMajor(int64_t m, int64_t n, T* a, int32_t* pivots, std::vector<T>& scratch) {
   if (std::min(m, n) <= kRowMajorLuMaxSize) return RowMajorLu(m, n, a, pivots);
   scratch.resize(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) scratch[i + j * m] = a[i * n + j];
-  }
+  Transpose(a, m, n, scratch.data());
   const int32_t info = LapackLu(m, n, scratch.data(), pivots);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) a[i * n + j] = scratch[i + j * m];
-  }
+  Transpose(scratch.data(), n, m, a);
   return info;
 }
 
