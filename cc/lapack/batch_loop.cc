@@ -25,7 +25,7 @@ constexpr double kMinFlopsPerParallelElement = 500;
 // Above this many flops per element (about a 128x128 LU, a 64x64 SVD) a
 // call is long enough for OpenBLAS's own threads to help. Single-threaded
 // calls side by side still did better (8 matrices of 256x256 on 2 threads:
-// qr 2.2x, svd 2.1x, eigh 1.6x, lu 1.2x faster than one call after another
+// qr 1.5x, svd 2.0x, eigh 1.6x, lu 1.2x faster than one call after another
 // on two BLAS threads), but only while the elements share out evenly; a
 // batch that leaves a thread idle for a whole element's time (3 large
 // matrices on 2 threads) runs serially on BLAS threads instead.
