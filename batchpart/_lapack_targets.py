@@ -12,9 +12,8 @@ The targets in ``CPU_ONLY_TARGET_NAMES`` (``cc/lapack/option_kernels.h``)
 serve options that LAPACK has and cuSOLVER's kernels here do not: pivoted and
 raw QR, the QR-iteration SVD, the Cholesky solve; and the row-major LU,
 solve and triangular solve, which batchpart.linalg uses on CPU in place of
-the column-major ones. They are
-registered for the CPU platform only; batchpart.linalg refuses the options on
-other platforms.
+the column-major ones. They are registered for the CPU platform only;
+batchpart.linalg refuses the options on other platforms.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from collections.abc import Sequence
 import jax
 
 # Targets the CUDA module lacks: their options raise NotImplementedError on a
-# GPU (batchpart.linalg checks the platform).
+# GPU, and the row-major twins are called on CPU only (batchpart.linalg
+# checks the platform).
 CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
   "batchpart_getrf_row_major",
   "batchpart_gesv_row_major",

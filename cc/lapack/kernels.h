@@ -19,7 +19,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartEigh);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartSvd);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesv);
-// CPU-only targets for jax's options (option_kernels.h; no cuSOLVER twin).
+// CPU-only targets: row-major twins and jax's options (option_kernels.h; no cuSOLVER twin).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGetrfRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsmRowMajor);

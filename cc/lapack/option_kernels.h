@@ -1,8 +1,9 @@
 // CPU LAPACK kernels behind batchpart.linalg's options (pivoted and raw QR,
-// the QR-iteration SVD, the Cholesky solve) and the CPU's row-major LU. Same
-// conventions as the targets in common/contracts.h (column-major matrices
-// unless noted, batch loops, NaN on failure, int32 integer results); they
-// have no CUDA twin, so they are registered for the CPU platform only.
+// the QR-iteration SVD, the Cholesky solve) and the CPU's row-major LU,
+// solve and triangular solve. Same conventions as the targets in
+// common/contracts.h (column-major matrices unless noted, batch loops, NaN
+// on failure, int32 integer results); they have no CUDA twin, so they are
+// registered for the CPU platform only.
 //
 // Targets (k = min(m, n)):
 //

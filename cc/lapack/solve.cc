@@ -21,89 +21,74 @@ namespace {
 template <typename T>
 struct LuCache {
   explicit LuCache(int64_t n) : lu(n * n), pivots(std::max<int64_t>(1, n)) {}
-  std::vector<T> lu;
-  std::vector<lapack_int> pivots;
-  int64_t a_index = -1;  // which batch element of A `lu` holds
+  std::vector<T> lu, scratch;
+  std::vector<int32_t> pivots;  // as the order's Factor writes them
+  int64_t a_index = -1;         // which batch element of A `lu` holds
   int32_t info = 0;
 };
 
-template <typename T>
-void LapackFactor(int64_t n_, const T* a, int64_t a_index, LuCache<T>& cache) {
-  if (cache.a_index == a_index) return;
-  std::copy_n(a, n_ * n_, cache.lu.data());
-  lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
-  Lapack<T>::getrf(&n, &n, cache.lu.data(), &lda, cache.pivots.data(), &info);
-  cache.a_index = a_index;
-  cache.info = info;
-}
-
-// Solves in place in x (which holds B) with the cached LU; an exactly
-// singular A (getrf's info > 0) gives an all-NaN x.
-template <typename T>
-void LapackSolve(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t* info) {
-  *info = cache.info;
-  if (cache.info != 0) {
-    FillNaN(x, shape.n * shape.nrhs);
-    return;
-  }
-  char trans = 'N';
-  lapack_int n = static_cast<lapack_int>(shape.n), nrhs = static_cast<lapack_int>(shape.nrhs);
-  lapack_int lda = LeadingDim(shape.n), ldb = LeadingDim(shape.n), getrs_info = 0;
-  Lapack<T>::getrs(&trans, &n, &nrhs, const_cast<T*>(cache.lu.data()), &lda,
-                   const_cast<lapack_int*>(cache.pivots.data()), x, &ldb, &getrs_info);
-}
-
-// The column-major kernel: LAPACK's getrf and getrs.
+// The column-major kernel: LAPACK's getrf and getrs (1-based pivots).
 template <typename T>
 struct ColumnMajor {
-  using Cache = LuCache<T>;
-  static void Factor(int64_t n, const T* a, int64_t a_index, Cache& cache) {
-    LapackFactor<T>(n, a, a_index, cache);
+  static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, std::vector<T>&) {
+    static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
+    lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
+    Lapack<T>::getrf(&n, &n, lu, &lda, pivots, &info);
+    return info;
   }
-  static void Solve(const GesvShape& shape, const Cache& cache, T* x, int32_t* info) {
-    LapackSolve<T>(shape, cache, x, info);
+  static void Substitute(const GesvShape& shape, const T* lu, const int32_t* pivots, T* x) {
+    char trans = 'N';
+    lapack_int n = static_cast<lapack_int>(shape.n), nrhs = static_cast<lapack_int>(shape.nrhs);
+    lapack_int lda = LeadingDim(shape.n), ldb = LeadingDim(shape.n), info = 0;
+    Lapack<T>::getrs(&trans, &n, &nrhs, const_cast<T*>(lu), &lda, const_cast<int32_t*>(pivots), x,
+                     &ldb, &info);
   }
 };
 
 // The row-major kernel: LU and substitution on rows (lu_steps.h).
 template <typename T>
 struct RowMajor {
-  struct Cache {
-    explicit Cache(int64_t n) : lu(n * n), pivots(std::max<int64_t>(1, n)) {}
-    std::vector<T> lu, scratch;
-    std::vector<int32_t> pivots;
-    int64_t a_index = -1;  // which batch element of A `lu` holds
-    int32_t info = 0;
-  };
-  static void Factor(int64_t n, const T* a, int64_t a_index, Cache& cache) {
-    if (cache.a_index == a_index) return;
-    std::copy_n(a, n * n, cache.lu.data());
-    cache.info = FactorRowMajor(n, n, cache.lu.data(), cache.pivots.data(), cache.scratch);
-    cache.a_index = a_index;
+  static int32_t Factor(int64_t n, T* lu, int32_t* pivots, std::vector<T>& scratch) {
+    return FactorRowMajor(n, n, lu, pivots, scratch);
   }
-  static void Solve(const GesvShape& shape, const Cache& cache, T* x, int32_t* info) {
-    *info = cache.info;
-    if (cache.info != 0) {
-      FillNaN(x, shape.n * shape.nrhs);
-      return;
-    }
-    SolveRowMajorLu(shape.n, shape.nrhs, cache.lu.data(), cache.pivots.data(), x);
+  static void Substitute(const GesvShape& shape, const T* lu, const int32_t* pivots, T* x) {
+    SolveRowMajorLu(shape.n, shape.nrhs, lu, pivots, x);
   }
 };
+
+// Refreshes the cache with the LU of A's batch element `a_index`.
+template <typename T, template <typename> class Order>
+void FactorCached(int64_t n, const T* a, int64_t a_index, LuCache<T>& cache) {
+  if (cache.a_index == a_index) return;
+  std::copy_n(a, n * n, cache.lu.data());
+  cache.info = Order<T>::Factor(n, cache.lu.data(), cache.pivots.data(), cache.scratch);
+  cache.a_index = a_index;
+}
+
+// Solves in place in x (which holds B) with the cached LU; an exactly
+// singular A (info > 0) gives an all-NaN x.
+template <typename T, template <typename> class Order>
+void SolveCached(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t* info) {
+  *info = cache.info;
+  if (cache.info != 0) {
+    FillNaN(x, shape.n * shape.nrhs);
+    return;
+  }
+  Order<T>::Substitute(shape, cache.lu.data(), cache.pivots.data(), x);
+}
 
 template <typename T, template <typename> class Order>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
-  using Kernel = Order<T>;
   const int64_t n = shape.n;
   const double flops = kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * shape.nrhs);
-  return SolveEachBatchElement<T, typename Kernel::Cache>(
+  return SolveEachBatchElement<T, LuCache<T>>(
       pool, shape, flops, a, b, x, info,
-      [&](const T* ai, int64_t a_index, typename Kernel::Cache& cache) {
-        Kernel::Factor(n, ai, a_index, cache);
+      [&](const T* ai, int64_t a_index, LuCache<T>& cache) {
+        FactorCached<T, Order>(n, ai, a_index, cache);
       },
-      [&](const typename Kernel::Cache& cache, T* xi, int32_t* info_i) {
-        Kernel::Solve(shape, cache, xi, info_i);
+      [&](const LuCache<T>& cache, T* xi, int32_t* info_i) {
+        SolveCached<T, Order>(shape, cache, xi, info_i);
       });
 }
 
