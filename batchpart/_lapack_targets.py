@@ -31,6 +31,7 @@ CPU_ONLY_TARGET_NAMES: tuple[str, ...] = (
   "batchpart_getrf_row_major",
   "batchpart_gesv_row_major",
   "batchpart_trsm_row_major",
+  "batchpart_qr_row_major",
   "batchpart_geqrf",
   "batchpart_geqp3",
   "batchpart_gesvd",

@@ -25,7 +25,7 @@ CASES = {
              lambda a: np.linalg.eigvalsh(a)),
     "svd": (lambda a: bp.linalg.svd(a, compute_uv=False), "batchpart_svd",
             lambda a: np.linalg.svd(a, compute_uv=False)),
-    "qr_r": (lambda a: jnp.abs(bp.linalg.qr(a, mode="r")), "batchpart_qr",
+    "qr_r": (lambda a: jnp.abs(bp.linalg.qr(a, mode="r")), "batchpart_qr_row_major",
              lambda a: np.abs(np.linalg.qr(a, mode="r"))),
     "lu": (lambda a: bp.linalg.lu(a)[0], "batchpart_getrf_row_major",
            lambda a: np.asarray(jax.lax.linalg.lu(a)[0])),

@@ -94,13 +94,14 @@ def getrf(a, row_major=False):
 LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 
 
-def qr(a, full_matrices=False):
+def qr(a, full_matrices=False, row_major=False):
     *batch, m, n = a.shape
     cols = m if full_matrices else min(m, n)
     return ffi(
-        "batchpart_qr",
+        "batchpart_qr_row_major" if row_major else "batchpart_qr",
         [a],
         [matrix((*batch, m, cols), a.dtype), matrix((*batch, cols, n), a.dtype)],
+        row_major=row_major,
         full_matrices=full_matrices,
     )
 
@@ -354,12 +355,13 @@ def test_getrf_singular_keeps_factors_and_reports_info(row_major, dtype):
 # ---- qr ----------------------------------------------------------------------------
 
 
+@LAYOUTS
 @HYPOTHESIS
 @given(batch=batch_shapes, m=st.integers(0, 6), n=st.integers(0, 6), dtype=dtypes,
        full=st.booleans(), seed=seeds)
-def test_qr_reconstructs(batch, m, n, dtype, full, seed):
+def test_qr_reconstructs(row_major, batch, m, n, dtype, full, seed):
     a = random(np.random.default_rng(seed), (*batch, m, n), dtype)
-    q, r = qr(a, full_matrices=full)
+    q, r = qr(a, full_matrices=full, row_major=row_major)
     cols = m if full else min(m, n)
     assert q.shape == (*batch, m, cols) and r.shape == (*batch, cols, n)
     assert_close(q @ r, a, dtype, scale_of(a))
@@ -368,14 +370,62 @@ def test_qr_reconstructs(batch, m, n, dtype, full, seed):
     assert not np.tril(r, -1).any()
 
 
+@LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(5, 3), (3, 5)])
-def test_qr_matches_numpy_up_to_signs(dtype, shape):
+def test_qr_matches_numpy_up_to_signs(row_major, dtype, shape):
     a = random(np.random.default_rng(2), (2, *shape), dtype)
     for full in (False, True):
-        _, r = qr(a, full_matrices=full)
+        _, r = qr(a, full_matrices=full, row_major=row_major)
         expected = np.linalg.qr(a, mode="complete" if full else "reduced").R
         assert_close(np.abs(r), np.abs(expected), dtype, scale_of(a))
+
+
+# The row-major kernel runs its own Householder QR on real matrices up to
+# 128 x 128 (min(m, n) and m * max(n, q columns)) and LAPACK's LQ of A^T on
+# the rest (cc/lapack/qr_steps.h). Both take LAPACK's reflectors and signs,
+# so Q and R equal numpy's (geqrf + orgqr), not only up to signs. The shapes
+# cover both sides of the switch, every width of the last column block, and
+# tall, wide, full and reduced.
+QR_SWITCH_SHAPES = [(1, 1), (8, 8), (17, 5), (5, 17), (64, 64), (63, 100), (100, 63), (128, 128),
+                    (129, 129), (128, 1), (1, 200), (100, 17), (130, 17), (300, 40)]
+
+
+@pytest.mark.parametrize("m, n", QR_SWITCH_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_major_qr_equals_lapacks_on_both_sides_of_its_switch(m, n, dtype):
+    a = random(np.random.default_rng(m * 1000 + n), (2, m, n), dtype)
+    for full in (False, True):
+        q, r = qr(a, full_matrices=full, row_major=True)
+        expected = np.linalg.qr(a, mode="complete" if full else "reduced")
+        assert_close(r, expected.R, dtype, scale_of(a))
+        assert_close(q, expected.Q, dtype, max(m, n))
+
+
+# Squares of these underflow or overflow in the kernel's own type; its
+# norms must not (LAPACK's nrm2 scales; the row-major kernel sums in double
+# and scales doubles out of double's range).
+@pytest.mark.parametrize("dtype, magnitude", [(np.float32, 1e-30), (np.float32, 1e30),
+                                              (np.float64, 1e-300), (np.float64, 1e300)])
+@pytest.mark.parametrize("n", [8, 64, 200])
+def test_row_major_qr_of_extreme_magnitudes(dtype, magnitude, n):
+    rng = np.random.default_rng(n)
+    a = (random(rng, (2, n, n), np.float64) * magnitude).astype(dtype)
+    q, r = qr(a, row_major=True)
+    assert np.isfinite(q).all() and np.isfinite(r).all()
+    assert_close(q @ r, a, dtype, scale_of(a))
+    assert_close(herm(q) @ q, np.broadcast_to(np.eye(n), q.shape), dtype, n)
+
+
+@pytest.mark.parametrize("n", [8, 200])
+@pytest.mark.parametrize("fill", [np.nan, np.inf])
+def test_row_major_qr_garbage_stays_in_its_element(n, fill):
+    a = random(np.random.default_rng(3), (3, n, n), np.float32)
+    a[1, n // 2, 1] = fill
+    q, r = qr(a, row_major=True)
+    assert np.isnan(q[1]).any() or np.isnan(r[1]).any()
+    ok = [0, 2]
+    assert_close(q[ok] @ r[ok], a[ok], np.float32, scale_of(a[ok]))
 
 
 # ---- eigh --------------------------------------------------------------------------
@@ -636,6 +686,8 @@ BAD_CALLS = [
       array((), np.int32)], {}, "pivots"),
     ("batchpart_qr", [np.ones((4, 3))], [matrix((4, 3), np.float64), matrix((3, 3), np.float64)],
      {"full_matrices": True}, "(4, 4)"),
+    ("batchpart_qr_row_major", [np.ones((4, 3))],
+     [matrix((4, 3), np.float64), matrix((3, 3), np.float64)], {"full_matrices": True}, "(4, 4)"),
     ("batchpart_eigh", [np.ones((3, 3), np.complex64)],
      [array((3,), np.complex64), matrix((3, 3), np.complex64), array((), np.int32)],
      {"lower": True, "compute_vectors": True}, "eigenvalues"),

@@ -189,8 +189,8 @@ def test_vmap_and_jit_are_one_call():
   close(f(a), np.linalg.cholesky(np.swapaxes(a, 0, 1)), np.float64)
 
 
-# On CPU, lu, solve and triangular_solve call row-major targets: the compiled
-# program has no relayout (a transposing copy into or out of {1,2,0}) around
+# On CPU, lu, solve, triangular_solve and qr call row-major targets: the
+# compiled program has no relayout (a transposing copy into or out of {1,2,0}) around
 # the kernel, and the values are jax's.
 @pytest.mark.parametrize("name, fn, reference", [
     ("batchpart_getrf_row_major", lambda a: bp.linalg.lu(a)[0],
@@ -199,12 +199,16 @@ def test_vmap_and_jit_are_one_call():
      lambda a: jnp.linalg.solve(a, a[..., :3])),
     ("batchpart_trsm_row_major", lambda a: bp.linalg.triangular_solve(a, a[..., :3]),
      lambda a: jax.lax.linalg.triangular_solve(a, a[..., :3], left_side=True, lower=True)),
+    ("batchpart_qr_row_major", lambda a: bp.linalg.qr(a), lambda a: jnp.linalg.qr(a)),
+    ("batchpart_qr_row_major", lambda a: bp.linalg.qr(a[..., :5], mode="complete"),
+     lambda a: jnp.linalg.qr(a[..., :5], mode="complete")),
 ])
-def test_cpu_lu_solves_need_no_relayout(name, fn, reference):
+def test_cpu_kernels_need_no_relayout(name, fn, reference):
   a = np.random.default_rng(3).standard_normal((4, 16, 16)).astype(np.float32) + 4 * np.eye(16)
   a = a.astype(np.float32)
   f = jax.jit(lambda a: fn(a * 2))  # an intermediate, as most operands are
   text = f.lower(a).compile().as_text()
   assert f"custom_call_target=\"{name}$" in text
   assert "{1,2,0}" not in text
-  np.testing.assert_allclose(f(a), jax.jit(lambda a: reference(a * 2))(a), rtol=2e-4, atol=2e-4)
+  for got, want in zip(jax.tree.leaves(f(a)), jax.tree.leaves(reference(a * 2)), strict=True):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)

@@ -101,9 +101,9 @@ def getrf(a):
 def qr(a, *, full_matrices: bool):
   *batch, m, n = a.shape
   k = m if full_matrices else min(m, n)
-  return _call("batchpart_qr", "(m,n)->(m,k),(k,n)", [a],
-               [S((*batch, m, k), a.dtype), S((*batch, k, n), a.dtype)],
-               full_matrices=bool(full_matrices))
+  return _row_major_on_cpu("batchpart_qr", "(m,n)->(m,k),(k,n)", [a],
+                           [S((*batch, m, k), a.dtype), S((*batch, k, n), a.dtype)],
+                           full_matrices=bool(full_matrices))
 
 
 def eigh(a, *, lower: bool, compute_vectors: bool = True):

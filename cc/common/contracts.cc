@@ -111,16 +111,15 @@ ffi::ErrorOr<LuShape> ValidateGetrf(const ffi::AnyBuffer& a, const ffi::AnyBuffe
 }
 
 ffi::ErrorOr<QrShape> ValidateQr(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q,
-                                 const ffi::AnyBuffer& r, bool full_matrices) {
-  constexpr const char* kTarget = kQrTarget;
+                                 const ffi::AnyBuffer& r, bool full_matrices, const char* target) {
   return Validated<QrShape>([&](QrShape& shape) -> ffi::Error {
     MatrixDims dims;
-    BATCHPART_RETURN_IF_ERROR(ExpectOperandA(kTarget, a, /*square=*/false, dims));
+    BATCHPART_RETURN_IF_ERROR(ExpectOperandA(target, a, /*square=*/false, dims));
     const int64_t k = std::min(dims.rows, dims.cols), kept = full_matrices ? dims.rows : k;
     shape = {dims.batch, dims.rows, dims.cols, k, /*q_cols=*/kept, /*r_rows=*/kept};
     BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
-        kTarget, "result q", q, WithCore(shape.batch, {shape.m, shape.q_cols}), a.element_type()));
-    return ExpectBuffer(kTarget, "result r", r, WithCore(shape.batch, {shape.r_rows, shape.n}),
+        target, "result q", q, WithCore(shape.batch, {shape.m, shape.q_cols}), a.element_type()));
+    return ExpectBuffer(target, "result r", r, WithCore(shape.batch, {shape.r_rows, shape.n}),
                         a.element_type());
   });
 }

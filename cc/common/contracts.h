@@ -142,8 +142,10 @@ struct QrShape {
   int64_t q_cols;  // m (full) or k (reduced)
   int64_t r_rows;  // m (full) or k (reduced)
 };
+// `target` names the caller in errors (the CPU's row-major QR shares the contract).
 ffi::ErrorOr<QrShape> ValidateQr(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q,
-                                 const ffi::AnyBuffer& r, bool full_matrices);
+                                 const ffi::AnyBuffer& r, bool full_matrices,
+                                 const char* target = kQrTarget);
 
 struct EighShape {
   Dims batch;

@@ -23,6 +23,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesv);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGetrfRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartTrsmRowMajor);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartQrRowMajor);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqrf);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGeqp3);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BatchpartGesvd);
@@ -41,6 +42,7 @@ inline HandlerTable Handlers() {
       {kGetrfRowMajorTarget, reinterpret_cast<void*>(BatchpartGetrfRowMajor)},
       {kGesvRowMajorTarget, reinterpret_cast<void*>(BatchpartGesvRowMajor)},
       {kTrsmRowMajorTarget, reinterpret_cast<void*>(BatchpartTrsmRowMajor)},
+      {kQrRowMajorTarget, reinterpret_cast<void*>(BatchpartQrRowMajor)},
       {"batchpart_geqrf", reinterpret_cast<void*>(BatchpartGeqrf)},
       {"batchpart_geqp3", reinterpret_cast<void*>(BatchpartGeqp3)},
       {"batchpart_gesvd", reinterpret_cast<void*>(BatchpartGesvd)},

@@ -51,6 +51,8 @@ void BindType(const SymbolLookup& lapack, const SymbolLookup& blas, Binder& bind
   binder.Add(lapack, p, "getrs", Table::getrs);
   binder.Add(lapack, p, "geqrf", Table::geqrf);
   binder.Add(lapack, p, kIsComplex<T> ? "ungqr" : "orgqr", Table::orgqr);
+  binder.Add(lapack, p, "gelqf", Table::gelqf);
+  binder.Add(lapack, p, kIsComplex<T> ? "unglq" : "orglq", Table::orglq);
   binder.Add(lapack, p, kIsComplex<T> ? "heevd" : "syevd", Table::syevd);
   binder.Add(lapack, p, "gesdd", Table::gesdd);
   binder.Add(lapack, p, "potrs", Table::potrs);

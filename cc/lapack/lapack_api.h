@@ -54,6 +54,9 @@ struct Lapack {
   using GeqrfFn = void(L* m, L* n, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
   // orgqr for real T, ungqr for complex T: same argument list.
   using OrgqrFn = void(L* m, L* n, L* k, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
+  // gelqf and orglq/unglq: the same argument lists as geqrf and orgqr.
+  using GelqfFn = GeqrfFn;
+  using OrglqFn = OrgqrFn;
   using SyevdRealFn = void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work, L* lwork,
                            L* iwork, L* liwork, L* info);
   using HeevdFn = void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work, L* lwork,
@@ -84,6 +87,8 @@ struct Lapack {
   static inline GetrsFn* getrs = nullptr;
   static inline GeqrfFn* geqrf = nullptr;
   static inline OrgqrFn* orgqr = nullptr;
+  static inline GelqfFn* gelqf = nullptr;
+  static inline OrglqFn* orglq = nullptr;
   static inline SyevdFn* syevd = nullptr;
   static inline GesddFn* gesdd = nullptr;
   static inline PotrsFn* potrs = nullptr;

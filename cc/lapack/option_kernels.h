@@ -1,6 +1,6 @@
 // CPU LAPACK kernels behind batchpart.linalg's options (pivoted and raw QR,
 // the QR-iteration SVD, the Cholesky solve) and the CPU's row-major LU,
-// solve and triangular solve. Same conventions as the targets in
+// solve, triangular solve and QR. Same conventions as the targets in
 // common/contracts.h (column-major matrices unless noted, batch loops, NaN
 // on failure, int32 integer results); they have no CUDA twin, so they are
 // registered for the CPU platform only.
@@ -17,6 +17,11 @@
 // batchpart_trsm_row_major   The contract of batchpart_trsm, with a, b and x
 //                            row-major: BLAS solves the transposed system on
 //                            the same buffers (triangular_solve.cc).
+//
+// batchpart_qr_row_major     The contract of batchpart_qr, with a, q and r
+//                            row-major: a vectorized Householder QR for
+//                            small real matrices, LAPACK's LQ factorization
+//                            of A^T otherwise (qr_steps.h).
 //
 // batchpart_geqrf      Householder QR without forming Q (geqrf), numpy's "raw".
 //   operand  a       (..., m, n)
@@ -59,6 +64,7 @@ namespace batchpart::lapack {
 inline constexpr char kGetrfRowMajorTarget[] = "batchpart_getrf_row_major";
 inline constexpr char kGesvRowMajorTarget[] = "batchpart_gesv_row_major";
 inline constexpr char kTrsmRowMajorTarget[] = "batchpart_trsm_row_major";
+inline constexpr char kQrRowMajorTarget[] = "batchpart_qr_row_major";
 
 }  // namespace batchpart::lapack
 

@@ -1,4 +1,6 @@
-// batchpart_qr: batched Householder QR (geqrf, then orgqr/ungqr for Q).
+// batchpart_qr and batchpart_qr_row_major: batched Householder QR of
+// column-major matrices (geqrf, then orgqr/ungqr for Q) or of row-major ones
+// (qr_steps.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -7,6 +9,7 @@
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
+#include "lapack/qr_steps.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -56,18 +59,40 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
       });
 }
 
+template <typename T>
+ffi::Error FactorRowMajor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
+                          ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
+  if (Product(shape.batch) == 0) return ffi::Error::Success();
+  const int64_t lwork = UsesRowMajorHouseholder<T>(shape) ? 0 : LqWorkspace<T>(shape);
+  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kQrRowMajorTarget, "workspace size", lwork));
+  return ForEachQrElement<T, RowMajorQrScratch<T>>(
+      pool, shape, lwork, a, q, r,
+      [&](int64_t, const T* ab, T* qb, T* rb, RowMajorQrScratch<T>& s) {
+        RowMajorQr<T>(shape, ab, qb, rb, s);
+      });
+}
+
+template <bool kRowMajor>
 ffi::Error QrImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> q,
                   ffi::Result<ffi::AnyBuffer> r, bool full_matrices) {
-  BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
-  BATCHPART_ASSIGN_OR_RETURN(const QrShape shape, ValidateQr(a, *q, *r, full_matrices));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
+  constexpr const char* target = kRowMajor ? kQrRowMajorTarget : kTarget;
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(target));
+  BATCHPART_ASSIGN_OR_RETURN(const QrShape shape, ValidateQr(a, *q, *r, full_matrices, target));
+  return DispatchByDtype(target, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Factor<T>(pool, shape, a, *q, *r);
+    if constexpr (kRowMajor) {
+      return FactorRowMajor<T>(pool, shape, a, *q, *r);
+    } else {
+      return Factor<T>(pool, shape, a, *q, *r);
+    }
   });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl, BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQr, QrImpl</*kRowMajor=*/false>,
+                              BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQrRowMajor, QrImpl</*kRowMajor=*/true>,
+                              BindQr(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace batchpart::lapack
