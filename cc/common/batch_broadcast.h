@@ -7,6 +7,7 @@
 #ifndef BATCHPART_COMMON_BATCH_BROADCAST_H_
 #define BATCHPART_COMMON_BATCH_BROADCAST_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -18,7 +19,10 @@ class BatchBroadcast {
   // operand's are right-aligned against the output's. The caller has checked
   // that they broadcast.
   template <typename OutDims, typename InDims>
-  BatchBroadcast(const OutDims& out_batch, const InDims& in_batch) {
+  BatchBroadcast(const OutDims& out_batch, const InDims& in_batch)
+      : identity_(
+            std::equal(out_batch.begin(), out_batch.end(), in_batch.begin(), in_batch.end())) {
+    if (identity_) return;  // the common case: nothing to store or compute
     const size_t rank = out_batch.size();
     const size_t offset = rank - in_batch.size();
     out_dims_.assign(out_batch.begin(), out_batch.end());
@@ -33,6 +37,7 @@ class BatchBroadcast {
   // The flat batch index of the operand element that feeds output element
   // `out_index` (flat, row-major over the output batch).
   int64_t operator()(int64_t out_index) const {
+    if (identity_) return out_index;
     int64_t in_index = 0;
     for (size_t d = out_dims_.size(); d-- > 0;) {
       const int64_t i = out_index % out_dims_[d];
@@ -55,6 +60,7 @@ class BatchBroadcast {
   }
 
  private:
+  bool identity_;  // same batch shape: element i reads element i
   std::vector<int64_t> out_dims_;
   std::vector<int64_t> strides_;
 };

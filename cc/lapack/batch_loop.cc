@@ -89,10 +89,8 @@ struct LoopState {
   std::string error;     // guarded by mu; the first chunk failure
 };
 
-// Runs one chunk, reporting an exception as a message.
-std::string RunChunk(const LoopState& state, int64_t chunk, const ChunkFn& run_chunk) {
-  const int64_t begin = state.batch * chunk / state.num_chunks;
-  const int64_t end = state.batch * (chunk + 1) / state.num_chunks;
+// Runs elements [begin, end), reporting an exception as a message.
+std::string RunElements(int64_t begin, int64_t end, const ChunkFn& run_chunk) {
   try {
     run_chunk(begin, end);
   } catch (const std::exception& e) {
@@ -108,7 +106,8 @@ std::string RunChunk(const LoopState& state, int64_t chunk, const ChunkFn& run_c
 void Drain(LoopState& state, const ChunkFn& run_chunk) {
   const ScopedBlasThreads blas_threads(state.single_threaded_blas);
   for (int64_t chunk; (chunk = state.next_chunk.fetch_add(1)) < state.num_chunks;) {
-    std::string error = RunChunk(state, chunk, run_chunk);
+    std::string error = RunElements(state.batch * chunk / state.num_chunks,
+                                    state.batch * (chunk + 1) / state.num_chunks, run_chunk);
     std::lock_guard<std::mutex> lock(state.mu);
     if (state.error.empty()) state.error = std::move(error);
     if (++state.finished == state.num_chunks) state.all_done.notify_all();
@@ -142,6 +141,13 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
   const bool single_blas = flops_per_element >= kMinFlopsForBlasThreads &&
                            (num_chunks > 1 || g_single_threaded_blas.load() ||
                             flops_per_element <= kMaxFlopsPerParallelElement);
+  if (num_chunks == 1) {
+    // Serial: no state to share, no lock (a batch of tiny matrices takes a
+    // few microseconds, and allocations and locks are a visible part of it).
+    const ScopedBlasThreads blas_threads(single_blas);
+    const std::string error = RunElements(0, batch, run_chunk);
+    return error.empty() ? ffi::Error::Success() : ChunkError(error);
+  }
   auto state = std::make_shared<LoopState>(batch, num_chunks, single_blas);
   // The calling thread is one worker; the pool supplies the others.
   const int64_t num_tasks = std::min(num_chunks, num_threads) - 1;

@@ -10,15 +10,30 @@
 #define BATCHPART_LAPACK_BATCH_LOOP_H_
 
 #include <cstdint>
-#include <functional>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace batchpart::lapack {
 
 // Processes batch elements [begin, end). May throw (e.g. std::bad_alloc for
-// its workspace); the loop turns that into an FFI error.
-using ChunkFn = std::function<void(int64_t begin, int64_t end)>;
+// its workspace); the loop turns that into an FFI error. A non-owning
+// reference to the caller's callable, valid for the ForEachBatchChunk call
+// it is passed to: the loop never outlives it, and a reference costs no
+// allocation where a std::function of a capturing lambda would.
+class ChunkFn {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, ChunkFn>>>
+  ChunkFn(const F& fn)  // NOLINT(google-explicit-constructor): takes a lambda in place
+      : fn_(&fn), call_([](const void* f, int64_t begin, int64_t end) {
+          (*static_cast<const F*>(f))(begin, end);
+        }) {}
+  void operator()(int64_t begin, int64_t end) const { call_(fn_, begin, end); }
+
+ private:
+  const void* fn_;
+  void (*call_)(const void* fn, int64_t begin, int64_t end);
+};
 
 // How many chunks to split a batch into: 1 means "run serially on the
 // calling thread". `flops_per_element` is a rough operation count of one
