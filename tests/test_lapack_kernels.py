@@ -7,6 +7,7 @@ and checked against numpy/scipy and by reconstruction.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -536,6 +537,26 @@ def test_trsm_matches_numpy(row_major, batch, p, q, dtype, flags, broadcast, see
     expected = trsm_reference(a, b, *flags)
     assert x.shape == expected.shape
     assert_close(x, expected, dtype, scale_of(b))
+
+
+# The row-major kernel substitutes on rows for real left-side solves up to
+# 16x16 and calls BLAS otherwise (cc/lapack/triangular_solve.cc): every flag
+# on both sides of the switch. NaN fills what must not be read: the other
+# triangle, and the diagonal when it is unit.
+@pytest.mark.parametrize("p", [1, 8, 16, 17])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=5)),
+                         ids=lambda f: "".join("LlTCU"[i] if v else "-" for i, v in enumerate(f)))
+def test_row_major_trsm_on_both_sides_of_its_substitution_switch(p, dtype, flags):
+    left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
+    rng = np.random.default_rng(p)
+    a = triangular(rng, (2, p, p), dtype, lower)
+    unread = unread_triangle(p, lower) | (np.eye(p, dtype=bool) if unit_diagonal else False)
+    a = np.where(unread, np.asarray(np.nan, dtype), a)
+    b = random(rng, (2, p, 3) if left_side else (2, 3, p), dtype)
+    x = trsm(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
+             conjugate_a=conjugate_a, unit_diagonal=unit_diagonal, row_major=True)
+    assert_close(x, trsm_reference(np.where(unread, 0, a), b, *flags), dtype, scale_of(b))
 
 
 @LAYOUTS

@@ -1,10 +1,10 @@
 // batchpart_trsm and batchpart_trsm_row_major: batched triangular solve
-// (BLAS trsm) with broadcast batch dims, of column-major or row-major
+// (BLAS trsm; small real left-side solves of row-major matrices by
+// substitution) with broadcast batch dims, of column-major or row-major
 // matrices.
 #include <algorithm>
 #include <complex>
 #include <cstdint>
-#include <tuple>
 #include <utility>
 
 #include "common/batch_broadcast.h"
@@ -26,7 +26,7 @@ void Conjugate(T* data, int64_t count) {
 // Solves in place in x (which holds B). BLAS has no "conjugate, don't
 // transpose" mode: conj(A) X = B is solved as A conj(X) = conj(B).
 template <typename T>
-void SolveOne(const TrsmShape& shape, const TrsmOptions& o, const T* a, T* x) {
+void SolveBlas(const TrsmShape& shape, const TrsmOptions& o, const T* a, T* x) {
   const bool conjugate_only = kIsComplex<T> && o.conjugate_a && !o.transpose_a;
   char side = o.left_side ? 'L' : 'R', uplo = o.lower ? 'L' : 'U';
   char trans = !o.transpose_a ? 'N' : (o.conjugate_a ? 'C' : 'T');
@@ -37,6 +37,45 @@ void SolveOne(const TrsmShape& shape, const TrsmOptions& o, const T* a, T* x) {
   if (conjugate_only) Conjugate(x, shape.rows * shape.cols);
   Lapack<T>::trsm(&side, &uplo, &trans, &diag, &m, &n, &alpha, const_cast<T*>(a), &lda, x, &ldb);
   if (conjugate_only) Conjugate(x, shape.rows * shape.cols);
+}
+
+// The largest A solved by SubstituteRowsLeft instead of BLAS. A BLAS trsm
+// call costs about 0.1 us before any arithmetic; substitution on rows beat
+// it up to 16x16 (single-threaded, float32, 1 to 16 right-hand sides: 3.8x
+// faster at 4x4, 2.6x at 8x8, 1.4x at 16x16; BLAS wins at 32x32).
+constexpr int64_t kSubstitutionMaxSize = 16;
+
+// Whether a row-major trsm goes to SubstituteRowsLeft: real, left side, small.
+template <typename T>
+bool UsesRowSubstitution(const TrsmShape& shape, const TrsmOptions& options) {
+  return !kIsComplex<T> && options.left_side && shape.p <= kSubstitutionMaxSize;
+}
+
+// Solves op(A) X = B in place in the row-major x (holding B), for real,
+// row-major A and X: forward or back substitution, each step an update of a
+// contiguous row of X. Reads only A's `lower` (or upper) triangle, and its
+// diagonal only when it is not unit; a zero diagonal gives inf or NaN, as
+// BLAS's trsm does.
+template <typename T>
+void SubstituteRowsLeft(const TrsmShape& shape, const TrsmOptions& options, const T* a, T* x) {
+  const int64_t p = shape.p, cols = shape.cols;
+  const auto op = [&](int64_t i, int64_t j) {
+    return options.transpose_a ? a[j * p + i] : a[i * p + j];
+  };
+  const bool lower = options.lower != options.transpose_a;  // op(A)'s triangle
+  for (int64_t step = 0; step < p; ++step) {
+    const int64_t i = lower ? step : p - 1 - step;
+    T* __restrict xi = x + i * cols;
+    for (int64_t k = lower ? 0 : i + 1, end = lower ? i : p; k < end; ++k) {
+      const T factor = op(i, k);
+      const T* __restrict xk = x + k * cols;
+      for (int64_t j = 0; j < cols; ++j) xi[j] -= factor * xk[j];
+    }
+    if (!options.unit_diagonal) {
+      const T diagonal = op(i, i);
+      for (int64_t j = 0; j < cols; ++j) xi[j] /= diagonal;
+    }
+  }
 }
 
 // The column-major problem that a row-major one is, on the same buffers.
@@ -52,9 +91,10 @@ std::pair<TrsmShape, TrsmOptions> AsColumnMajor(const TrsmShape& shape, TrsmOpti
   return {transposed, options};
 }
 
-template <typename T>
-ffi::Error Solve(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOptions& options,
-                 const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x) {
+// Copies each element's B into X and has solve_one(a, x) solve it in place.
+template <typename T, typename SolveOne>
+ffi::Error Solve(ffi::ThreadPool& pool, const TrsmShape& shape, const ffi::AnyBuffer& a,
+                 const ffi::AnyBuffer& b, ffi::AnyBuffer& x, SolveOne solve_one) {
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
   const int64_t a_size = shape.p * shape.p, x_size = shape.rows * shape.cols;
@@ -66,7 +106,7 @@ ffi::Error Solve(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOption
     for (int64_t i = begin; i < end; ++i) {
       T* xi = x_data + i * x_size;
       CopyIfDistinct(b_data + b_index(i) * x_size, xi, x_size);
-      SolveOne<T>(shape, options, a_data + a_index(i) * a_size, xi);
+      solve_one(a_data + a_index(i) * a_size, xi);
     }
   });
 }
@@ -75,12 +115,18 @@ ffi::Error TrsmImpl(const char* target, bool row_major, ffi::ThreadPool pool, ff
                     ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x, bool left_side, bool lower,
                     bool transpose_a, bool conjugate_a, bool unit_diagonal) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(target));
-  BATCHPART_ASSIGN_OR_RETURN(TrsmShape shape, ValidateTrsm(a, b, *x, left_side, target));
-  TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
-  if (row_major) std::tie(shape, options) = AsColumnMajor(shape, options);
+  BATCHPART_ASSIGN_OR_RETURN(const TrsmShape shape, ValidateTrsm(a, b, *x, left_side, target));
+  const TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
   return DispatchByDtype(target, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return Solve<T>(pool, shape, options, a, b, *x);
+    if (row_major && UsesRowSubstitution<T>(shape, options)) {
+      return Solve<T>(pool, shape, a, b, *x,
+                      [&](const T* ai, T* xi) { SubstituteRowsLeft<T>(shape, options, ai, xi); });
+    }
+    const std::pair<TrsmShape, TrsmOptions> blas =
+        row_major ? AsColumnMajor(shape, options) : std::make_pair(shape, options);
+    return Solve<T>(pool, shape, a, b, *x,
+                    [&](const T* ai, T* xi) { SolveBlas<T>(blas.first, blas.second, ai, xi); });
   });
 }
 
