@@ -6,13 +6,13 @@ scipy exports from ``scipy.linalg.cython_lapack`` and
 needed. ``register()`` hands those pointers to the compiled module and
 registers one FFI target per operation for the CPU platform. Operand and
 result contracts are documented in ``cc/common/contracts.h``; every matrix is
-passed column-major (see ``column_major``).
+passed column-major (see ``column_major``), except to the row-major twins.
 
 The targets in ``CPU_ONLY_TARGET_NAMES`` (``cc/lapack/option_kernels.h``)
 serve options that LAPACK has and cuSOLVER's kernels here do not: pivoted and
 raw QR, the QR-iteration SVD, the Cholesky solve; and the row-major LU,
-solve and triangular solve, which batchpart.linalg uses on CPU in place of
-the column-major ones. They are registered for the CPU platform only;
+solve, triangular solve and QR, which batchpart.linalg uses on CPU in place
+of the column-major ones. They are registered for the CPU platform only;
 batchpart.linalg refuses the options on other platforms.
 """
 

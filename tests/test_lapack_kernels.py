@@ -332,7 +332,7 @@ def test_getrf_reconstructs_and_matches_scipy_pivots(row_major, batch, m, n, dty
 
 
 # The row-major kernel factors up to 64x64 itself and hands larger matrices,
-# transposed, to LAPACK (cc/lapack/row_major_lu.h): both sides of the switch.
+# transposed, to LAPACK (cc/lapack/lu_steps.h): both sides of the switch.
 @pytest.mark.parametrize("m, n", [(64, 64), (65, 65), (64, 90), (90, 64), (130, 20), (20, 130)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_major_getrf_on_both_sides_of_its_size_switch(m, n, dtype):

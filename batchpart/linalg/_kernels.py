@@ -1,6 +1,6 @@
 """Thin calls of batchpart's LAPACK targets (cc/lapack/kernels.h) through
 ``batchpart.ffi_call``: signatures, layouts (column-major, or the CPU's
-row-major twins of getrf, gesv and trsm), attributes.
+row-major twins of getrf, gesv, trsm and qr), attributes.
 
 Every function here is a single batch-partitionable custom call; the public
 functions in this package add jax's conventions and derivatives.

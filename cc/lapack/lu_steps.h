@@ -23,6 +23,7 @@
 
 #include "lapack/kernel_helpers.h"
 #include "lapack/lapack_api.h"
+#include "lapack/row_substitution.h"
 
 namespace batchpart::lapack {
 
@@ -125,30 +126,15 @@ int32_t FactorRowMajor(int64_t m, int64_t n, T* a, int32_t* pivots, std::vector<
 }
 
 // Forward and back substitution L Y = X, U X = Y on the row-major n x r
-// `x`, each step an update of a contiguous row of X; `lu` row-major.
+// `x`, given the row-major `lu` (L unit lower, U upper). Compiled once per
+// instruction set where the compiler can pick at load time.
 template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void SubstituteRows(int64_t n, int64_t r, const T* lu, T* x) {
-  for (int64_t i = 1; i < n; ++i) {  // L Y = P B, L unit lower
-    T* __restrict xi = x + i * r;
-    for (int64_t k = 0; k < i; ++k) {
-      const T l = lu[i * n + k];
-      const T* __restrict xk = x + k * r;
-      for (int64_t j = 0; j < r; ++j) xi[j] -= l * xk[j];
-    }
-  }
-  for (int64_t i = n - 1; i >= 0; --i) {  // U X = Y
-    T* __restrict xi = x + i * r;
-    for (int64_t k = i + 1; k < n; ++k) {
-      const T u = lu[i * n + k];
-      const T* __restrict xk = x + k * r;
-      for (int64_t j = 0; j < r; ++j) xi[j] -= u * xk[j];
-    }
-    const T diagonal = lu[i * n + i];
-    for (int64_t j = 0; j < r; ++j) xi[j] /= diagonal;
-  }
+  SubstituteOnRows(n, r, lu, /*lower=*/true, /*transpose=*/false, /*unit_diagonal=*/true, x);
+  SubstituteOnRows(n, r, lu, /*lower=*/false, /*transpose=*/false, /*unit_diagonal=*/false, x);
 }
 
 // The same substitution by BLAS on the transposed system: read column-major,

@@ -32,8 +32,9 @@
 
 namespace batchpart::lapack {
 
-// RowMajorHouseholderQr's range: real matrices with min(m, n) and m * n no
-// larger than 128 x 128 (a padded copy of A and of Q then stays in L2).
+// RowMajorHouseholderQr's range: real matrices with min(m, n) at most 128
+// and m * max(n, columns of Q) at most 128 x 128 (the padded copies of A and
+// of Q then stay in L2).
 inline constexpr int64_t kRowMajorQrMaxSize = 128;
 
 template <typename T>
@@ -175,8 +176,9 @@ void RowMajorHouseholderQr(const QrShape& shape, const T* a_in, T* q_out, T* r_o
   T* a = s.a.data();
   T* q = s.q.data();
   T* tau = s.tau.data();
-  std::fill(s.a.begin(), s.a.end(), T(0));
-  CopyMatrix(a_in, n, a, lda, /*rows=*/n, /*cols=*/m);  // m rows of n, read column-major
+  for (int64_t i = 0; i < m; ++i) {  // each row, then zeros to the padded length
+    std::fill(std::copy_n(a_in + i * n, n, a + i * lda), a + (i + 1) * lda, T(0));
+  }
   for (int64_t j = 0; j < k; ++j) {
     T* column = a + j * lda + j;
     tau[j] = MakeReflector(m - j, column, lda);

@@ -12,6 +12,7 @@
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
 #include "lapack/option_kernels.h"
+#include "lapack/row_substitution.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -39,43 +40,18 @@ void SolveBlas(const TrsmShape& shape, const TrsmOptions& o, const T* a, T* x) {
   if (conjugate_only) Conjugate(x, shape.rows * shape.cols);
 }
 
-// The largest A solved by SubstituteRowsLeft instead of BLAS. A BLAS trsm
+// The largest A solved by substitution on rows (row_substitution.h) instead
+// of BLAS. A BLAS trsm
 // call costs about 0.1 us before any arithmetic; substitution on rows beat
 // it up to 16x16 (single-threaded, float32, 1 to 16 right-hand sides: 3.8x
 // faster at 4x4, 2.6x at 8x8, 1.4x at 16x16; BLAS wins at 32x32).
 constexpr int64_t kSubstitutionMaxSize = 16;
 
-// Whether a row-major trsm goes to SubstituteRowsLeft: real, left side, small.
+// Whether a row-major trsm is solved on rows: real (no conjugation to apply),
+// left side, small.
 template <typename T>
 bool UsesRowSubstitution(const TrsmShape& shape, const TrsmOptions& options) {
   return !kIsComplex<T> && options.left_side && shape.p <= kSubstitutionMaxSize;
-}
-
-// Solves op(A) X = B in place in the row-major x (holding B), for real,
-// row-major A and X: forward or back substitution, each step an update of a
-// contiguous row of X. Reads only A's `lower` (or upper) triangle, and its
-// diagonal only when it is not unit; a zero diagonal gives inf or NaN, as
-// BLAS's trsm does.
-template <typename T>
-void SubstituteRowsLeft(const TrsmShape& shape, const TrsmOptions& options, const T* a, T* x) {
-  const int64_t p = shape.p, cols = shape.cols;
-  const auto op = [&](int64_t i, int64_t j) {
-    return options.transpose_a ? a[j * p + i] : a[i * p + j];
-  };
-  const bool lower = options.lower != options.transpose_a;  // op(A)'s triangle
-  for (int64_t step = 0; step < p; ++step) {
-    const int64_t i = lower ? step : p - 1 - step;
-    T* __restrict xi = x + i * cols;
-    for (int64_t k = lower ? 0 : i + 1, end = lower ? i : p; k < end; ++k) {
-      const T factor = op(i, k);
-      const T* __restrict xk = x + k * cols;
-      for (int64_t j = 0; j < cols; ++j) xi[j] -= factor * xk[j];
-    }
-    if (!options.unit_diagonal) {
-      const T diagonal = op(i, i);
-      for (int64_t j = 0; j < cols; ++j) xi[j] /= diagonal;
-    }
-  }
 }
 
 // The column-major problem that a row-major one is, on the same buffers.
@@ -120,8 +96,10 @@ ffi::Error TrsmImpl(const char* target, bool row_major, ffi::ThreadPool pool, ff
   return DispatchByDtype(target, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (row_major && UsesRowSubstitution<T>(shape, options)) {
-      return Solve<T>(pool, shape, a, b, *x,
-                      [&](const T* ai, T* xi) { SubstituteRowsLeft<T>(shape, options, ai, xi); });
+      return Solve<T>(pool, shape, a, b, *x, [&](const T* ai, T* xi) {
+        SubstituteOnRows(shape.p, shape.cols, ai, options.lower, options.transpose_a,
+                         options.unit_diagonal, xi);
+      });
     }
     const std::pair<TrsmShape, TrsmOptions> blas =
         row_major ? AsColumnMajor(shape, options) : std::make_pair(shape, options);
