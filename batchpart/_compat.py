@@ -17,8 +17,8 @@ What is used, and why:
 - ``jax._src.custom_partitioning_sharding_rule``: the Shardy rule builder
   jax's own linalg lowering uses.
 - ``jax._src.lib.xla_client``: ``register_custom_call_partitioner``,
-  ``custom_call_targets`` (a registered handler's capsules, to register it
-  again under a derived name) and ``HloSharding``.
+  ``custom_call_targets`` (whether a target has a typed-FFI handler) and
+  ``HloSharding``.
 - ``jax._src.xla_bridge.register_plugin_callbacks``: partitioners on PJRT
   plugins (CUDA).
 - ``jax._src.export._export``: ``call_exported_p``'s lowering and
@@ -44,8 +44,9 @@ from jax._src import (
   xla_bridge,
 )
 from jax._src.custom_partitioning_sharding_rule import (
+  ArrayMapping,
+  SdyShardingRule,
   sdy_sharding_rule_to_mlir,
-  str_to_sdy_sharding_rule,
 )
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.lib import xla_client
@@ -93,23 +94,33 @@ def inlinable_jaxpr(eqn):
   return None
 
 
+def jaxprs_in_eqn(eqn) -> list:
+  """The jaxprs (open) in an eqn's params: the bodies of scan, while, cond, ...."""
+  return list(core.jaxprs_in_params(eqn.params))
+
+
 def is_custom_derivative_call(eqn) -> bool:
+  """Whether the eqn is a ``jax.custom_vjp`` / ``jax.custom_jvp`` call."""
   return eqn.primitive.name in ("custom_vjp_call", "custom_jvp_call")
 
 
-def bind_custom_derivative_call(eqn, invals, rewrite_closed: Callable,
+def bind_custom_derivative_call(eqn, invals, in_info, rewrite_closed: Callable,
                                 rewrite_function: Callable):
-  """Binds a ``custom_vjp_call`` / ``custom_jvp_call`` eqn with its primal
-  jaxpr rewritten by ``rewrite_closed`` (ClosedJaxpr -> ClosedJaxpr) and its
-  forward/JVP jaxprs and backward function rewritten alike."""
+  """Binds a ``custom_vjp_call`` / ``custom_jvp_call`` eqn with its primal and
+  forward/JVP jaxprs rewritten by ``rewrite_closed(closed, info)`` (info: the
+  entries of ``in_info``, one per eqn operand, that belong to that jaxpr's
+  inputs; a tangent gets its primal's) and its backward function by
+  ``rewrite_function``."""
   params = dict(eqn.params)
-  params["call_jaxpr"] = rewrite_closed(params["call_jaxpr"])
+  num_consts = params["num_consts"]
+  primal_info = list(in_info[num_consts:])   # fwd and JVP jaxprs take no consts
+  params["call_jaxpr"] = rewrite_closed(params["call_jaxpr"], list(in_info))
   if "fwd_jaxpr_thunk" in params:
     fwd = params["fwd_jaxpr_thunk"]
 
     def fwd_thunk(*zeros):
       jaxpr, consts = fwd.call_wrapped(*zeros)
-      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts))
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), primal_info)
       return closed.jaxpr, closed.consts
 
     params["fwd_jaxpr_thunk"] = lu.wrap_init(fwd_thunk, debug_info=fwd.debug_info)
@@ -121,10 +132,28 @@ def bind_custom_derivative_call(eqn, invals, rewrite_closed: Callable,
 
     def jvp_fun(*zeros):
       jaxpr, consts, out_zeros = jvp.call_wrapped(*zeros)
-      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts))
+      # Its inputs: the primals, then the tangents that are not symbolic zeros.
+      info = primal_info + [i for i, z in zip(primal_info, zeros) if not z]
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), info)
       return closed.jaxpr, closed.consts, out_zeros
 
     params["jvp_jaxpr_fun"] = lu.wrap_init(jvp_fun, debug_info=jvp.debug_info)
+  return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+def is_custom_vmap_call(eqn) -> bool:
+  """Whether the eqn is a ``jax.custom_batching.custom_vmap`` call."""
+  return eqn.primitive.name == "custom_vmap_call"
+
+
+def bind_custom_vmap_call(eqn, invals, in_info, rewrite_closed: Callable,
+                          wrap_rule: Callable):
+  """Binds a ``custom_vmap_call`` eqn with its ``call`` jaxpr (what runs
+  outside vmap, and what it lowers to) rewritten by ``rewrite_closed(closed,
+  in_info)`` and its vmap rule replaced by ``wrap_rule(rule)``."""
+  params = dict(eqn.params)
+  params["call"] = rewrite_closed(params["call"], list(in_info))
+  params["rule"] = wrap_rule(params["rule"])
   return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
 
 
@@ -174,11 +203,26 @@ def is_manual_lowering(ctx) -> bool:
               frozenset(mesh.axis_names) <= frozenset(manual))
 
 
-def sdy_sharding_rule(rule: str, operand_types, result_types,
+def xla_partitions(ctx) -> bool:
+  """Whether XLA's SPMD partitioner will partition the ops being lowered:
+  more than one device, outside a fully manual region. Elsewhere (one
+  device, inside ``shard_map`` over every mesh axis) an op runs as lowered."""
+  axis_context = ctx.module_context.axis_context
+  mesh = getattr(axis_context, "mesh", None)
+  if mesh is not None:   # SPMDAxisContext: inside shard_map
+    return mesh.size > 1 and not is_manual_lowering(ctx)
+  return getattr(axis_context, "num_devices", 1) > 1
+
+
+def sdy_sharding_rule(operand_factors, result_factors, operand_types, result_types,
                       need_replication_factors: tuple[str, ...]) -> ir.Attribute:
-  return sdy_sharding_rule_to_mlir(
-      str_to_sdy_sharding_rule(rule, need_replication_factors=need_replication_factors),
-      list(operand_types), list(result_types))
+  """jax's Shardy rule attribute from one factor name per dim of each operand
+  and result (built from mappings, not text: zero results and scalars too)."""
+  rule = SdyShardingRule(
+      tuple(ArrayMapping(*names) for names in operand_factors),
+      tuple(ArrayMapping(*names) for names in result_factors),
+      need_replication_factors=tuple(need_replication_factors))
+  return sdy_sharding_rule_to_mlir(rule, list(operand_types), list(result_types))
 
 
 # ---------------------------------------------------------------------------
@@ -191,33 +235,31 @@ def xla_platform_name(platform: str) -> str:
       platform.lower(), platform)
 
 
-def registered_handler(name: str, platform: str):
-  """The typed-FFI handler bundle (``{"execute": capsule, ...}``) registered
-  for ``name`` on ``platform``, or None. Registrations jax still queues
-  (its backend not started yet) count too."""
+def handler_api(name: str, platform: str) -> str | None:
+  """How ``name`` is registered on ``platform``: ``"ffi"`` (a typed-FFI
+  handler), ``"legacy"`` (the legacy custom-call API) or None. Registrations
+  jax still queues (its backend not started yet) count too."""
   xla_name = xla_platform_name(platform)
   with xla_client._custom_callback_lock:
     for queued_name, fn, api_version, _ in xla_client._custom_callback.get(xla_name, ()):
-      if queued_name == name and api_version == 1:
-        return fn if isinstance(fn, dict) else {"execute": fn}
+      if queued_name == name:
+        return "ffi" if api_version == 1 else "legacy"
   if xla_name not in xla_client._custom_callback_handler:
     return None  # no backend for this platform in this process
   try:
-    return xla_client.custom_call_targets(xla_name).get(name)
+    found = xla_client.custom_call_targets(xla_name).get(name)
   except Exception:  # noqa: BLE001 - a platform without a handler registry
     return None
+  # A typed-FFI handler comes back as its bundle (a dict), a legacy target as
+  # its bare function capsule.
+  return None if found is None else "ffi" if isinstance(found, dict) else "legacy"
 
 
 def platforms_with_handler(name: str) -> list[str]:
   """The platforms (XLA names) on which ``name`` has a typed-FFI handler."""
   with xla_client._custom_callback_lock:
     platforms = set(xla_client._custom_callback_handler) | set(xla_client._custom_callback)
-  return sorted(p for p in platforms if registered_handler(name, p) is not None)
-
-
-def register_handler(name: str, handler, platform: str) -> None:
-  jax.ffi.register_ffi_target(name, handler, platform=xla_platform_name(platform),
-                              api_version=1)
+  return sorted(p for p in platforms if handler_api(name, p) == "ffi")
 
 
 def register_partitioner(name: str, *, propagate_user_sharding: Callable,

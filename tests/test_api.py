@@ -8,6 +8,7 @@ import pytest
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
+from batchpart._partition import sharding_rule
 
 rng = np.random.default_rng(0)
 
@@ -77,14 +78,18 @@ def test_registration_marks_batch_partitionable():
 def test_lowering_carries_frontend_attribute_and_sharding_rule():
   x = np.ones((4, 3, 8), np.float32)
   text = jax.jit(kernels.softmax).lower(x).as_text()
-  assert 'mhlo.frontend_attributes = {num_batch_dims = "2"}' in text
-  # the derived target name carries the batch ranks and ranks of the call
-  assert 'custom_call @"batchpart_test_softmax$bp1$o2$r2,2$no3$nr3,2"' in text
-  rule = text.split("sdy.sharding_rule = ")[1].split(", custom>")[0]
+  assert 'num_batch_dims = "2"' in text
+  # On one device XLA does not partition: the call keeps the user's target
+  # and carries the derived name (batch ranks and ranks of the call) aside.
+  assert "custom_call @batchpart_test_softmax(" in text
+  assert 'batchpart.derived_name = "batchpart_test_softmax$bp1$o2$r2,2$no3$nr3,2"' in text
+  assert "sdy.sharding_rule" not in text
   # batch dims share factors across operand and results; the result's core dim
   # shares the operand's (same size): a core-sharded input keeps its layout
-  assert "([i, j, k])->([i, j, k], [i, j])" in rule
-  assert "need_replication" not in rule
+  lhs, rhs, replicated = sharding_rule.factors([(4, 3, 8)], [1], [(4, 3, 8), (4, 3)],
+                                               [1, 0], (4, 3))
+  assert sharding_rule.text(lhs, rhs) == "b0 b1 o0_2 -> b0 b1 o0_2, b0 b1"
+  assert replicated == ()
 
 
 def test_gspmd_lowering_has_no_sharding_rule():
@@ -108,8 +113,12 @@ def test_broadcast_operand_rule_gives_size_one_dims_their_own_factor():
   v = np.ones((2, 5), np.float32)
   text = jax.jit(kernels.matvec).lower(a, v).as_text()
   assert 'num_batch_dims = "2"' in text
-  rule = text.split("sdy.sharding_rule = ")[1].split(", custom>")[0]
-  assert rule.startswith("#sdy.op_sharding_rule<([i, j, k, l], [m, n])->([i, m, k])")
+  lhs, rhs, replicated = sharding_rule.factors([(4, 1, 3, 5), (2, 5)], [2, 1],
+                                               [(4, 2, 3)], [1], (4, 2))
+  # the size-1 batch dim of a is a factor of its own that needs replication;
+  # the result's core dim shares a's (same size)
+  assert sharding_rule.text(lhs, rhs) == "b0 o0_1 o0_2 o0_3, b1 o1_1 -> b0 b1 o0_2"
+  assert replicated == ("o0_1", "o0_3", "o1_1")
 
 
 def test_decorator_single_device_values_and_kwargs():

@@ -66,7 +66,7 @@ def test_num_batch_dims_with_unequal_batch_shapes():
                                                      np.ones((2, 5), f32), alpha=1.0)
 
 
-@pytest.mark.parametrize("signature", ["(n)->", "(n)(n)->(n)", "n->n", "(n->(n)", 3])
+@pytest.mark.parametrize("signature", ["(n)(n)->(n)", "n->n", "(n->(n)", 3])
 def test_malformed_signature(signature):
   with pytest.raises(ValueError, match=rf"{SOFTMAX}.*is not a gufunc signature"):
     bp.ffi_call(SOFTMAX, sds(4), signature=signature)

@@ -4,41 +4,53 @@ package authors."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 
 import jax
 
 from batchpart import _compat as compat
-from batchpart._frontend.signature import parse_signature
+from batchpart._frontend.signature import batch_rank, parse_signature
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
+from batchpart._primitive.batch_spec import BatchSpec
 
 _lock = threading.Lock()
-_wrapped: dict[object, tuple] = {}   # primitive -> its declaration's arguments
+_wrapped: dict[object, foreign.BatchDeclaration] = {}   # primitive -> its declaration
 
 
-def _declaration(owner: str, num_batch_dims, signature, shard_attributes, rule_name: str):
+def _declaration(owner: str, num_batch_dims, signature, shard_attributes
+                 ) -> foreign.BatchDeclaration:
+  """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
+  call (``owner`` names it in errors)."""
   if (num_batch_dims is None) == (signature is None):
     raise ValueError(f"{owner}: pass exactly one of num_batch_dims and signature "
                      f"(got num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
-  if num_batch_dims is not None and not callable(num_batch_dims) and (
-      isinstance(num_batch_dims, bool) or not isinstance(num_batch_dims, int) or
-      num_batch_dims < 0):
-    raise ValueError(f"{owner}: num_batch_dims must be a non-negative int or a callable "
-                     f"(operand_shapes, result_shapes) -> int, got {num_batch_dims!r}.")
+  if num_batch_dims is not None and not callable(num_batch_dims):
+    num_batch_dims = batch_rank(owner, num_batch_dims)
   if shard_attributes is not None and not callable(shard_attributes):
     raise TypeError(f"{owner}: shard_attributes must be None or a callable "
                     "(attributes, batch_shape) -> dict, got "
                     f"{type(shard_attributes).__name__}.")
-  parsed = None if signature is None else parse_signature(signature, target_name=owner)
-  if shard_attributes is not None:
-    rule_name = re.sub(r"[^A-Za-z0-9_.\-]", "_", rule_name)
-    attributes.register_rule(rule_name, shard_attributes)
+  core_ranks = None
+  if signature is not None:
+    parsed = parse_signature(signature, owner=owner)
+    core_ranks = BatchSpec(tuple(len(c) for c in parsed.inputs),
+                           tuple(len(c) for c in parsed.outputs))
+  rule = (None if shard_attributes is None else
+          attributes.make_rule(shard_attributes, owner=owner))
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,
-                                  signature=parsed,
-                                  attribute_rule=rule_name if shard_attributes else "")
+                                  core_ranks=core_ranks, signature=signature or "",
+                                  attribute_rule=rule)
+
+
+def _same_declaration(a: foreign.BatchDeclaration, b: foreign.BatchDeclaration) -> bool:
+  """Whether two declarations partition every call alike: equal batch specs
+  and attribute rules with one content digest."""
+  digest = lambda d: d.attribute_rule.digest if d.attribute_rule else ""
+  same_k = (a.num_batch_dims is b.num_batch_dims or
+            (not callable(a.num_batch_dims) and a.num_batch_dims == b.num_batch_dims))
+  return same_k and a.core_ranks == b.core_ranks and digest(a) == digest(b)
 
 
 def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None = None,
@@ -64,7 +76,14 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
       dict`` called for each per-device call with the FFI attributes (NumPy
       scalars/arrays, strings) and that device's local batch shape; the
       entries it returns replace those attributes in the per-device call
-      (e.g. a batch size passed as an attribute).
+      (e.g. a batch size passed as an attribute). A rule is identified by
+      what it computes: a digest of its code, defaults, captured values and
+      the globals it reads. A changed rule (a fix, another closure of one
+      factory) gives new derived target names, so neither batchpart's
+      partition cache nor jax's persistent compilation cache can serve a
+      program partitioned with the old one. A rule that captures a value
+      batchpart cannot digest raises ``TypeError``; give it a string
+      ``__batchpart_key__`` attribute that changes whenever it does.
 
   Returns:
     ``primitive`` itself. Calling this again with the same arguments does
@@ -79,21 +98,20 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
   if not hasattr(primitive, "bind") or not hasattr(primitive, "name"):
     raise TypeError(f"batchpart.partition_primitive: expected a JAX primitive, got "
                     f"{type(primitive).__name__}.")
-  key = (num_batch_dims, signature, getattr(shard_attributes, "__code__", shard_attributes))
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
   with _lock:
     if primitive in _wrapped:
-      if _wrapped[primitive] == key:
+      if _same_declaration(_wrapped[primitive], declaration):
         return primitive
       raise ValueError(f"{owner}: the primitive is already partitioned by batchpart with "
-                       "other arguments; a primitive is wrapped once.")
-    declaration = _declaration(owner, num_batch_dims, signature, shard_attributes,
-                               rule_name=f"primitive.{primitive.name}")
+                       "another declaration (batch dims or shard_attributes rule); a "
+                       "primitive is wrapped once.")
     if not compat.wrap_lowering_rules(
         primitive, lambda rule: foreign.wrap_rule(rule, declaration)):
       raise ValueError(f"{owner}: the primitive has no lowering rule to wrap.")
     compat.wrap_abstract_eval(primitive, _explicit_batch_sharding(num_batch_dims,
                                                                   signature is not None))
-    _wrapped[primitive] = key
+    _wrapped[primitive] = declaration
   # jax caches lowerings by jaxpr, and the wrap changes no jaxpr: without this
   # a function traced before would keep its unpartitioned lowering.
   jax.clear_caches()
@@ -133,8 +151,7 @@ def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None
   with ``jax.interpreters.mlir.register_lowering`` as usual.
   """
   owner = f"batchpart.ffi_lowering('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes,
-                             rule_name=f"lowering.{target_name}")
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
   rule = jax.ffi.ffi_lowering(target_name, operand_layouts=operand_layouts,
                               result_layouts=result_layouts, **lowering_args)
   return foreign.wrap_rule(rule, declaration)

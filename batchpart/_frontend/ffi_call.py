@@ -7,12 +7,11 @@ from typing import Any
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import (
-  BatchSpec,
   parse_signature,
-  require_static_shapes,
   spec_from_num_batch_dims,
   spec_from_signature,
 )
+from batchpart._primitive.batch_spec import BatchSpec, require_static_shapes
 
 
 def ffi_call(
@@ -76,6 +75,10 @@ def ffi_call(
       given, or (when called) if the operands and results do not fit them. The
       message names the target and the offending argument.
   """
+  if not isinstance(target_name, str) or not target_name:
+    raise TypeError(f"batchpart.ffi_call: target_name must be a non-empty str, got "
+                    f"{target_name!r}.")
+  owner = f"batchpart.ffi_call('{target_name}')"
   _check_jax_options(target_name, vmap_method, custom_call_api_version,
                      legacy_backend_config)
   if (num_batch_dims is None) == (signature is None):
@@ -83,8 +86,7 @@ def ffi_call(
         f"batchpart.ffi_call('{target_name}'): pass exactly one of num_batch_dims "
         f"and signature (got num_batch_dims={num_batch_dims!r}, "
         f"signature={signature!r}).")
-  parsed = None if signature is None else parse_signature(signature,
-                                                          target_name=target_name)
+  parsed = None if signature is None else parse_signature(signature, owner=owner)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals = compat.result_avals_from_shape_dtypes(results)
@@ -105,15 +107,15 @@ def ffi_call(
     in_avals = [compat.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
-    require_static_shapes(target_name, operand_shapes, result_shapes)
+    require_static_shapes(owner, operand_shapes, result_shapes)
     if not args:
       # Nothing to shard the results like: XLA's default treatment.
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))
     elif parsed is None:
-      spec = spec_from_num_batch_dims(target_name, num_batch_dims, operand_shapes,
+      spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes,
                                       result_shapes)
     else:
-      spec = spec_from_signature(target_name, parsed, operand_shapes, result_shapes)
+      spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
     static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
@@ -131,7 +133,6 @@ def ffi_call(
         input_output_aliases=aliases,
         attributes=_primitive.typed_attributes(compat.wrap_kwargs_hashable(attributes)),
         broadcast_batch=parsed is not None,
-        attribute_rule="",
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)

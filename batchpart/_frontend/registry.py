@@ -8,10 +8,10 @@ import threading
 import jax
 
 from batchpart import _compat as compat
+from batchpart._partition import declared
 
 _lock = threading.RLock()
 _handlers: dict[tuple[str, str], object] = {}
-_batch_partitionable: set[str] = set()
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
@@ -70,7 +70,7 @@ def register_ffi_target(name: str, handler, *, platform: str = "cpu",
         raise ValueError(f"batchpart.register_ffi_target: registering FFI target "
                          f"'{name}' on platform '{platform}' failed: {e}") from e
       _handlers[key] = identity
-    _batch_partitionable.add(name)
+    declared.declare(name)
 
 
 def _is_capsule(x) -> bool:
@@ -109,23 +109,16 @@ def mark_batch_partitionable(name: str) -> None:
     raise TypeError(f"batchpart.mark_batch_partitionable: name must be a "
                     f"non-empty str, got {name!r}.")
   with _lock:
-    if name in _batch_partitionable:
+    if declared.is_declared(name):
       return
     if not compat.platforms_with_handler(name):
       raise ValueError(
           f"batchpart.mark_batch_partitionable: FFI target '{name}' is not registered "
           "on any platform. Register its typed FFI handler first with "
           "batchpart.register_ffi_target or jax.ffi.register_ffi_target.")
-    _batch_partitionable.add(name)
-
-
-def note_called(name: str) -> None:
-  """A batchpart call to ``name`` was lowered: it is batch partitionable."""
-  with _lock:
-    _batch_partitionable.add(name)
+    declared.declare(name)
 
 
 def is_batch_partitionable(name: str) -> bool:
   """Whether ``name`` was marked batch partitionable, or called through batchpart."""
-  with _lock:
-    return name in _batch_partitionable
+  return declared.is_declared(name)

@@ -1,5 +1,6 @@
-"""Batch specifications: which leading dims of each operand and result are
-batch dims, from ``num_batch_dims=k`` or a gufunc ``signature``.
+"""Batch specs from what the user declares: ``num_batch_dims=k`` or a gufunc
+``signature`` (the spec itself and its checks live in
+``_primitive/batch_spec``).
 
 Everything here is checked before anything is traced, so bad input fails
 with a message naming the FFI target and the offending argument.
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
 
 import numpy as np
+
+from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes
+from batchpart._primitive.batch_spec import fmt as _fmt
 
 _DIM = r"\s*(?:\w+)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"
 _CORES = rf"{_CORE}(?:\s*,\s*{_CORE})*"
-_SIGNATURE = re.compile(rf"^\s*(?P<ins>(?:{_CORES})?)\s*->\s*(?P<outs>{_CORES})\s*$")
+_SIGNATURE = re.compile(rf"^\s*(?P<ins>(?:{_CORES})?)\s*->\s*(?P<outs>(?:{_CORES})?)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +33,10 @@ class Signature:
     return f"{fmt(self.inputs)}->{fmt(self.outputs)}"
 
 
-def parse_signature(signature: str, *, target_name: str) -> Signature:
+def parse_signature(signature: str, *, owner: str) -> Signature:
   if not isinstance(signature, str) or not _SIGNATURE.match(signature):
     raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): signature={signature!r} is not a "
+        f"{owner}: signature={signature!r} is not a "
         "gufunc signature like '(m,n),(n)->(m)' (one parenthesised, "
         "comma-separated group of core dims per operand and per result).")
   ins, outs = signature.split("->")
@@ -45,69 +48,31 @@ def parse_signature(signature: str, *, target_name: str) -> Signature:
   return Signature(groups(ins), groups(outs))
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchSpec:
-  """How many trailing dims of each operand and result are core dims."""
-  operand_core_ranks: tuple[int, ...]
-  result_core_ranks: tuple[int, ...]
+def batch_rank(owner: str, num_batch_dims) -> int:
+  """``num_batch_dims`` as an int: any integer type (``np.int64(1)``), not a
+  bool."""
+  if isinstance(num_batch_dims, (bool, np.bool_)) or not isinstance(
+      num_batch_dims, (int, np.integer)) or num_batch_dims < 0:
+    raise ValueError(f"{owner}: num_batch_dims must be a non-negative int, got "
+                     f"{num_batch_dims!r}.")
+  return int(num_batch_dims)
 
 
-def require_static_shapes(target_name: str, operand_shapes, result_shapes) -> None:
-  """batchpart plans on concrete shapes; a symbolic (shape-polymorphic) dim
-  is refused by name rather than failing deep inside jax."""
-  for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
-    for i, shape in enumerate(shapes):
-      if not all(isinstance(d, (int, np.integer)) for d in shape):
-        raise NotImplementedError(
-            f"batchpart.ffi_call('{target_name}'): {what} {i} has the symbolic shape "
-            f"({', '.join(map(str, shape))}); shape-polymorphic export of batchpart "
-            "calls is not supported. Export with concrete shapes.")
-
-
-def _fmt(shape) -> str:
-  return str(tuple(int(d) for d in shape))
-
-
-def broadcast_batch_shapes(target_name: str, batch_shapes: Sequence[tuple[int, ...]]
-                           ) -> tuple[int, ...]:
-  rank = max((len(s) for s in batch_shapes), default=0)
-  out = [1] * rank
-  for k, shape in enumerate(batch_shapes):
-    for m, size in enumerate(shape):
-      i = rank - len(shape) + m
-      if size == out[i] or size == 1:
-        continue
-      if out[i] == 1:
-        out[i] = size
-        continue
-      raise ValueError(
-          f"batchpart.ffi_call('{target_name}'): the batch shape {_fmt(shape)} of "
-          f"operand {k} does not broadcast with the other operands' batch shapes "
-          f"(size {size} against {out[i]}). Batch dims broadcast NumPy-style: "
-          "equal sizes, size 1, or missing leading dims.")
-  return tuple(out)
-
-
-def spec_from_num_batch_dims(target_name: str, num_batch_dims, operand_shapes,
+def spec_from_num_batch_dims(owner: str, num_batch_dims, operand_shapes,
                              result_shapes) -> BatchSpec:
-  if (isinstance(num_batch_dims, bool) or not isinstance(num_batch_dims, int)
-      or num_batch_dims < 0):
-    raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): num_batch_dims must be a "
-        f"non-negative int, got {num_batch_dims!r}.")
-  k = num_batch_dims
+  k = batch_rank(owner, num_batch_dims)
   for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
     for i, shape in enumerate(shapes):
       if len(shape) < k:
         raise ValueError(
-            f"batchpart.ffi_call('{target_name}'): num_batch_dims={k} exceeds the "
+            f"{owner}: num_batch_dims={k} exceeds the "
             f"rank of {what} {i} with shape {_fmt(shape)}.")
   batch = tuple(operand_shapes[0][:k]) if operand_shapes else None
   for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
     for i, shape in enumerate(shapes):
       if batch is not None and tuple(shape[:k]) != batch:
         raise ValueError(
-            f"batchpart.ffi_call('{target_name}'): with num_batch_dims={k} every "
+            f"{owner}: with num_batch_dims={k} every "
             f"operand and result must have the same leading {k} dims; {what} {i} "
             f"has shape {_fmt(shape)}, operand 0 has batch shape {_fmt(batch)}. "
             "Use signature=... for operands whose batch dims broadcast.")
@@ -115,15 +80,15 @@ def spec_from_num_batch_dims(target_name: str, num_batch_dims, operand_shapes,
                    tuple(len(s) - k for s in result_shapes))
 
 
-def spec_from_signature(target_name: str, signature: Signature, operand_shapes,
+def spec_from_signature(owner: str, signature: Signature, operand_shapes,
                         result_shapes) -> BatchSpec:
   if len(signature.inputs) != len(operand_shapes):
     raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): signature '{signature}' names "
+        f"{owner}: signature '{signature}' names "
         f"{len(signature.inputs)} operands but the call got {len(operand_shapes)}.")
   if len(signature.outputs) != len(result_shapes):
     raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): signature '{signature}' names "
+        f"{owner}: signature '{signature}' names "
         f"{len(signature.outputs)} results but result_shape_dtypes has "
         f"{len(result_shapes)}.")
   sizes: dict[str, tuple[int, str]] = {}
@@ -131,7 +96,7 @@ def spec_from_signature(target_name: str, signature: Signature, operand_shapes,
   def bind(what: str, i: int, shape, cores) -> tuple[int, ...]:
     if len(shape) < len(cores):
       raise ValueError(
-          f"batchpart.ffi_call('{target_name}'): {what} {i} has shape {_fmt(shape)}, "
+          f"{owner}: {what} {i} has shape {_fmt(shape)}, "
           f"rank {len(shape)}, below the {len(cores)} core dims "
           f"({','.join(cores)}) of signature '{signature}'.")
     core_shape = shape[len(shape) - len(cores):]
@@ -140,7 +105,7 @@ def spec_from_signature(target_name: str, signature: Signature, operand_shapes,
       if size != expected:
         where = sizes.get(name, (None, "the signature"))[1]
         raise ValueError(
-            f"batchpart.ffi_call('{target_name}'): core dim '{name}' of {what} {i} "
+            f"{owner}: core dim '{name}' of {what} {i} "
             f"(shape {_fmt(shape)}) has size {size}, but {where} fixes it at "
             f"{expected} (signature '{signature}').")
       if not name.isdigit():
@@ -149,32 +114,13 @@ def spec_from_signature(target_name: str, signature: Signature, operand_shapes,
 
   batch_shapes = [bind("operand", i, s, c)
                   for i, (s, c) in enumerate(zip(operand_shapes, signature.inputs))]
-  batch = broadcast_batch_shapes(target_name, batch_shapes)
+  batch = broadcast_batch_shapes(owner, batch_shapes)
   for i, (shape, cores) in enumerate(zip(result_shapes, signature.outputs)):
     result_batch = bind("result", i, shape, cores)
     if result_batch != batch:
       raise ValueError(
-          f"batchpart.ffi_call('{target_name}'): result {i} has shape {_fmt(shape)}; "
+          f"{owner}: result {i} has shape {_fmt(shape)}; "
           f"its batch dims {_fmt(result_batch)} must equal the operands' broadcast "
           f"batch shape {_fmt(batch)} (signature '{signature}').")
   return BatchSpec(tuple(len(c) for c in signature.inputs),
                    tuple(len(c) for c in signature.outputs))
-
-
-def check_spec(target_name: str, spec: BatchSpec, operand_shapes, result_shapes
-               ) -> tuple[int, ...]:
-  """Re-checks a spec against (possibly vmapped) shapes; returns the batch shape."""
-  batch_shapes = []
-  for i, (shape, c) in enumerate(zip(operand_shapes, spec.operand_core_ranks)):
-    if len(shape) < c:
-      raise ValueError(
-          f"batchpart.ffi_call('{target_name}'): operand {i} with shape {_fmt(shape)} "
-          f"has fewer dims than its {c} core dims.")
-    batch_shapes.append(tuple(shape[:len(shape) - c]))
-  batch = broadcast_batch_shapes(target_name, batch_shapes)
-  for i, (shape, c) in enumerate(zip(result_shapes, spec.result_core_ranks)):
-    if tuple(shape[:len(shape) - c]) != batch:
-      raise ValueError(
-          f"batchpart.ffi_call('{target_name}'): result {i} with shape {_fmt(shape)} "
-          f"does not have the batch shape {_fmt(batch)}.")
-  return batch

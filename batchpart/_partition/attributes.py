@@ -3,38 +3,53 @@ text of a typed-FFI call), and per-shard attribute rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
 from batchpart import _compat as compat, _dtypes
+from batchpart._partition import rule_digest
 
 ir = compat.ir
 
 _lock = threading.Lock()
-_rules: dict[str, Callable] = {}
+# digest -> the first rule declared with that digest, for derived names read
+# from a module (a deserialized export) rather than lowered here. Bounded by
+# the number of distinct rules; the partitioner callbacks of derived names
+# hold their rules for the process's life anyway.
+_by_digest: dict[str, Callable] = {}
 
 
-def register_rule(name: str, rule: Callable) -> None:
-  """Binds a per-shard attribute rule ``rule(attributes, local_batch_shape)
-  -> {name: new value}`` to ``name``; a name is bound once."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class AttributeRule:
+  """A per-shard attribute rule ``fn(attributes, local_batch_shape) ->
+  {name: new value}`` and the digest of what it computes (its identity in
+  derived target names)."""
+  fn: Callable
+  digest: str
+
+
+def make_rule(fn: Callable, *, owner: str) -> AttributeRule:
+  """Digests ``fn`` (``owner`` names the declaration in errors)."""
+  rule = AttributeRule(fn, rule_digest.digest(fn, owner=owner))
   with _lock:
-    old = _rules.get(name, rule)
-    if getattr(old, "__code__", old) is not getattr(rule, "__code__", rule):
-      raise ValueError(f"batchpart: attribute rule '{name}' is already bound to "
-                       "another function")
-    _rules[name] = rule
+    _by_digest.setdefault(rule.digest, fn)
+  return rule
 
 
-def rule(name: str) -> Callable:
+def rule_for_digest(digest: str, *, target: str) -> AttributeRule:
+  """A live rule with ``digest``, for a derived name read from a module."""
   with _lock:
-    if name not in _rules:
-      raise RuntimeError(
-          f"batchpart: a call needs the per-shard attribute rule '{name}', which is not "
-          "registered in this process (call batchpart.partition_primitive on the "
-          "primitive again before compiling a deserialized program).")
-    return _rules[name]
+    fn = _by_digest.get(digest)
+  if fn is None:
+    raise RuntimeError(
+        f"batchpart: a call to FFI target '{target}' needs the per-shard attribute rule "
+        f"with digest {digest}, and no rule declared in this process has it. Declare the "
+        "same rule (batchpart.partition_primitive or batchpart.ffi_lowering with its "
+        "shard_attributes) before compiling the deserialized program.")
+  return AttributeRule(fn, digest)
 
 
 def parse(config) -> dict:

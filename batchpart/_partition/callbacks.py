@@ -20,7 +20,8 @@ _CACHE_SIZE = 256
 _cache_lock = threading.Lock()
 # Keyed by everything partition() reads: XLA calls it once per call site, and
 # sites that agree on every input get the same answer (compile time of large
-# programs).
+# programs). The name carries the attribute rule's content digest, so two
+# rules share an entry only where they compute the same.
 _cache: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
 
 
@@ -28,8 +29,8 @@ def _dims(shapes) -> list[list[int]]:
   return [list(s.dimensions()) for s in shapes]
 
 
-def partition(name: str, d: CallDescription, arg_shapes, arg_shardings, result_shape,
-              result_sharding, backend_config):
+def partition(name: str, d: CallDescription, rule, arg_shapes, arg_shardings,
+              result_shape, result_sharding, backend_config):
   """XLA's ``partition``: the per-device module and the shardings XLA must
   reshard the operands to (and will find the results in)."""
   key = (name, tuple(map(str, arg_shapes)), tuple(map(str, arg_shardings)),
@@ -38,7 +39,7 @@ def partition(name: str, d: CallDescription, arg_shapes, arg_shardings, result_s
     if key in _cache:
       _cache.move_to_end(key)
       return _cache[key]
-  out = _partition(d, arg_shapes, arg_shardings, result_shape, result_sharding,
+  out = _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding,
                    backend_config)
   with _cache_lock:
     _cache[key] = out
@@ -47,7 +48,7 @@ def partition(name: str, d: CallDescription, arg_shapes, arg_shardings, result_s
   return out
 
 
-def _partition(d, arg_shapes, arg_shardings, result_shape, result_sharding,
+def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding,
                backend_config):
   result_shapes = sh.array_shapes(result_shape)
   plan = make_plan(d, _dims(arg_shapes), arg_shardings, _dims(result_shapes),
@@ -64,6 +65,7 @@ def _partition(d, arg_shapes, arg_shardings, result_shape, result_sharding,
       result_dtypes=[s.numpy_dtype() for s in result_shapes],
       backend_config=backend_config,
       batch_shape=local_batch,
+      rule=rule,
   )
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
@@ -119,10 +121,13 @@ def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
   return sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings])
 
 
-def register(name: str, d: CallDescription) -> None:
+def register(name: str, d: CallDescription, rule) -> None:
+  """Registers the callbacks of derived name ``name`` with ``d`` and the
+  per-shard attribute ``rule`` (or None) bound: the function object itself,
+  never looked up by name."""
   compat.register_partitioner(
       name,
       propagate_user_sharding=functools.partial(propagate_user_sharding, d),
-      partition=functools.partial(partition, name, d),
+      partition=functools.partial(partition, name, d, rule),
       infer_sharding_from_operands=functools.partial(infer_sharding_from_operands, d),
   )

@@ -2,9 +2,13 @@
 
 XLA hands the partitioner callbacks a call's shapes, shardings and backend
 config, but not its frontend attributes, and a partitioner is registered per
-target name. So a batchpart call is emitted under a name derived from the
-user's target and its description; the callbacks registered for that name
-have the description bound, and nothing is looked up at partition time.
+target name. So a batchpart call that XLA will partition is emitted under a
+name derived from the user's target and its description; the callbacks
+registered for that name have the description bound, and nothing is looked
+up at partition time. Where XLA will not partition (one device, a fully
+manual region) the call keeps the user's name and carries its derived name in
+the frontend attribute ``FRONTEND_ATTRIBUTE`` (for ``bp.explain`` and for
+modules exported there and called sharded later).
 
 The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 
@@ -15,7 +19,9 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   layouts, in order: ``$no2,1``)
 - ``$a<i>:<j>``: operand ``i`` aliases result ``j``
 - ``$s``: the call has a side effect
-- ``$f=<name>``: a registered per-shard attribute rule
+- ``$f=<digest>``: the content digest of the per-shard attribute rule
+  (``rule_digest``): a changed rule gives a new name, hence a new partition
+  cache entry and a new persistent-compilation-cache key
 
 Example: ``my_softmax$bp1$o1$r1,1$no2$nr2,1``. The name is readable in HLO,
 and ``decode`` inverts ``encode`` exactly (unit-tested).
@@ -28,6 +34,7 @@ import re
 from batchpart._partition.description import CallDescription, default_layout
 
 MARKER = "$bp1"
+FRONTEND_ATTRIBUTE = "batchpart.derived_name"
 _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

@@ -21,8 +21,8 @@ class CallDescription:
   """A typed-FFI custom call, as far as partitioning depends on it.
 
   Layouts are minor-to-major dim orders (XLA's convention); ``aliases`` are
-  ``(operand, result)`` pairs; ``attribute_rule`` names a registered rule
-  that rewrites FFI attributes per shard ("" for none).
+  ``(operand, result)`` pairs; ``attribute_rule`` is the content digest
+  of the rule that rewrites FFI attributes per shard ("" for none).
   """
   target: str
   operand_batch_ranks: tuple[int, ...]
@@ -58,3 +58,21 @@ class CallDescription:
   @property
   def result_ranks(self) -> tuple[int, ...]:
     return tuple(len(l) for l in self.result_layouts)
+
+
+def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
+             result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
+             has_side_effect, attribute_rule: str = "") -> CallDescription:
+  """The description of a call with these shapes and core ranks."""
+  return CallDescription(
+      target=target_name,
+      operand_batch_ranks=tuple(len(s) - c for s, c in
+                                zip(operand_shapes, operand_core_ranks)),
+      result_batch_ranks=tuple(len(s) - c for s, c in
+                               zip(result_shapes, result_core_ranks)),
+      operand_layouts=tuple(map(tuple, input_layouts)),
+      result_layouts=tuple(map(tuple, output_layouts)),
+      aliases=tuple(sorted(map(tuple, input_output_aliases))),
+      has_side_effect=bool(has_side_effect),
+      attribute_rule=attribute_rule,
+  )

@@ -16,17 +16,18 @@ def _tensor_type(shape, dtype) -> ir.Type:
 
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
-          result_dtypes, backend_config: bytes, batch_shape) -> bytes:
+          result_dtypes, backend_config: bytes, batch_shape, rule=None) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
-  needs no partitioner), restating everything the description holds."""
+  needs no partitioner), restating everything the description holds, its FFI
+  attributes rewritten by the per-shard attribute ``rule`` if any."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
     res_types = [_tensor_type(s, t) for s, t in zip(result_shapes, result_dtypes)]
     config = attributes.parse(backend_config)
-    if d.attribute_rule:
+    if rule is not None:
       values = {k: attributes.to_python(v) for k, v in config.items()}
-      new = attributes.rule(d.attribute_rule)(values, tuple(int(b) for b in batch_shape))
+      new = rule.fn(values, tuple(int(b) for b in batch_shape))
       config.update({k: compat.ir_attribute(v) for k, v in (new or {}).items()})
     with ir.InsertionPoint(module.body):
       main = compat.func_dialect.FuncOp("main", ir.FunctionType.get(arg_types, res_types))

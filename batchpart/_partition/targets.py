@@ -1,10 +1,17 @@
-"""Derived targets: the user's FFI handler and batchpart's partitioner,
-registered under a call's derived name on first use.
+"""Derived targets: batchpart's partitioner, registered under a call's
+derived name on first use.
 
-The state here is a set of names already registered: it grows with the
-number of distinct descriptions (target x batch ranks x layouts x aliases x
-side effect), never with the number of programs, and it only answers
-"registered yet?" — no partitioning decision reads it.
+Only a partitioner is registered, never a handler: a derived name is
+emitted only where XLA's SPMD partitioner runs (``compat.xla_partitions``),
+and the partitioner replaces it by a call to the user's own target. So no
+executable ever runs a derived name, every stage of the user's handler
+bundle (``instantiate`` included) serves every call, a legacy custom call is
+never mistaken for a typed-FFI handler, and a serialized executable needs
+nothing from batchpart to load.
+
+The state here is the set of derived names with a partitioner (bounded by
+the number of distinct descriptions) and the (target, platform) pairs seen
+to have a typed-FFI handler; no partitioning decision reads either.
 """
 
 from __future__ import annotations
@@ -12,11 +19,11 @@ from __future__ import annotations
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import callbacks, derived_names
+from batchpart._partition import attributes, callbacks, derived_names
 from batchpart._partition.description import CallDescription
 
 _lock = threading.Lock()
-_handlers: set[tuple[str, str]] = set()  # (derived name, XLA platform)
+_typed: set[tuple[str, str]] = set()   # (user target, XLA platform) with a typed handler
 _partitioners: set[str] = set()
 
 
@@ -24,36 +31,55 @@ class TargetNotRegisteredError(ValueError):
   pass
 
 
-def ensure_derived(d: CallDescription, platforms, *, caller: str) -> str:
-  """Registers the derived target of ``d`` on ``platforms`` (jax names) and
-  returns its name.
+def _require_typed_handler(target: str, platforms, caller: str) -> None:
+  """Raises naming ``target`` unless it has a typed-FFI handler on one of
+  ``platforms`` (jax names)."""
+  found, legacy = False, []
+  for platform in platforms:
+    key = (target, compat.xla_platform_name(platform))
+    if key in _typed:
+      found = True
+      continue
+    api = compat.handler_api(target, platform)
+    if api == "ffi":
+      _typed.add(key)
+      found = True
+    elif api == "legacy":
+      legacy.append(platform)
+  if found:
+    return
+  if legacy:
+    raise TargetNotRegisteredError(
+        f"{caller}: FFI target '{target}' is registered with the legacy custom-call API "
+        f"(api_version=0) on {', '.join(legacy)}; batchpart partitions typed-FFI calls "
+        "only (jax.ffi.register_ffi_target with api_version=1). Call a legacy target "
+        "with jax.ffi.ffi_call.")
+  raise TargetNotRegisteredError(
+      f"{caller}: FFI target '{target}' has no typed FFI handler registered on "
+      f"platform {', '.join(platforms) or '(none)'}. Register it first with "
+      "batchpart.register_ffi_target or jax.ffi.register_ffi_target (batchpart "
+      "partitions typed-FFI calls, custom_call_api_version=4).")
+
+
+def ensure_derived(d: CallDescription, platforms, *, caller: str,
+                   rule: attributes.AttributeRule | None = None) -> str:
+  """Registers batchpart's partitioner for the derived name of ``d`` (with
+  ``rule``, whose digest ``d`` carries, bound into it) and returns the name.
 
   Raises:
-    TargetNotRegisteredError: naming the target, if it has a typed-FFI
-      handler on none of ``platforms``.
+    TargetNotRegisteredError: naming the target, if it has no typed-FFI
+      handler on any of ``platforms`` (jax names).
   """
+  if (rule.digest if rule is not None else "") != d.attribute_rule:
+    raise AssertionError(f"{caller}: the description of '{d.target}' and its attribute "
+                         "rule disagree")
   name = derived_names.encode(d)
   with _lock:
-    found = []
-    for platform in platforms:
-      xla_platform = compat.xla_platform_name(platform)
-      if (name, xla_platform) in _handlers:
-        found.append(platform)
-        continue
-      handler = compat.registered_handler(d.target, platform)
-      if handler is None:
-        continue
-      compat.register_handler(name, handler, platform)
-      _handlers.add((name, xla_platform))
-      found.append(platform)
-    if not found:
-      raise TargetNotRegisteredError(
-          f"{caller}: FFI target '{d.target}' has no typed FFI handler registered on "
-          f"platform {', '.join(platforms) or '(none)'}. Register it first with "
-          "batchpart.register_ffi_target or jax.ffi.register_ffi_target (batchpart "
-          "partitions typed-FFI calls, custom_call_api_version=4).")
+    _require_typed_handler(d.target, platforms, caller)
     if name not in _partitioners:
-      callbacks.register(name, d)
+      # A name carries its rule's content digest: a rule registered under it
+      # before computes what this one computes.
+      callbacks.register(name, d, rule)
       _partitioners.add(name)
   return name
 
@@ -62,10 +88,12 @@ def ensure_derived_name(name: str, platforms) -> None:
   """Registers a derived name read from a module (e.g. a deserialized
   jax.export artifact) on those of ``platforms`` the user's target has."""
   d = derived_names.decode(name)
-  ensure_derived(d, platforms, caller=f"batchpart (loading '{name}')")
+  rule = (attributes.rule_for_digest(d.attribute_rule, target=d.target)
+          if d.attribute_rule else None)
+  ensure_derived(d, platforms, caller=f"batchpart (loading '{name}')", rule=rule)
 
 
 def registered_counts() -> dict[str, int]:
-  """How many derived handlers and partitioners this process holds."""
+  """How many derived partitioners this process holds."""
   with _lock:
-    return {"handlers": len(_handlers), "partitioners": len(_partitioners)}
+    return {"partitioners": len(_partitioners)}

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
+
 from batchpart import _compat as compat, _stablehlo
-from batchpart._frontend.registry import note_called
-from batchpart._frontend.signature import BatchSpec, Signature, check_spec
-from batchpart._partition import derived_names, targets
-from batchpart._primitive.lowering import describe, shardy_rule_attribute
+from batchpart._partition import attributes, derived_names
+from batchpart._partition.description import describe
+from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._primitive.lowering import place
 
 ir = compat.ir
 
@@ -25,33 +27,43 @@ ir = compat.ir
 @dataclasses.dataclass(frozen=True)
 class BatchDeclaration:
   """How to find the batch dims of an emitted call: ``num_batch_dims`` (an
-  int, or a callable of the operand and result shapes) or a signature."""
-  owner: str   # what the user wrapped, for messages
+  int, or a callable of the operand and result shapes) or the core ranks of
+  a signature; and the per-shard attribute rule, if any."""
+  owner: str   # the entry point the user called, for messages
   num_batch_dims: int | Callable | None = None
-  signature: Signature | None = None
-  attribute_rule: str = ""
+  core_ranks: BatchSpec | None = None   # from a signature
+  signature: str = ""                   # its text, for messages
+  attribute_rule: attributes.AttributeRule | None = None
 
   def spec(self, target, operand_shapes, result_shapes) -> BatchSpec:
-    if self.signature is not None:
-      if (len(self.signature.inputs) != len(operand_shapes) or
-          len(self.signature.outputs) != len(result_shapes)):
+    where = f"{self.owner} (its call to '{target}')"
+    if self.core_ranks is not None:
+      ins, outs = self.core_ranks.operand_core_ranks, self.core_ranks.result_core_ranks
+      if len(ins) != len(operand_shapes) or len(outs) != len(result_shapes):
         raise ValueError(
-            f"{self.owner}: signature '{self.signature}' has {len(self.signature.inputs)} "
-            f"operands and {len(self.signature.outputs)} results, but the emitted call to "
-            f"'{target}' has {len(operand_shapes)} and {len(result_shapes)}.")
-      return BatchSpec(tuple(len(c) for c in self.signature.inputs),
-                       tuple(len(c) for c in self.signature.outputs))
+            f"{where}: signature '{self.signature}' has {len(ins)} operands and "
+            f"{len(outs)} results, but the emitted call has {len(operand_shapes)} "
+            f"operands and {len(result_shapes)} results.")
+      return self.core_ranks
     k = self.num_batch_dims
     if callable(k):
       k = k([tuple(s) for s in operand_shapes], [tuple(s) for s in result_shapes])
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-      raise ValueError(f"{self.owner}: num_batch_dims gave {k!r} for the call to "
-                       f"'{target}'; it must be a non-negative int.")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 0:
+      raise ValueError(f"{where}: num_batch_dims gave {k!r}; it must be a "
+                       "non-negative int.")
+    k = int(k)
     for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
       for i, s in enumerate(shapes):
         if len(s) < k:
-          raise ValueError(f"{self.owner}: num_batch_dims={k} exceeds the rank of "
-                           f"{what} {i} {tuple(s)} of the call to '{target}'.")
+          raise ValueError(f"{where}: num_batch_dims={k} exceeds the rank of {what} "
+                           f"{i} with shape {tuple(s)}.")
+    for what, shapes in (("operand", operand_shapes), ("result", result_shapes)):
+      for i, s in enumerate(shapes):
+        if operand_shapes and tuple(s[:k]) != tuple(operand_shapes[0][:k]):
+          raise ValueError(
+              f"{where}: with num_batch_dims={k} every operand and result has the same "
+              f"leading {k} dims; {what} {i} has shape {tuple(s)}, operand 0 has "
+              f"shape {tuple(operand_shapes[0])}.")
     return BatchSpec(tuple(len(s) - k for s in operand_shapes),
                      tuple(len(s) - k for s in result_shapes))
 
@@ -63,7 +75,9 @@ def _shapes(values) -> list[tuple[int, ...]]:
 def _is_typed_ffi_call(op) -> bool:
   """A typed-FFI custom call batchpart has not retargeted yet."""
   target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
-  return _stablehlo.is_ffi_call(op.operation) and not derived_names.is_derived(target)
+  return (_stablehlo.is_ffi_call(op.operation) and not derived_names.is_derived(target)
+          and _stablehlo.frontend_attribute(
+              op, derived_names.FRONTEND_ATTRIBUTE) is None)
 
 
 def retarget(ctx, op, declaration: BatchDeclaration) -> None:
@@ -72,7 +86,9 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   target = ir.StringAttr(attrs["call_target_name"]).value
   operand_shapes, result_shapes = _shapes(op.operands), _shapes(op.results)
   spec = declaration.spec(target, operand_shapes, result_shapes)
-  batch_shape = check_spec(target, spec, operand_shapes, result_shapes)
+  caller = f"{declaration.owner} (its call to '{target}')"
+  batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
+  rule = declaration.attribute_rule
   description = describe(
       target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
       input_layouts=_stablehlo.layouts(op, "operand_layouts", operand_shapes),
@@ -80,23 +96,21 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
       input_output_aliases=_stablehlo.aliases(op),
       has_side_effect=("has_side_effect" in attrs and
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
-      attribute_rule=declaration.attribute_rule)
-  name = targets.ensure_derived(description, compat.lowering_platforms(ctx),
-                                caller=declaration.owner)
-  note_called(target)
+      attribute_rule=rule.digest if rule is not None else "")
+  name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
+                      operand_shapes=operand_shapes, result_shapes=result_shapes,
+                      batch_shape=batch_shape, operand_types=[v.type for v in op.operands],
+                      result_types=[r.type for r in op.results])
   frontend = {}
   if "mhlo.frontend_attributes" in attrs:
     frontend = {a.name: a.attr for a in ir.DictAttr(attrs["mhlo.frontend_attributes"])}
-  frontend["num_batch_dims"] = ir.StringAttr.get(str(len(batch_shape)))
+  frontend.update({a.name: a.attr for a in ir.DictAttr(extra.pop("mhlo.frontend_attributes"))})
   attrs["call_target_name"] = ir.StringAttr.get(name)
   attrs["mhlo.frontend_attributes"] = ir.DictAttr.get(frontend)
   if "sdy.sharding_rule" in attrs:
     del attrs["sdy.sharding_rule"]
-  rule = shardy_rule_attribute(ctx, operand_shapes, spec.operand_core_ranks, result_shapes,
-                               spec.result_core_ranks, batch_shape,
-                               [v.type for v in op.operands], [r.type for r in op.results])
-  if rule is not None:
-    attrs["sdy.sharding_rule"] = rule
+  for key, value in extra.items():
+    attrs[key] = value
 
 
 def _snapshot(block) -> set[int]:

@@ -10,14 +10,13 @@ Parameters: ``target_name``, ``result_avals``, ``operand_core_ranks``,
 ``output_layouts`` (minor-to-major), ``input_output_aliases`` (pairs),
 ``attributes`` (typed, hashable), ``broadcast_batch`` (whether operands'
 batch dims may broadcast, as under a signature, or must be equal, as under
-``num_batch_dims``) and ``attribute_rule`` (a per-shard attribute rule's
-name, or "").
+``num_batch_dims``).
 """
 
 from __future__ import annotations
 
 from batchpart import _compat as compat
-from batchpart._frontend.signature import BatchSpec, check_spec, require_static_shapes
+from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
 
 batchpart_ffi_call_p = compat.Primitive("batchpart_ffi_call")
 batchpart_ffi_call_p.multiple_results = True
@@ -110,9 +109,10 @@ def reshard_core_to_batch(x, core_rank: int):
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
                    result_core_ranks, has_side_effect, **_):
-  require_static_shapes(target_name, [a.shape for a in avals_in],
+  owner = f"batchpart.ffi_call('{target_name}')"
+  require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
-  batch_shape = check_spec(target_name, BatchSpec(operand_core_ranks, result_core_ranks),
+  batch_shape = check_spec(owner, BatchSpec(operand_core_ranks, result_core_ranks),
                            [a.shape for a in avals_in], [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects

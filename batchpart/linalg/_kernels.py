@@ -39,7 +39,7 @@ def _layout(shape, core_rank: int):
 
 def _call(target, signature, operands, results, *, aliases=None, **attributes):
   ensure_registered()
-  parsed = parse_signature(signature, target_name=target)
+  parsed = parse_signature(signature, owner=f"batchpart.linalg ('{target}')")
   single = not isinstance(results, (list, tuple))
   out_layouts = [_layout(r.shape, len(c))
                  for r, c in zip([results] if single else results, parsed.outputs)]

@@ -1,0 +1,84 @@
+"""The Shardy sharding rule of a batchpart call (``sdy.sharding_rule``).
+
+One factor per batch dim, shared by every operand and result that has it. A
+result's core dim shares the factor of the same core dim at the same core
+position of the first operand with that size there (its input's layout, as
+for an elementwise op), so a core-sharded input gives a result sharded the
+same way instead of a replicated one; batchpart's partitioner still runs the
+kernel on batch shards. Every other core dim, and every broadcast size-1
+batch dim, is a factor of its own that needs replication, so Shardy never
+pushes a sharding onto it.
+"""
+
+from __future__ import annotations
+
+from batchpart import _compat as compat
+
+
+def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
+            batch_shape) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
+  """Each operand's and result's factor per dim, and the factors that need
+  replication (in the order they first appear, as Shardy wants)."""
+  rank = len(batch_shape)
+  replicated: list[str] = []
+  operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
+
+  def batch_names(prefix, k, shape, core_rank):
+    b = len(shape) - core_rank
+    names = []
+    for m in range(b):
+      if shape[m] == batch_shape[rank - b + m]:
+        names.append(f"b{rank - b + m}")
+      else:
+        names.append(f"{prefix}{k}_{m}")
+        replicated.append(names[-1])
+    return names, b
+
+  def operand(k, shape, core_rank):
+    names, b = batch_names("o", k, shape, core_rank)
+    cores = [f"o{k}_{b + j}" for j in range(core_rank)]
+    operand_cores.append((cores, tuple(shape[b:])))
+    return names + cores
+
+  def result(k, shape, core_rank):
+    names, b = batch_names("r", k, shape, core_rank)
+    cores = []
+    for j, size in enumerate(shape[b:]):
+      shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
+      if shared is None or shared in cores:
+        shared = f"r{k}_{b + j}"
+        replicated.append(shared)
+      cores.append(shared)
+    return names + cores
+
+  lhs = [operand(k, s, c) for k, (s, c) in
+         enumerate(zip(operand_shapes, operand_core_ranks))]
+  rhs = [result(k, s, c) for k, (s, c) in enumerate(zip(result_shapes, result_core_ranks))]
+  shared_names = {n for names in rhs for n in names}
+  replicated += [n for cores, _ in operand_cores for n in cores if n not in shared_names]
+  order = list(dict.fromkeys(n for names in lhs + rhs for n in names))
+  return lhs, rhs, tuple(sorted(set(replicated), key=order.index))
+
+
+def text(lhs, rhs) -> str:
+  """The rule in jax's einsum-like notation, for messages and tests."""
+  fmt = lambda side: ", ".join(" ".join(names) for names in side)
+  return f"{fmt(lhs)} -> {fmt(rhs)}"
+
+
+def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
+              batch_shape, operand_types, result_types):
+  """The ``sdy.sharding_rule`` attribute of a call XLA partitions, or None
+  where none belongs (GSPMD, no operands, a region XLA does not partition)."""
+  if not (compat.use_shardy() and operand_shapes and compat.xla_partitions(ctx)):
+    return None
+  return attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
+                             result_core_ranks, batch_shape, operand_types, result_types)
+
+
+def attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
+                        result_core_ranks, batch_shape, operand_types, result_types):
+  """The ``sdy.sharding_rule`` attribute, unconditionally (zero results too)."""
+  lhs, rhs, replicated = factors(operand_shapes, operand_core_ranks, result_shapes,
+                                 result_core_ranks, batch_shape)
+  return compat.sdy_sharding_rule(lhs, rhs, operand_types, result_types, replicated)
