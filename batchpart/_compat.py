@@ -21,9 +21,13 @@ What is used, and why:
   ``HloSharding``.
 - ``jax._src.xla_bridge.register_plugin_callbacks``: partitioners on PJRT
   plugins (CUDA).
-- ``jax._src.export._export``: ``call_exported_p``'s lowering and
-  ``_check_module``, so a deserialized module's derived targets are
-  registered and ``DisabledSafetyCheck.custom_call(name)`` covers them.
+- ``jax._src.callback`` and ``mlir.ModuleContext.add_host_callback``: jax's
+  IO effect, its result dtype check and its host-callback custom-call
+  targets, for ``bp.pure_callback`` / ``bp.io_callback``.
+- ``jax._src.export._export``: ``call_exported_p``'s lowering (the calls an
+  artifact brings are made partitionable in the caller), ``_check_module``
+  and the stable target list, so ``DisabledSafetyCheck.custom_call(name)``
+  and jax's stable targets cover their derived names.
 """
 
 from __future__ import annotations
@@ -241,7 +245,7 @@ def handler_api(name: str, platform: str) -> str | None:
   jax still queues (its backend not started yet) count too."""
   xla_name = xla_platform_name(platform)
   with xla_client._custom_callback_lock:
-    for queued_name, fn, api_version, _ in xla_client._custom_callback.get(xla_name, ()):
+    for queued_name, _fn, api_version, _ in xla_client._custom_callback.get(xla_name, ()):
       if queued_name == name:
         return "ffi" if api_version == 1 else "legacy"
   if xla_name not in xla_client._custom_callback_handler:
@@ -332,13 +336,75 @@ def with_leading_spec(aval, entries):
 
 
 # ---------------------------------------------------------------------------
+# Host callbacks (bp.pure_callback, bp.io_callback)
+# ---------------------------------------------------------------------------
+
+def io_effect():
+  """jax's unordered IO effect (``jax.experimental.io_callback``'s): keeps
+  the call alive and is allowed inside control flow."""
+  from jax._src import callback as jax_callback
+  return jax_callback._IOEffect
+
+
+def require_devices_during_lowering(primitive) -> None:
+  """Marks ``primitive`` as needing a backend while lowering, as jax marks
+  its own callback primitives."""
+  dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def register_uncached_lowering(primitive, rule: Callable) -> None:
+  """A lowering rule whose output depends on the module being built (a host
+  callback's index into its list of callbacks), so never reused."""
+  mlir.register_lowering(primitive, rule, cacheable=False)
+
+
+def add_host_callback(ctx, callable_) -> int:
+  """Adds ``callable_`` to the host callbacks handed to the compiler with
+  the module (the executable holds it until it dies); returns its index,
+  the ``index`` attribute of jax's callback custom calls."""
+  ctx.module_context.add_host_callback(callable_)
+  return len(ctx.module_context.host_callbacks) - 1
+
+
+def host_callback_target(platform: str) -> str:
+  """jax's typed-FFI host callback target for a lowering platform: it calls
+  ``host_callbacks[index](*numpy arrays)`` and copies the returned tuple of
+  arrays into the result buffers."""
+  device = "gpu" if platform in ("cuda", "rocm") else "cpu"
+  return f"xla_ffi_python_{device}_callback"
+
+
+def num_partitions(ctx) -> int:
+  """How many partitions (devices) the program being lowered has."""
+  axis_context = ctx.module_context.axis_context
+  mesh = getattr(axis_context, "mesh", None)
+  if mesh is not None:
+    return int(mesh.size)
+  return int(getattr(axis_context, "num_devices", 1))
+
+
+def canonicalize_value(x):
+  """A callback result as jax canonicalizes it (float64 -> float32 where
+  x64 is off)."""
+  from jax._src import dtypes
+  return dtypes.canonicalize_value(x)
+
+
+def check_result_shape_dtype(shape_dtype) -> None:
+  """jax's check that a callback's declared result dtype is canonical."""
+  from jax._src import callback as jax_callback
+  jax_callback._check_shape_dtype(shape_dtype)
+
+
+# ---------------------------------------------------------------------------
 # jax.export
 # ---------------------------------------------------------------------------
 
-def on_exported_call_lowering(callback: Callable) -> None:
-  """Calls ``callback(mlir_module, platforms)`` whenever a deserialized
-  ``jax.export`` artifact is lowered into a program (jax's ``call_exported``
-  primitive), before the original lowering runs."""
+def after_exported_call_lowering(callback: Callable) -> None:
+  """Calls ``callback(ctx, ops)`` whenever a deserialized ``jax.export``
+  artifact has been lowered into a program (jax's ``call_exported``
+  primitive), with the top-level ops that lowering added to the caller's
+  module (the artifact's inlined functions)."""
   from jax._src.export import _export
   prim = _export.call_exported_p
   entry = mlir._lowerings[prim]
@@ -347,11 +413,20 @@ def on_exported_call_lowering(callback: Callable) -> None:
     return
 
   def lowering(ctx, *args, exported, **params):
-    callback(exported.mlir_module(), lowering_platforms(ctx))
-    return original(ctx, *args, exported=exported, **params)
+    body = ctx.module_context.module.body
+    before = {hash(op.operation) for op in body.operations}
+    out = original(ctx, *args, exported=exported, **params)
+    callback(ctx, [op for op in body.operations if hash(op.operation) not in before])
+    return out
 
   lowering._batchpart_hook = True
   mlir.register_lowering(prim, lowering, inline=entry.inline)
+
+
+def stable_custom_call_targets() -> set[str]:
+  """The custom-call targets jax.export allows without a disabled check."""
+  from jax._src.export import _export
+  return set(_export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE)
 
 
 def extend_export_safety_checks(extra_checks: Callable) -> None:

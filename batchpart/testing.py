@@ -19,7 +19,9 @@ TARGETS = {
     "batchpart_test_matvec": "matvec",        # (m,n),(n) -> (m); attr alpha: f64
     "batchpart_test_axpy": "axpy",            # (n),(n) -> (n); attr alpha: f64
     "batchpart_test_copy_bytes": "copy_bytes",  # (m,n) -> (m,n), memory as laid out
+    "batchpart_test_count": "count",          # (n) -> nothing: counts and sums its input
 }
+STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
 
 
 def register() -> None:
@@ -27,6 +29,43 @@ def register() -> None:
   handlers = _core.testing.handlers()
   for target, short in TARGETS.items():
     batchpart.register_ffi_target(target, handlers[short], platform="cpu")
+
+
+def register_stateful() -> None:
+  """Registers ``batchpart_test_stateful``: an ``{"instantiate", "execute"}``
+  bundle whose execute stage reads the state (``offset``, an f32 attribute)
+  its instantiate stage built. Its state type must reach XLA before the
+  handler, so this starts the CPU backend first (idempotent)."""
+  global _stateful_registered
+  if _stateful_registered:
+    return
+  jax.devices("cpu")
+  jax.ffi.register_ffi_type("batchpart_test_stateful_offset",
+                            _core.testing.stateful_offset_type(), platform="cpu")
+  handlers = _core.testing.handlers()
+  batchpart.register_ffi_target(STATEFUL, {"instantiate": handlers["stateful_instantiate"],
+                                           "execute": handlers["stateful_execute"]})
+  _stateful_registered = True
+
+
+_stateful_registered = False
+
+
+def stateful(x, offset: float):
+  """x + offset through the stateful bundle (register_stateful first)."""
+  return batchpart.ffi_call(STATEFUL, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            signature="(n)->(n)")(x, offset=np.float32(offset))
+
+
+def count(x):
+  """A call with no results, kept for its side effect: adds x's rows to the
+  batch-element counter and its values to ``counted_sum``."""
+  return batchpart.ffi_call("batchpart_test_count", [], signature="(n)->",
+                            has_side_effect=True)(x)
+
+
+def counted_sum() -> float:
+  return _core.testing.counted_sum()
 
 
 def batch_elements_processed() -> int:

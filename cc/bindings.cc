@@ -74,4 +74,13 @@ NB_MODULE(_core, m) {
               [] { return batchpart::HandlerCapsules(batchpart::testing::Handlers()); });
   testing.def("batch_elements_processed", &batchpart::testing::BatchElementsProcessed);
   testing.def("reset_batch_elements_processed", &batchpart::testing::ResetBatchElementsProcessed);
+  testing.def("counted_sum", &batchpart::testing::CountedSum);
+  testing.def("stateful_offset_type", [] {
+    using batchpart::testing::StatefulOffset;
+    nb::dict out;
+    out["type_id"] = nb::capsule(reinterpret_cast<void*>(&StatefulOffset::id));
+    out["type_info"] = nb::capsule(
+        const_cast<void*>(reinterpret_cast<const void*>(&StatefulOffset::info)));
+    return out;
+  });
 }

@@ -1,38 +1,90 @@
-"""jax.export: programs that carry derived target names.
+"""jax.export: programs that carry batchpart calls.
 
-A deserialized module names derived targets that this process may never have
-lowered: they are registered when the module is lowered into a program. And
-``jax.export.DisabledSafetyCheck.custom_call(target)`` for the target the
-user wrote also allows its derived names.
+An artifact exported where XLA partitions carries derived target names; one
+exported on one device (or inside a fully manual region) carries user-named
+calls with the derived name in a frontend attribute. When an artifact is
+called (jax's ``call_exported`` inlines its functions into the caller's
+module), each batchpart call in the inlined functions is made a call of the
+caller's kind: where the caller is partitioned by XLA, it gets its derived
+name, its partitioner registered, and (under Shardy) a sharding rule if it
+was exported without one (under GSPMD); elsewhere it is left as exported.
+
+The export safety check allows a derived name whenever it allows the user's
+target: named by ``DisabledSafetyCheck.custom_call(target)``, or on jax's own
+list of stable targets (jaxlib's LAPACK targets after
+``partition_primitive``).
 """
 
 from __future__ import annotations
 
 from batchpart import _compat as compat, _stablehlo
-from batchpart._partition import derived_names, targets
+from batchpart._partition import derived_names, sharding_rule, targets
+from batchpart._primitive.batch_spec import BatchSpec, check_spec
+
+ir = compat.ir
 
 
-def register_module_targets(module, platforms=None) -> list[str]:
-  """Registers every derived target ``module`` calls, on those of
-  ``platforms`` (default: every platform) its user target has; returns them."""
-  names = sorted({n for n in _stablehlo.custom_call_targets(module)
-                  if derived_names.is_derived(n)})
-  for name in names:
-    user = derived_names.user_target(name)
-    local = compat.platforms_with_handler(user)
-    if platforms is not None:
-      wanted = {compat.xla_platform_name(p) for p in platforms}
+def _shapes(values) -> list[tuple[int, ...]]:
+  return [tuple(ir.RankedTensorType(v.type).shape) for v in values]
+
+
+def _add_sharding_rule(op, d) -> None:
+  """Gives a derived call exported without a Shardy rule (under GSPMD) the
+  rule its lowering would have given it."""
+  operand_shapes, result_shapes = _shapes(op.operands), _shapes(op.results)
+  if not operand_shapes or not result_shapes:
+    return
+  spec = BatchSpec(tuple(r - b for r, b in zip(d.operand_ranks, d.operand_batch_ranks)),
+                   tuple(r - b for r, b in zip(d.result_ranks, d.result_batch_ranks)))
+  batch_shape = check_spec(f"batchpart (an exported call to '{d.target}')", spec,
+                           operand_shapes, result_shapes)
+  op.attributes["sdy.sharding_rule"] = sharding_rule.attribute_for_types(
+      operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
+      batch_shape, [v.type for v in op.operands], [r.type for r in op.results])
+
+
+def _drop_frontend_attribute(op, name: str) -> None:
+  entries = {a.name: a.attr for a in ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+             if a.name != name}
+  op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(entries)
+
+
+def adopt_exported_calls(ctx, ops) -> list[str]:
+  """Makes the batchpart calls in ``ops`` (functions inlined from an
+  exported artifact) calls of the caller's kind; returns their derived
+  names."""
+  partitioned = compat.xla_partitions(ctx)
+  names = []
+  for top in ops:
+    for op in [top, *_stablehlo.walk(top.operation)]:
+      if op.operation.name != "stablehlo.custom_call":
+        continue
+      target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
+      name = target if derived_names.is_derived(target) else _stablehlo.frontend_attribute(
+          op, derived_names.FRONTEND_ATTRIBUTE)
+      if name is None:
+        continue
+      names.append(name)
+      if not partitioned:
+        continue   # runs as exported: the user's target, or passes through
+      d = derived_names.decode(name)
+      local = compat.platforms_with_handler(d.target)
+      wanted = {compat.xla_platform_name(p) for p in compat.lowering_platforms(ctx)}
       local = [p for p in local if p in wanted] or local
-    if local:
+      if not local:
+        continue   # XLA's compile error names the target
       targets.ensure_derived_name(name, local)
-    # else: XLA's compile error names the derived target, hence the user's.
+      if target != name:
+        op.attributes["call_target_name"] = ir.StringAttr.get(name)
+        _drop_frontend_attribute(op, derived_names.FRONTEND_ATTRIBUTE)
+      if compat.use_shardy() and "sdy.sharding_rule" not in op.attributes:
+        _add_sharding_rule(op, d)
   return names
 
 
 def _allow_derived_names(module, disabled_checks) -> list:
   allowed = {compat.disabled_custom_call_target(c) for c in disabled_checks} - {None}
-  if not allowed:
-    return []
+  allowed |= compat.stable_custom_call_targets()
   names = {n for n in _stablehlo.custom_call_targets(module)
            if derived_names.is_derived(n)}
   return [compat.custom_call_check(n) for n in sorted(names)
@@ -40,5 +92,5 @@ def _allow_derived_names(module, disabled_checks) -> list:
 
 
 def install() -> None:
-  compat.on_exported_call_lowering(register_module_targets)
+  compat.after_exported_call_lowering(adopt_exported_calls)
   compat.extend_export_safety_checks(_allow_derived_names)

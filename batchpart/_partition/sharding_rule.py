@@ -69,8 +69,10 @@ def text(lhs, rhs) -> str:
 def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
               batch_shape, operand_types, result_types):
   """The ``sdy.sharding_rule`` attribute of a call XLA partitions, or None
-  where none belongs (GSPMD, no operands, a region XLA does not partition)."""
-  if not (compat.use_shardy() and operand_shapes and compat.xla_partitions(ctx)):
+  where none belongs (GSPMD, no operands, a region XLA does not partition) or
+  none can be (Shardy's rules need a result)."""
+  if not (compat.use_shardy() and operand_shapes and result_shapes and
+          compat.xla_partitions(ctx)):
     return None
   return attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
                              result_core_ranks, batch_shape, operand_types, result_types)

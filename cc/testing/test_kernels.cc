@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "common/batch_broadcast.h"
@@ -206,7 +207,65 @@ ffi::Error CopyBytesImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// ---- count: (n) -> nothing, a side effect only ------------------------------
+// Adds its batch elements to the counter and their values to a running sum:
+// a call with no results, which XLA keeps only for its side effect.
+
+std::atomic<double> g_counted_sum{0.0};
+
+ffi::Error CountImpl(ffi::AnyBuffer x) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0) return ShapeError("count", "input must have rank >= 1");
+  if (x.element_type() != ffi::DataType::F32) return ShapeError("count", "input must be f32");
+  const float* v = x.typed_data<float>();
+  double sum = 0;
+  for (int64_t i = 0; i < Product(dims, 0, dims.size()); ++i) sum += v[i];
+  double old = g_counted_sum.load();
+  while (!g_counted_sum.compare_exchange_weak(old, old + sum)) {
+  }
+  g_batch_elements += Product(dims, 0, dims.size() - 1);
+  return ffi::Error::Success();
+}
+
+// ---- stateful: (n) -> (n), y = x + offset -----------------------------------
+// A two-stage handler bundle: `instantiate` builds the state (the offset,
+// from an attribute) once per executable, `execute` reads it. A call that runs
+// without its instantiate stage fails with "State is not set".
+
+ffi::ErrorOr<std::unique_ptr<StatefulOffset>> StatefulInstantiate(float offset) {
+  return std::make_unique<StatefulOffset>(StatefulOffset{offset});
+}
+
+ffi::Error StatefulExecute(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                           StatefulOffset* state) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0 || x.element_type() != ffi::DataType::F32 ||
+      !SameDims(y->dimensions(), dims) || y->element_type() != ffi::DataType::F32) {
+    return ShapeError("stateful", "(n) -> (n) on f32 arrays of rank >= 1");
+  }
+  const int64_t n = Product(dims, 0, dims.size());
+  const float* in = x.typed_data<float>();
+  float* out = y->typed_data<float>();
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] + state->offset;
+  g_batch_elements += Product(dims, 0, dims.size() - 1);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+ffi::TypeId StatefulOffset::id = {};
+const XLA_FFI_TypeInfo StatefulOffset::info = ffi::MakeTypeInfo<StatefulOffset>();
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCount, CountImpl, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kStatefulInstantiate, StatefulInstantiate,
+                              ffi::Ffi::BindInstantiate().Attr<float>("offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kStatefulExecute, StatefulExecute,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ctx<ffi::State<StatefulOffset>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     kSoftmax, SoftmaxImpl,
@@ -231,10 +290,17 @@ HandlerTable Handlers() {
       {"matvec", reinterpret_cast<void*>(kMatvec)},
       {"axpy", reinterpret_cast<void*>(kAxpy)},
       {"copy_bytes", reinterpret_cast<void*>(kCopyBytes)},
+      {"count", reinterpret_cast<void*>(kCount)},
+      {"stateful_instantiate", reinterpret_cast<void*>(kStatefulInstantiate)},
+      {"stateful_execute", reinterpret_cast<void*>(kStatefulExecute)},
   };
 }
 
 int64_t BatchElementsProcessed() { return g_batch_elements.load(); }
-void ResetBatchElementsProcessed() { g_batch_elements = 0; }
+void ResetBatchElementsProcessed() {
+  g_batch_elements = 0;
+  g_counted_sum = 0.0;
+}
+double CountedSum() { return g_counted_sum.load(); }
 
 }  // namespace batchpart::testing

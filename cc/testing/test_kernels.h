@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/handler_table.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace batchpart::testing {
 
@@ -14,6 +15,16 @@ HandlerTable Handlers();
 // Batch elements processed by all test kernels in this process.
 int64_t BatchElementsProcessed();
 void ResetBatchElementsProcessed();
+// The sum of the values the `count` kernel has seen (reset with the counter).
+double CountedSum();
+
+// The state of the `stateful` kernel's bundle, an FFI type registered from
+// Python under the name "batchpart_test_stateful_offset".
+struct StatefulOffset {
+  static xla::ffi::TypeId id;
+  static const XLA_FFI_TypeInfo info;
+  float offset;
+};
 
 }  // namespace batchpart::testing
 
