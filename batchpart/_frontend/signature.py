@@ -13,8 +13,7 @@ import re
 
 import numpy as np
 
-from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes
-from batchpart._primitive.batch_spec import fmt as _fmt
+from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
 
 _DIM = r"\s*(?:\w+)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"

@@ -115,7 +115,7 @@ class _Feeder:
     elif hasattr(v, "__dict__") and not callable(v):
       self.tag("object", type(v).__module__, type(v).__qualname__)
       self.feed(dict(vars(v)))
-    elif callable(v) and hasattr(type(v), "__call__") and hasattr(v, "__dict__"):
+    elif callable(v) and hasattr(v, "__dict__"):
       self.tag("callable", type(v).__module__, type(v).__qualname__)
       self.feed(type(v).__call__)
       self.feed(dict(vars(v)))
