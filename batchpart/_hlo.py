@@ -6,6 +6,13 @@ device really holds. ``parse_module`` also keeps which computation each
 instruction belongs to, operand/user edges, metadata (the jax op name and the
 Python stack frames XLA carries from the lowered program's locations) and the
 module's partition count, for ``batchpart.explain``.
+
+Strings (targets, frontend attributes, op names, file and function names)
+print quoted with C escapes (XLA's ``CEscape``: a backslash before a quote,
+a backslash, a tab or a newline; other bytes outside printable ASCII in
+octal), checked against jaxlib 0.10.2's printer. Structure is read with every
+string's contents masked, so a quote or a ``key=`` inside a name cannot be
+taken for syntax.
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16|f8\w*)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
     r"(?P<opcode>[a-z][\w\-]*)\((?P<operands>.*?)\)(?P<rest>.*)$")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_ESCAPE = re.compile(r'\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|(.))', re.DOTALL)
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b",
+                   "f": "\f", "v": "\v"}
+_ATTRIBUTE_KEY = re.compile(r'([\w.\-]+)="')
 _COMMENT = re.compile(r"/\*.*?\*/")
-_OP_NAME = re.compile(r'metadata=\{[^}]*?op_name="((?:[^"\\]|\\.)*)"')
+_API_VERSION = re.compile(r"\bapi_version=(\w+)")
 _STACK_FRAME_ID = re.compile(r"\bstack_frame_id=(\d+)")
 _CALLED = re.compile(
     r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)"
@@ -68,6 +79,17 @@ class Instruction:
   stack_frame_id: int = 0
   #: computations the instruction calls (fusion bodies, reducers, loop bodies)
   called: tuple[str, ...] = ()
+  #: ``frontend_attributes={k="v",...}``, unescaped, in printed order
+  frontend_attributes: tuple[tuple[str, str], ...] = ()
+  #: a custom call's ``api_version`` (``API_VERSION_TYPED_FFI``), or ''
+  api_version: str = ""
+  #: a batchpart call's derived target name: its custom-call target, or, for
+  #: a call XLA does not partition (one device, a fully manual region), the
+  #: frontend attribute that carries it; None for any other instruction
+  derived_name: str | None = None
+
+  def frontend_attribute(self, key: str) -> str | None:
+    return dict(self.frontend_attributes).get(key)
 
 
 def parse_types(text: str) -> tuple[ArrayType, ...]:
@@ -75,36 +97,105 @@ def parse_types(text: str) -> tuple[ArrayType, ...]:
                for dtype, dims in _SHAPE.findall(text))
 
 
+def unescape(text: str) -> str:
+  """The value of a printed HLO string's contents (without its quotes):
+  C escapes undone, octal and hex escapes read as UTF-8 bytes."""
+  if "\\" not in text:
+    return text
+  out = bytearray()
+  last = 0
+  for m in _ESCAPE.finditer(text):
+    out += text[last:m.start()].encode()
+    octal, hexa, char = m.groups()
+    if octal is not None:
+      out.append(int(octal, 8) & 0xFF)
+    elif hexa is not None:
+      out.append(int(hexa, 16))
+    else:
+      out += _SIMPLE_ESCAPES.get(char, char).encode()
+    last = m.end()
+  out += text[last:].encode()
+  return out.decode("utf-8", errors="replace")
+
+
+def _mask_strings(line: str) -> str:
+  """``line`` with every string's contents replaced by as many ``_``: the
+  same length, so positions found in it hold in ``line``."""
+  return _STRING.sub(lambda m: '"' + "_" * (len(m.group(0)) - 2) + '"', line)
+
+
+def _string_at(line: str, quote: int) -> str:
+  """The unescaped string whose opening quote is at ``line[quote]``."""
+  m = _STRING.match(line, quote)
+  return unescape(m.group(0)[1:-1]) if m else ""
+
+
+def _braced_span(masked: str, key: str, start: int = 0) -> tuple[int, int] | None:
+  """(start, end) of the text inside the balanced braces after ``key`` in a
+  masked line, or None."""
+  at = masked.find(key + "{", start)
+  if at < 0:
+    return None
+  depth = 0
+  for i in range(at + len(key), len(masked)):
+    depth += {"{": 1, "}": -1}.get(masked[i], 0)
+    if depth == 0:
+      return at + len(key) + 1, i
+  return None
+
+
 def _braced_value(line: str, key: str) -> str:
   """The text inside the balanced braces after `key`, or ''."""
-  start = line.find(key + "{")
-  if start < 0:
-    return ""
-  depth = 0
-  for i in range(start + len(key), len(line)):
-    depth += {"{": 1, "}": -1}.get(line[i], 0)
-    if depth == 0:
-      return line[start + len(key) + 1:i]
-  return ""
+  span = _braced_span(_mask_strings(line), key)
+  return line[span[0]:span[1]] if span else ""
+
+
+def _string_attribute(line: str, masked: str, key: str, span=None) -> str | None:
+  """The value of ``key="..."`` outside any string (within ``span``, if given)."""
+  lo, hi = span or (0, len(masked))
+  m = re.compile(r'(?<![\w.\-])' + re.escape(key) + r'="').search(masked, lo, hi)
+  return _string_at(line, m.end() - 1) if m else None
+
+
+def _string_attributes(line: str, masked: str, span) -> tuple[tuple[str, str], ...]:
+  """The ``key="value"`` pairs inside ``span`` of a masked line."""
+  if span is None:
+    return ()
+  return tuple((m.group(1), _string_at(line, m.end() - 1))
+               for m in _ATTRIBUTE_KEY.finditer(masked, span[0], span[1]))
 
 
 def _parse_instruction(line: str) -> Instruction | None:
-  m = _INSTRUCTION.match(line)
+  masked = _mask_strings(line)
+  m = _INSTRUCTION.match(masked)
   if not m:
     return None
   opcode = m.group("opcode")
   # Operands print as "%a, %b, /*index=5*/%c" (older XLA: "f32[2] %a").
   operands = tuple(_COMMENT.sub("", o).strip().split(" ")[-1].lstrip("%")
                    for o in m.group("operands").split(",") if o.strip())
-  target = operand_types = None
-  if opcode == "custom-call":
-    t = _TARGET.search(line)
-    # A batchpart call not partitioned by XLA (one device, manual regions)
-    # keeps its derived name; it reads as the target the user wrote.
-    target = derived_names.user_target(t.group(1)) if t else None
-    operand_types = parse_types(_braced_value(line, "operand_layout_constraints="))
+  rest_at = m.start("rest")
   rest = m.group("rest")
-  op_name = _OP_NAME.search(rest)
+  frontend = _string_attributes(line, masked, _braced_span(masked, "frontend_attributes=",
+                                                           rest_at))
+  target = operand_types = derived = None
+  api_version = ""
+  if opcode == "custom-call":
+    raw = _string_attribute(line, masked, "custom_call_target", (rest_at, len(masked)))
+    # A derived name is the target only where XLA partitions the call, and
+    # the partitioner replaces it; either way the call reads as the target
+    # the user wrote.
+    target = derived_names.user_target(raw) if raw is not None else None
+    if raw is not None and derived_names.is_derived(raw):
+      derived = raw
+    else:
+      derived = dict(frontend).get(derived_names.FRONTEND_ATTRIBUTE)
+    span = _braced_span(masked, "operand_layout_constraints=", rest_at)
+    operand_types = parse_types(masked[span[0]:span[1]]) if span else ()
+    version = _API_VERSION.search(rest)
+    api_version = version.group(1) if version else ""
+  metadata = _braced_span(masked, "metadata=", rest_at)
+  op_name = _string_attribute(line, masked, "op_name", metadata) if metadata else None
   frame = _STACK_FRAME_ID.search(rest)
   called = list(_CALLED.findall(rest))
   for branches in _BRANCHES.findall(rest):
@@ -113,9 +204,10 @@ def _parse_instruction(line: str) -> Instruction | None:
       name=m.group("name"), opcode=opcode,
       result_types=parse_types(m.group("shape")), operand_names=operands,
       target=target, operand_types=operand_types or (), text=line.strip(),
-      op_name=op_name.group(1) if op_name else "",
+      op_name=op_name or "",
       stack_frame_id=int(frame.group(1)) if frame else 0,
-      called=tuple(called))
+      called=tuple(called), frontend_attributes=frontend, api_version=api_version,
+      derived_name=derived)
 
 
 def instructions(hlo_text: str) -> list[Instruction]:
@@ -222,6 +314,13 @@ class Module:
     return tuple(out)
 
 
+def _table_string(value: str) -> str:
+  """A FileNames / FunctionNames row's value: a quoted, escaped string."""
+  value = value.strip()
+  m = _STRING.fullmatch(value)
+  return unescape(m.group(0)[1:-1]) if m else value.strip('"')
+
+
 def parse_module(hlo_text: str) -> Module:
   """Parses a compiled module's text (``compiled.as_text()``)."""
   computations: dict[str, list[Instruction]] = {}
@@ -259,8 +358,8 @@ def parse_module(hlo_text: str) -> Module:
       continue
     if stripped == "}":
       current = None
-  names = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
-  functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
+  names = {k: _table_string(v) for k, v in tables.get("FileNames", {}).items()}
+  functions = {k: _table_string(v) for k, v in tables.get("FunctionNames", {}).items()}
   locations = {}
   for k, v in tables.get("FileLocations", {}).items():
     f = dict((a, int(b)) for a, b in _KEY_VALUE.findall(v))

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _core, testing as kernels
+from batchpart._explain.lowered import lowered_calls
 
 from helpers import compiled_text, local_shapes, put, rng, the_custom_call
 
@@ -265,3 +266,47 @@ def test_program_without_ffi_calls(partitioner, mesh8):
   report = bp.explain(lambda x: jnp.sin(x).sum(), xs)
   assert report.calls == () and report.num_devices == 8
   assert "no FFI call" in str(report)
+
+
+@pytest.mark.timeout(120)
+def test_fully_manual_call_is_known_by_its_frontend_attribute(partitioner, mesh8):
+  # XLA does not partition a fully manual body: the call keeps the user's
+  # target and carries its derived name in a frontend attribute
+  f = jax.shard_map(lambda v: kernels.softmax(v)[0], mesh=mesh8,
+                    in_specs=P("x"), out_specs=P("x"))
+  xs = put(rng(11).standard_normal((64, 16), dtype=np.float32), mesh8, P("x"))
+  (low,) = lowered_calls(jax.jit(f).lower(xs).compiler_ir())
+  assert low.target == SOFTMAX and low.in_shard_map
+  assert low.derived_name == SOFTMAX + "$bp1$o1$r1,1$no2$nr2,1"
+  report = bp.explain(f, xs)
+  (call,) = report.calls
+  assert call.num_batch_dims == 1 and not call.removed
+  assert call.device_result_shapes == ((8, 16), (8,))
+  inst = the_custom_call(report.hlo_text, SOFTMAX)
+  assert inst.derived_name == low.derived_name
+
+
+@pytest.mark.timeout(120)
+def test_partitioned_call_carries_its_derived_name_as_target(partitioner, mesh8):
+  xs = _core_sharded(mesh8, (64, 16))
+  (low,) = lowered_calls(jax.jit(lambda x: kernels.softmax(x)[0]).lower(xs).compiler_ir())
+  assert low.target == SOFTMAX and low.derived_name.startswith(SOFTMAX + "$bp1$")
+  (call,) = bp.explain(lambda x: kernels.softmax(x)[0], xs).calls
+  assert call.num_batch_dims == 1 and call.device_operand_shapes == ((8, 16),)
+
+
+QUOTED = 'explain_md_my"quoted'
+bp.register_ffi_target(QUOTED, _core.testing.handlers()["softmax"])
+
+
+@pytest.mark.timeout(120)
+def test_target_with_a_quote(partitioner, mesh8):
+  def f(x):
+    return bp.ffi_call(QUOTED, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)),
+                       signature="(n)->(n),()")(x)[0]
+  xs = put(rng(12).standard_normal((64, 16), dtype=np.float32), mesh8, P("x"))
+  report = bp.explain(f, xs)
+  (call,) = report.calls   # no phantom call, none reported missing
+  assert call.target == QUOTED and not call.removed
+  assert call.device_operand_shapes == ((8, 16),) and call.replication == 1

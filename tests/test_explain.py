@@ -2,12 +2,16 @@
 (test_explain_*.py, test_hlo.py, test_stablehlo.py); the multi-device
 behaviour is in multidevice_tests/test_explain.py."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import batchpart as bp
-from batchpart import testing as kernels
+from batchpart import _core, _hlo, testing as kernels
+from batchpart._explain import build
+from batchpart._explain.lowered import batch_dims, lowered_calls
 
 
 def test_single_device_call():
@@ -46,3 +50,79 @@ def test_keyword_arguments_go_to_the_function():
 def test_vmap_adds_a_batch_dim():
   (call,) = bp.explain(jax.vmap(kernels.softmax), np.ones((2, 3, 4), np.float32)).calls
   assert call.num_batch_dims == 2 and call.global_operand_shapes == ((2, 3, 4),)
+
+
+def test_one_device_call_is_known_by_its_frontend_attribute():
+  # XLA does not partition here: the call keeps the user's target and
+  # carries its derived name in a frontend attribute.
+  x = np.ones((6, 5), np.float32)
+  plain = lambda v: jax.ffi.ffi_call(
+      "batchpart_test_softmax", (jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                 jax.ShapeDtypeStruct(v.shape[:-1], v.dtype)))(v)
+  f = lambda x: (kernels.softmax(x)[0], plain(x * 2)[0])
+  (ours, theirs) = lowered_calls(jax.jit(f).lower(x).compiler_ir())
+  assert ours.target == theirs.target == "batchpart_test_softmax"
+  assert ours.derived_name == "batchpart_test_softmax$bp1$o1$r1,1$no2$nr2,1"
+  assert theirs.derived_name is None and theirs.num_batch_dims is None
+  report = bp.explain(f, x)
+  assert [c.num_batch_dims for c in report.calls] == [1, None]
+  assert [c.removed for c in report.calls] == [False, False]
+  assert report.calls[0].device_result_shapes == ((6, 5), (6,))
+  compiled = [i for i in _hlo.custom_calls(report.hlo_text, "batchpart_test_softmax")]
+  assert sorted(str(i.derived_name) for i in compiled) == sorted(
+      [str(ours.derived_name), "None"])
+
+
+def test_batch_dims_from_the_derived_name_alone():
+  # a call without the num_batch_dims attribute (or one explain could not
+  # tie to the lowered program) is still known by its derived name
+  assert batch_dims(None, "k$bp1$o2,1$r2$no3,2$nr3") == 2
+  assert batch_dims("3", "k$bp1$o2,1$r2$no3,2$nr3") == 3
+  assert batch_dims(None, None) is None and batch_dims(None, "k$bp1$bad") is None
+  line = ('  %c = f32[4,2]{1,0} custom-call(%p), custom_call_target="k", '
+          'api_version=API_VERSION_TYPED_FFI, frontend_attributes={'
+          'batchpart.derived_name="k$bp1$o1$r1$no2$nr2"}')
+  (inst,) = _hlo.instructions(line)
+  module = _hlo.Module(computations={"main": [inst]}, entry="main")
+  report = build._report(None, inst, module, 1)
+  assert report.target == "k" and report.num_batch_dims == 1
+  assert report.device_result_shapes == ((4, 2),)
+
+
+SOFTMAX = "batchpart_test_softmax"
+_QUOTED = 'explain_my"quoted'
+bp.register_ffi_target(_QUOTED, _core.testing.handlers()["softmax"])
+
+
+def _quoted_softmax(x):
+  return bp.ffi_call(_QUOTED, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                               jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)),
+                     signature="(n)->(n),()")(x)
+
+
+def test_target_with_a_quote():
+  report = bp.explain(_quoted_softmax, np.ones((6, 5), np.float32))
+  (call,) = report.calls   # no phantom call, none reported missing
+  assert call.target == _QUOTED and not call.removed and call.num_batch_dims == 1
+  assert call.device_operand_shapes == ((6, 5),) and call.replication == 1
+  assert f"[0] {_QUOTED}" in str(report)
+
+
+def test_source_file_with_a_quote_and_non_ascii(tmp_path):
+  # MLIR and XLA escape file names differently; both read as the same frame
+  path = tmp_path / 'caf\u00e9 "q".py'
+  path.write_text("def g(x, k):\n  return k(x)\n", encoding="utf-8")
+  spec = importlib.util.spec_from_file_location("explain_quoted_module", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  x = np.ones((6, 5), np.float32)
+  f = lambda x: module.g(x, kernels.softmax)
+  report = bp.explain(f, x)
+  (call,) = report.calls
+  assert not call.removed and call.source == f"{path}:2 (g)"
+  (low,) = lowered_calls(jax.jit(f).lower(x).compiler_ir())
+  assert ("g", str(path), 2) in [(fr.function, fr.file, fr.line) for fr in low.frames]
+  # the compiled call's stack starts with the lowered one: they match by stack
+  compiled = _hlo.parse_module(report.hlo_text)
+  (inst,) = [i for i in compiled.all_instructions() if i.target == SOFTMAX]
+  assert compiled.stack(inst.stack_frame_id)[:len(low.frames)] == low.frames

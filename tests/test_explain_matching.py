@@ -22,7 +22,7 @@ def _module(*calls):
 def _compiled(name, target, frame_id):
   return _hlo.Instruction(name=name, opcode="custom-call", result_types=(),
                           operand_names=(), target=target, stack_frame_id=frame_id,
-                          text="api_version=API_VERSION_TYPED_FFI")
+                          api_version="API_VERSION_TYPED_FFI")
 
 
 def _lowered(target, *frames):
@@ -60,6 +60,18 @@ def test_copies_and_unknown_and_removed_calls():
 def test_compiled_ffi_calls_are_typed_ffi_custom_calls():
   typed = _compiled("c.a", "k", 0)
   legacy = _hlo.Instruction(name="c.l", opcode="custom-call", result_types=(),
-                            operand_names=(), target="k", text="api_version=API_VERSION_ORIGINAL")
+                            operand_names=(), target="k", api_version="API_VERSION_ORIGINAL")
   copy = _hlo.Instruction(name="cp", opcode="copy", result_types=(), operand_names=())
   assert compiled_ffi_calls(_module(typed, legacy, copy)) == [typed]
+
+
+def test_a_quoted_target_matches_its_lowered_call():
+  line = (r'  %c = f32[4]{0} custom-call(%p), custom_call_target="my\"quoted", '
+          r'api_version=API_VERSION_TYPED_FFI, frontend_attributes={'
+          r'batchpart.derived_name="my\"quoted$bp1$o1$r1$no1$nr1",num_batch_dims="1"}, '
+          r'metadata={op_name="jit(f)/batchpart_ffi_call" stack_frame_id=2}')
+  (compiled,) = _hlo.instructions(line)
+  module = _module(compiled)
+  assert compiled_ffi_calls(module) == [compiled]
+  matched = match([_lowered('my"quoted', USER_A)], [compiled], module)
+  assert _names(matched) == {0: ["c"]}

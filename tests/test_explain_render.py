@@ -70,3 +70,19 @@ def test_render_byte_units():
                      op_name="jit(f)/ffi_call"))
   assert "collectives before: all-to-all 1000 B" in text
   assert "collectives after:  all-to-all 5.0 GiB" in text
+
+
+def test_render_does_not_import_report():
+  # report imports render for str(); the dependency runs one way only
+  import ast
+  import inspect
+
+  from batchpart._explain import render as render_module
+  imported = set()
+  for node in ast.walk(ast.parse(inspect.getsource(render_module))):
+    if isinstance(node, ast.ImportFrom):
+      imported.add(node.module or "")
+      imported |= {f"{node.module}.{a.name}" for a in node.names}
+    elif isinstance(node, ast.Import):
+      imported |= {a.name for a in node.names}
+  assert not any(m.startswith("batchpart._explain") for m in imported), imported

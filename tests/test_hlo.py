@@ -44,3 +44,57 @@ def test_custom_call_keeps_the_user_target_of_a_derived_name():
           'api_version=API_VERSION_TYPED_FFI')
   (inst,) = _hlo.instructions(line)
   assert inst.opcode == "custom-call" and inst.target == "k"
+
+
+def test_derived_name_from_target_or_frontend_attribute():
+  derived = "k$bp1$o1$r1$no1$nr1"
+  partitioned = ('  %c = f32[4]{0} custom-call(%p), custom_call_target="' + derived + '", '
+                 'api_version=API_VERSION_TYPED_FFI')
+  # one device / fully manual region: the user's target, the name rides along
+  unpartitioned = ('  %c = f32[4]{0} custom-call(%p), custom_call_target="k", '
+                   'api_version=API_VERSION_TYPED_FFI, frontend_attributes={'
+                   'batchpart.derived_name="' + derived + '",num_batch_dims="1"}')
+  plain = '  %c = f32[4]{0} custom-call(%p), custom_call_target="k"'
+  (a,), (b,), (c,) = map(_hlo.instructions, (partitioned, unpartitioned, plain))
+  assert a.target == b.target == c.target == "k"
+  assert a.derived_name == b.derived_name == derived and c.derived_name is None
+  assert b.frontend_attributes == (("batchpart.derived_name", derived),
+                                   ("num_batch_dims", "1"))
+  assert b.frontend_attribute("num_batch_dims") == "1" and a.frontend_attribute("x") is None
+  assert a.api_version == "API_VERSION_TYPED_FFI" and c.api_version == ""
+
+
+def test_unescape():
+  assert _hlo.unescape("plain") == "plain"
+  assert _hlo.unescape(r"my\"quoted") == 'my"quoted'
+  assert _hlo.unescape(r"back\\slash\ttab\nline\'") == "back\\slash\ttab\nline'"
+  assert _hlo.unescape(r"caf\303\251 \x41") == "café A"   # CEscape's octal bytes: UTF-8
+
+
+def test_quoted_strings_are_not_syntax():
+  # A target with a quote, and strings that spell attributes: only the real
+  # attributes count.
+  line = (r'  ROOT %c = (f32[2,8]{1,0}, f32[2]{0}) custom-call(%p), '
+          r'custom_call_target="my\"q, calls=%x operand_layout_constraints={f32[9]}", '
+          r'operand_layout_constraints={f32[2,8]{1,0}}, api_version=API_VERSION_TYPED_FFI, '
+          r'frontend_attributes={batchpart.derived_name="my\"q$bp1$o1$r1,1$no2$nr2,1",'
+          r'num_batch_dims="1"}, metadata={op_name="jit(f)/say \"hi\" stack_frame_id=9" '
+          r'stack_frame_id=5}, backend_config={}')
+  (inst,) = _hlo.instructions(line)
+  assert inst.target == 'my"q, calls=%x operand_layout_constraints={f32[9]}'
+  assert [t.shape for t in inst.operand_types] == [(2, 8)]
+  assert [t.shape for t in inst.result_types] == [(2, 8), (2,)]
+  assert inst.called == () and inst.stack_frame_id == 5
+  assert inst.op_name == 'jit(f)/say "hi" stack_frame_id=9'
+  assert inst.derived_name == 'my"q$bp1$o1$r1,1$no2$nr2,1'
+  assert inst.api_version == "API_VERSION_TYPED_FFI"
+
+
+def test_table_strings_are_unescaped():
+  text = ('HloModule m\n\nFileNames\n1 "/tmp/a \\"b\\".py"\n\nFunctionNames\n1 "f"\n\n'
+          'FileLocations\n1 {file_name_id=1 function_name_id=1 line=3 column=1}\n\n'
+          'StackFrames\n1 {file_location_id=1 parent_frame_id=1}\n\n'
+          'ENTRY %main (p: f32[2]) -> f32[2] {\n'
+          '  ROOT %p = f32[2]{0} parameter(0)\n}\n')
+  m = _hlo.parse_module(text)
+  assert m.stack(1) == (_hlo.Frame("f", '/tmp/a "b".py', 3, 1),)

@@ -10,7 +10,7 @@ import jax
 
 from batchpart import _dtypes, _hlo
 from batchpart._explain import collectives, matching, replication
-from batchpart._explain.lowered import LoweredCall, lowered_calls
+from batchpart._explain.lowered import LoweredCall, batch_dims, lowered_calls
 from batchpart._explain.report import CallReport, ExplainReport
 
 
@@ -90,9 +90,16 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
         device_results, low.num_batch_dims)
   frames = low.frames if low is not None and low.frames else (
       module.stack(inst.stack_frame_id) if inst is not None else ())
+  if low is not None:
+    num_batch_dims = low.num_batch_dims
+  else:
+    # A call explain could not tie to the lowered program is still known as
+    # a batchpart call by the attributes it carries into the compiled one.
+    num_batch_dims = batch_dims(inst.frontend_attribute("num_batch_dims"),
+                                inst.derived_name)
   return CallReport(
       target=low.target if low is not None else inst.target,
-      num_batch_dims=low.num_batch_dims if low is not None else None,
+      num_batch_dims=num_batch_dims,
       operand_dtypes=operand_dtypes, result_dtypes=result_dtypes,
       global_operand_shapes=global_operands, global_result_shapes=global_results,
       device_operand_shapes=device_operands, device_result_shapes=device_results,

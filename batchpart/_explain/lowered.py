@@ -4,9 +4,14 @@ whether they run in ``shard_map``, and their Python stack."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from batchpart import _hlo, _stablehlo
 from batchpart._partition import derived_names
+
+# MLIR prints a string's backslash as two and every other byte outside
+# printable ASCII, and the quote, as a backslash and two hex digits.
+_MLIR_ESCAPE = re.compile(r"\\(?:\\|([0-9A-Fa-f]{2}))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,14 +23,50 @@ class LoweredCall:
   in_shard_map: bool
   #: innermost first; XLA keeps the same frames in the compiled module
   frames: tuple[_hlo.Frame, ...]
+  #: a batchpart call's derived target name (its target where XLA
+  #: partitions it, else its frontend attribute); None for a plain call
+  derived_name: str | None = None
 
 
-def _num_batch_dims(op) -> int | None:
-  value = _stablehlo.frontend_attribute(op, "num_batch_dims")
+def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | None:
+  """A call's batch dims: its ``num_batch_dims`` frontend attribute, else
+  the most batch dims an array has in its derived name's description; None
+  for a plain call (neither)."""
   try:
-    return None if value is None else int(value)
+    if num_batch_dims is not None:
+      return int(num_batch_dims)
+  except ValueError:
+    pass
+  if derived_name is None:
+    return None
+  try:
+    d = derived_names.decode(derived_name)
   except ValueError:
     return None
+  return max(d.operand_batch_ranks + d.result_batch_ranks, default=0)
+
+
+def _derived_name(op, target: str) -> str | None:
+  if derived_names.is_derived(target):
+    return target
+  return _stablehlo.frontend_attribute(op, derived_names.FRONTEND_ATTRIBUTE)
+
+
+def _mlir_unescape(text: str) -> str:
+  if "\\" not in text:
+    return text
+  out, last = bytearray(), 0
+  for m in _MLIR_ESCAPE.finditer(text):
+    out += text[last:m.start()].encode()
+    out += b"\\" if m.group(1) is None else bytes([int(m.group(1), 16)])
+    last = m.end()
+  out += text[last:].encode()
+  return out.decode("utf-8", errors="replace")
+
+
+def _frames(location) -> tuple[_hlo.Frame, ...]:
+  return tuple(_hlo.Frame(_mlir_unescape(function), _mlir_unescape(file), line, column)
+               for function, file, line, column in _stablehlo.location_frames(location))
 
 
 def lowered_calls(module) -> list[LoweredCall]:
@@ -37,10 +78,13 @@ def lowered_calls(module) -> list[LoweredCall]:
     if not _stablehlo.is_ffi_call(op):
       continue
     target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
+    derived = _derived_name(op, target)
     out.append(LoweredCall(
         target=derived_names.user_target(target),
         operands=tuple(_stablehlo.array_type(v) for v in op.operands),
         results=tuple(_stablehlo.array_type(v) for v in op.results),
-        num_batch_dims=_num_batch_dims(op), in_shard_map=call.in_manual_region,
-        frames=tuple(_hlo.Frame(*f) for f in _stablehlo.location_frames(op.location))))
+        num_batch_dims=batch_dims(_stablehlo.frontend_attribute(op, "num_batch_dims"),
+                                  derived),
+        in_shard_map=call.in_manual_region, frames=_frames(op.location),
+        derived_name=derived))
   return out

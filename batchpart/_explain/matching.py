@@ -20,7 +20,7 @@ def compiled_ffi_calls(module: _hlo.Module) -> list[_hlo.Instruction]:
   """The typed-FFI custom calls of a compiled module."""
   return [i for i in module.all_instructions()
           if i.opcode == "custom-call" and i.target is not None and
-          "api_version=API_VERSION_TYPED_FFI" in i.text]
+          i.api_version == "API_VERSION_TYPED_FFI"]
 
 
 def match(lowered: Sequence[LoweredCall], compiled: Sequence[_hlo.Instruction],

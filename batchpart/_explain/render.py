@@ -1,16 +1,19 @@
 """An ``ExplainReport`` as text: one table of global and per-device types per
-call, then its collectives, batch dims and replication."""
+call, then its collectives, batch dims and replication.
+
+Reads the report's fields and imports nothing of ``report``, which imports
+this module for ``str(report)``: the dependency runs one way.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from batchpart import _dtypes
 
-if TYPE_CHECKING:
-  from batchpart._explain.report import Collective, ExplainReport, Shape
+Shape = tuple[int, ...]
 
 
 def _type(dtype: str, shape: Shape | None) -> str:
@@ -28,7 +31,8 @@ def _bytes(n: int) -> str:
   return f"{n} B"
 
 
-def _collective_text(cs: Sequence[Collective], call_op_names: set[str]) -> str:
+def _collective_text(cs: Sequence[Any], call_op_names: set[str]) -> str:
+  """``cs``: ``Collective``s."""
   if not cs:
     return "none"
   parts = []
@@ -44,7 +48,8 @@ def _at(shapes, i: int) -> Shape | None:
   return shapes[i] if shapes is not None and i < len(shapes) else None
 
 
-def render(report: ExplainReport) -> str:
+def render(report: Any) -> str:
+  """The text of an ``ExplainReport``."""
   n = len(report.calls)
   head = (f"batchpart.explain: {n} FFI call{'s' if n != 1 else ''}, "
           f"{report.num_devices} device{'s' if report.num_devices != 1 else ''}"
