@@ -31,6 +31,32 @@ def _entry(axes: tuple):
   return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
+def _unreduced(spec) -> tuple:
+  """The mesh axes a PartitionSpec holds partial sums over, sorted."""
+  return tuple(sorted(getattr(spec, "unreduced", ())))
+
+
+def _partitions(spec, rank: int) -> tuple:
+  """A PartitionSpec's per-dim entries padded to ``rank`` (its unreduced and
+  reduced axes, which tile no dim, left out)."""
+  entries = tuple(getattr(spec, "partitions", spec))
+  return entries + (None,) * (rank - len(entries))
+
+
+def _check_reduced(owner: str, avals_in) -> None:
+  """Refuses an operand whose Explicit-mode type holds partial sums: a
+  kernel sees one device's addend, not the value, and jax does not reduce
+  implicitly."""
+  for i, aval in enumerate(avals_in):
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    axes = _unreduced(spec) if spec is not None else ()
+    if axes:
+      raise ValueError(
+          f"{owner}: operand {i} is unreduced over mesh axes {axes} (its type "
+          f"{aval.str_short()} holds per-device partial sums); reduce it first, e.g. "
+          f"jax.sharding.reshard(x, PartitionSpec(...)) without unreduced axes.")
+
+
 def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
   """Per batch dim, the mesh axes the results are typed with in Explicit
   mode: the operands' batch sharding, plus each axis that shards an
@@ -48,7 +74,7 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
     if spec is None or sharding.mesh.empty:
       continue
     mesh = sharding.mesh
-    spec = tuple(spec) + (None,) * (len(aval.shape) - len(spec))
+    spec = _partitions(spec, len(aval.shape))
     specs.append((aval.shape, len(aval.shape) - c, spec))
   for shape, b, spec in specs:   # batch dims first: they stay where they are
     for m in range(b):
@@ -98,7 +124,9 @@ def reshard_core_to_batch(x, core_rank: int):
   spec = getattr(sharding, "spec", None)
   if spec is None or sharding.mesh.empty or not sharding.mesh.explicit_axes:
     return x
-  spec = tuple(spec) + (None,) * (len(aval.shape) - len(spec))
+  if _unreduced(spec):
+    return x   # the call's abstract evaluation refuses it, naming the target
+  spec = _partitions(spec, len(aval.shape))
   if all(e is None for e in spec[len(aval.shape) - core_rank:]):
     return x
   b = len(aval.shape) - core_rank
@@ -116,6 +144,7 @@ def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
                            [a.shape for a in avals_in], [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
+  _check_reduced(owner, avals_in)
   sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape)
   return tuple(r.update(sharding=sharding(c))
                for r, c in zip(result_avals, result_core_ranks)), effects
