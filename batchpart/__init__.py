@@ -9,7 +9,12 @@ import importlib.metadata as _metadata
 
 from batchpart import _compat
 from batchpart._explain import explain
-from batchpart._frontend.adopt import ffi_lowering, partition_primitive
+from batchpart._frontend.adopt import (
+    ffi_lowering,
+    partition_ffi_target,
+    partition_primitive,
+    unpartition,
+)
 from batchpart._frontend.decorator import batch_partitionable
 from batchpart._frontend.ffi_call import ffi_call
 from batchpart._frontend.registry import (
@@ -32,8 +37,10 @@ __all__ = [
     "is_batch_partitionable",
     "linalg",
     "mark_batch_partitionable",
+    "partition_ffi_target",
     "partition_primitive",
     "register_ffi_target",
+    "unpartition",
 ]
 # The version lives in pyproject.toml only; the installed metadata carries it.
 __version__ = _metadata.version("batchpart")

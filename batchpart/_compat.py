@@ -303,16 +303,31 @@ def wrap_lowering_rules(primitive, wrap: Callable) -> bool:
 
 def wrap_abstract_eval(primitive, retype: Callable) -> None:
   """Passes ``primitive``'s output avals through ``retype(avals_in,
-  avals_out) -> avals_out``."""
+  avals_out, params) -> avals_out``."""
   original = primitive.abstract_eval
 
   def abstract_eval(*avals, **params):
     out, effects = original(*avals, **params)
     if primitive.multiple_results:
-      return type(out)(retype(avals, list(out))), effects
-    return retype(avals, [out])[0], effects
+      return type(out)(retype(avals, list(out), params)), effects
+    return retype(avals, [out], params)[0], effects
 
   primitive.abstract_eval = abstract_eval
+
+
+# Part of jax's jit and trace-cache keys: the batchpart declarations in force
+# (partition_primitive / partition_ffi_target). Changing it makes jit retrace
+# and lower again instead of clearing jax's caches; setting it back finds the
+# executables compiled under the earlier set.
+_declarations_key = jax_config.string_or_object_state(
+    "batchpart_declarations", default=(),
+    help="batchpart's declarations in force (set by batchpart, not by users)",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def set_declarations_key(value: tuple) -> None:
+  """Sets the declarations part of jax's cache keys (a hashable tuple)."""
+  _declarations_key.set_global(value)
 
 
 def explicit_spec(aval) -> tuple | None:
@@ -381,6 +396,9 @@ def num_partitions(ctx) -> int:
   if mesh is not None:
     return int(mesh.size)
   return int(getattr(axis_context, "num_devices", 1))
+
+
+ir_constant = mlir.ir_constant
 
 
 def canonicalize_value(x):

@@ -16,7 +16,8 @@ rng = np.random.default_rng(0)
 def test_public_names():
   assert set(bp.__all__) == {"register_ffi_target", "mark_batch_partitionable",
                              "is_batch_partitionable", "ffi_call", "batch_partitionable",
-                             "explain", "linalg", "partition_primitive", "ffi_lowering"}
+                             "explain", "linalg", "partition_primitive", "ffi_lowering",
+                             "partition_ffi_target", "unpartition"}
 
 
 def test_softmax_values_eager_and_jit():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import given, settings, strategies as st
-from jax.lax.linalg import SvdAlgorithm
+from jax.lax.linalg import EighImplementation, SvdAlgorithm
 from jax.test_util import check_grads
 
 import batchpart as bp
@@ -18,6 +18,7 @@ from batchpart.testing import (
   DTYPES,
   assert_close as close,
   conj_transpose as H,
+  hermitian_pd,
   random_array as rand,
 )
 
@@ -420,3 +421,28 @@ def test_one_triangle_derivatives_ignore_the_other_triangle():
                   (lambda a: bp.linalg.solve(a, b, assume_a="pos"), np.tril)]:
     g = grad(f)
     np.testing.assert_array_equal(zero(g, 1 if zero is np.triu else -1), 0)
+
+
+@pytest.mark.parametrize("implementation", [None, EighImplementation.QR])
+def test_eigh_implementations_jax_runs_on_cpu(implementation):
+  a = hermitian_pd(np.random.default_rng(5), (3,), 4, np.float64)
+  w, v = bp.linalg.eigh(a, implementation=implementation)
+  _, want_w = jax.lax.linalg.eigh(a, implementation=implementation)   # (v, w) in lax
+  close(w, want_w, np.float64)
+  close(w, np.linalg.eigvalsh(a), np.float64)
+  close(np.einsum("...ji,...jk,...ki->...i", v, a, v), w, np.float64)
+
+
+@pytest.mark.parametrize("implementation", [EighImplementation.JACOBI,
+                                            EighImplementation.QDWH])
+def test_eigh_implementations_jax_lacks_on_cpu_raise_like_jax(implementation):
+  a = np.eye(3)
+  with pytest.raises(NotImplementedError):
+    jax.lax.linalg.eigh(a, implementation=implementation)
+  with pytest.raises(NotImplementedError, match="batchpart.linalg.eigh"):
+    bp.linalg.eigh(a, implementation=implementation)
+
+
+def test_eigh_implementation_of_another_type_is_a_value_error():
+  with pytest.raises(ValueError, match="implementation must be None or a"):
+    bp.linalg.eigh(np.eye(3), implementation="qr")

@@ -1,22 +1,19 @@
 """Adopting batchpart without rewriting a package's calls:
-``partition_primitive`` for an existing primitive, ``ffi_lowering`` for
-package authors."""
+``partition_primitive`` for an existing primitive, ``partition_ffi_target``
+for a package's plain ``jax.ffi.ffi_call``s, ``unpartition`` to undo either,
+``ffi_lowering`` for package authors."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import jax
 
-from batchpart import _compat as compat
+from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, parse_signature
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 from batchpart._primitive.batch_spec import BatchSpec
-
-_lock = threading.Lock()
-_wrapped: dict[object, foreign.BatchDeclaration] = {}   # primitive -> its declaration
 
 
 def _declaration(owner: str, num_batch_dims, signature, shard_attributes
@@ -86,10 +83,13 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
       ``__batchpart_key__`` attribute that changes whenever it does.
 
   Returns:
-    ``primitive`` itself. Calling this again with the same arguments does
-    nothing; with different ones it raises ``ValueError`` naming the
-    primitive. jax's caches are cleared, so every program lowered from now on
-    uses the wrapped rules (executables compiled before are unaffected).
+    ``primitive`` itself. The same declaration again does nothing; another
+    one raises ``ValueError`` naming the primitive (``batchpart.unpartition``
+    it first). What changes: every program lowered from now on, including a
+    ``jax.jit`` function compiled before (its next call traces and compiles
+    again, as the set of declarations is part of jax's cache keys; jax's
+    caches are not cleared). Compiled objects
+    (``jax.jit(f).lower(...).compile()``) never change.
 
   In Explicit sharding mode the primitive's results are typed with the
   batch sharding of its first operand's leading batch dims.
@@ -99,44 +99,58 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
     raise TypeError(f"batchpart.partition_primitive: expected a JAX primitive, got "
                     f"{type(primitive).__name__}.")
   declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
-  with _lock:
-    if primitive in _wrapped:
-      if _same_declaration(_wrapped[primitive], declaration):
-        return primitive
-      raise ValueError(f"{owner}: the primitive is already partitioned by batchpart with "
-                       "another declaration (batch dims or shard_attributes rule); a "
-                       "primitive is wrapped once.")
-    if not compat.wrap_lowering_rules(
-        primitive, lambda rule: foreign.wrap_rule(rule, declaration)):
-      raise ValueError(f"{owner}: the primitive has no lowering rule to wrap.")
-    compat.wrap_abstract_eval(primitive, _explicit_batch_sharding(num_batch_dims,
-                                                                  signature is not None))
-    _wrapped[primitive] = declaration
-  # jax caches lowerings by jaxpr, and the wrap changes no jaxpr: without this
-  # a function traced before would keep its unpartitioned lowering.
-  jax.clear_caches()
+  declarations.declare_primitive(primitive, declaration, _same_declaration)
   return primitive
 
 
-def _explicit_batch_sharding(num_batch_dims, from_signature: bool):
-  """Result types in Explicit mode: the first operand's leading batch
-  sharding on each result's leading dims."""
-  def retype(avals_in, avals_out):
-    if from_signature or not avals_in:
-      return avals_out
-    k = num_batch_dims
-    if callable(k):
-      try:
-        k = k([tuple(a.shape) for a in avals_in], [tuple(a.shape) for a in avals_out])
-      except Exception:  # noqa: BLE001 - a rule for the emitted call's shapes only
-        return avals_out
-    spec = compat.explicit_spec(avals_in[0])
-    if spec is None or not k or all(e is None for e in spec[:k]):
-      return avals_out
-    return [compat.with_leading_spec(a, spec[:k]) if len(a.shape) >= k and
-            tuple(a.shape[:k]) == tuple(avals_in[0].shape[:k]) else a
-            for a in avals_out]
-  return retype
+def partition_ffi_target(target_name: str, *, num_batch_dims=None,
+                         signature: str | None = None,
+                         shard_attributes: Callable | None = None) -> None:
+  """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
+
+  From now on every ``jax.ffi.ffi_call`` to ``target_name`` lowered in this
+  process — by any package, inside ``jax.custom_batching.custom_vmap``,
+  ``custom_vjp``, ``jit`` or ``vmap`` — is partitioned as declared, exactly
+  like a :func:`batchpart.ffi_call`; calls to other targets are untouched
+  (they compile to the same program as without batchpart). For packages that
+  call ``jax.ffi.ffi_call`` directly and have no primitive of their own.
+
+  Args:
+    target_name: the FFI target, as the package passes it to
+      ``jax.ffi.ffi_call``.
+    num_batch_dims, signature, shard_attributes: as for
+      :func:`batchpart.partition_primitive`, describing the custom call as
+      emitted (its shapes are what ``bp.explain`` of the stock program shows).
+
+  Raises:
+    ValueError: for a bad declaration, or another declaration already in
+      force for the target (``batchpart.unpartition`` it first); and, when a
+      call to the target is lowered, if it does not fit the declaration (the
+      message names ``partition_ffi_target``, the target and the operand).
+
+  What changes, and what does not: as for
+  :func:`batchpart.partition_primitive`.
+  """
+  if not isinstance(target_name, str) or not target_name:
+    raise TypeError(f"batchpart.partition_ffi_target: target_name must be a non-empty "
+                    f"str, got {target_name!r}.")
+  owner = f"batchpart.partition_ffi_target('{target_name}')"
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
+  declarations.declare_target(target_name, declaration, _same_declaration)
+
+
+def unpartition(primitive_or_target_name) -> None:
+  """Restores the stock lowering of a primitive (``partition_primitive``) or
+  of the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``).
+
+  Programs lowered from now on are lowered as without batchpart; a
+  ``jax.jit`` function compiled before the declaration finds its stock
+  executable again. Declaring again afterwards works.
+
+  Raises:
+    ValueError: naming it, if it is not partitioned by batchpart.
+  """
+  declarations.withdraw(primitive_or_target_name)
 
 
 def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None = None,
@@ -154,4 +168,4 @@ def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None
   declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
   rule = jax.ffi.ffi_lowering(target_name, operand_layouts=operand_layouts,
                               result_layouts=result_layouts, **lowering_args)
-  return foreign.wrap_rule(rule, declaration)
+  return foreign.wrap_rule(rule, lambda params: declaration)

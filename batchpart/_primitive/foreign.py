@@ -96,7 +96,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
       input_output_aliases=_stablehlo.aliases(op),
       has_side_effect=("has_side_effect" in attrs and
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
-      attribute_rule=rule.digest if rule is not None else "")
+      attribute_rule=rule.digest if rule is not None else "",
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],
@@ -121,10 +122,15 @@ def _new_ops(block, before: set[int]):
   return [op for op in block.operations if hash(op.operation) not in before]
 
 
-def wrap_rule(rule: Callable, declaration: BatchDeclaration) -> Callable:
+def wrap_rule(rule: Callable, declaration_for: Callable) -> Callable:
   """A lowering rule that runs ``rule`` and retargets the typed-FFI custom
-  calls it emitted (also inside regions and functions it created)."""
+  calls it emitted (also inside regions and functions it created) with
+  ``declaration_for(params)``, the declaration in force for that call (a
+  ``BatchDeclaration``, or None to leave the call exactly as ``rule`` made it)."""
   def lowering(ctx, *args, **params):
+    declaration = declaration_for(params)
+    if declaration is None:
+      return rule(ctx, *args, **params)
     block = ir.InsertionPoint.current.block
     module_body = ctx.module_context.module.body
     before, before_module = _snapshot(block), _snapshot(module_body)
@@ -138,5 +144,4 @@ def wrap_rule(rule: Callable, declaration: BatchDeclaration) -> Callable:
           retarget(ctx, op, declaration)
     return out
 
-  lowering._batchpart_declaration = declaration
   return lowering

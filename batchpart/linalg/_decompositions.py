@@ -135,7 +135,7 @@ def _lu_jvp(primals, tangents):
 # ---- eigh ---------------------------------------------------------------------
 
 def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
-         sort_eigenvalues: bool = True):
+         sort_eigenvalues: bool = True, implementation=None):
   """Eigenvalues and eigenvectors of Hermitian matrices, as
   :func:`jax.numpy.linalg.eigh` (``UPLO="L"`` for ``lower``) and
   :func:`jax.lax.linalg.eigh` (which returns them in the other order).
@@ -149,6 +149,9 @@ def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
       read.
     sort_eigenvalues: accepted for jax's signature; syevd returns the
       eigenvalues ascending either way (jax allows any order when False).
+    implementation: ``None`` or a ``jax.lax.linalg.EighImplementation``, as
+      jax takes it on CPU: ``None`` and ``QR`` run LAPACK's syevd/heevd,
+      ``JACOBI`` and ``QDWH`` raise ``NotImplementedError`` as jax does there.
 
   Returns:
     ``EighResult(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
@@ -156,9 +159,25 @@ def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
     decomposition fails (e.g. non-finite input) is NaN.
   """
   del sort_eigenvalues  # always sorted
+  _check_eigh_implementation(implementation)
   a, = as_inexact("eigh", a)
   check_matrix("eigh", "a", a, square=True)
   return EighResult(*_eigh(symmetrize(a) if symmetrize_input else a, bool(lower)))
+
+
+def _check_eigh_implementation(implementation) -> None:
+  """jax's CPU choices: syevd for None and QR; the others are not on CPU."""
+  from jax.lax.linalg import EighImplementation
+  if implementation is None or implementation == EighImplementation.QR:
+    return
+  if implementation == EighImplementation.JACOBI:
+    raise NotImplementedError("batchpart.linalg.eigh: the Jacobi implementation is not "
+                              "supported on CPU (as in jax.lax.linalg.eigh).")
+  if implementation == EighImplementation.QDWH:
+    raise NotImplementedError("batchpart.linalg.eigh: the QDWH implementation is only "
+                              "supported on TPU (as in jax.lax.linalg.eigh).")
+  raise ValueError("batchpart.linalg.eigh: implementation must be None or a "
+                   f"jax.lax.linalg.EighImplementation, got {implementation!r}.")
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
