@@ -10,6 +10,9 @@ then the partitioned one; the two executables are timed side by side.
 
 - jax-finufft ``nufft1`` / ``nufft2`` (1-D, complex64), batch-sharded: stock
   all-gathers the batch and every device runs every transform.
+- a package calling ``jax.ffi.ffi_call`` directly inside ``custom_vmap``
+  (jaxlib's Cholesky target), batch-sharded, through
+  ``bp.partition_ffi_target``: stock all-gathers the batch.
 - ``jnp.linalg`` cholesky / eigh / qr / svd on a matrix-dim-sharded input:
   stock replicates the batch (each device factors all of it). Run in a child
   process with a time limit: jaxlib's LAPACK kernels can deadlock XLA's CPU
@@ -125,6 +128,59 @@ def run_linalg(quick: bool) -> list[dict]:
   return rows
 
 
+def run_ffi_target(quick: bool) -> list[dict]:
+  """A package that calls jax.ffi.ffi_call directly (here jaxlib's own
+  LAPACK Cholesky target, inside jax.custom_batching.custom_vmap as real
+  packages do), batch-sharded: stock gathers the batch onto every device;
+  ``bp.partition_ffi_target`` keeps it local."""
+  jax, mesh = _setup()
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  import numpy as np
+  from _timing import interleaved
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+
+  target = "lapack_spotrf_ffi"
+  jax.numpy.linalg.cholesky(np.eye(2, dtype=np.float32))   # jaxlib registers its targets
+
+  def potrf(a):
+    b = len(a.shape) - 2
+    col_major = (*range(b), b + 1, b)   # major-to-minor: LAPACK's column-major matrices
+    l, _ = jax.ffi.ffi_call(
+        target, (jax.ShapeDtypeStruct(a.shape, a.dtype),
+                 jax.ShapeDtypeStruct(a.shape[:-2], np.int32)),
+        input_layouts=[col_major], output_layouts=[col_major, None],
+        input_output_aliases={0: 0})(a, uplo=np.uint8(ord("L")))
+    return l
+
+  @jax.custom_batching.custom_vmap
+  def package_cholesky(a):
+    return potrf(a)
+
+  @package_cholesky.def_vmap
+  def _(axis_size, in_batched, a):
+    return potrf(a), True
+
+  batch, n = (256, 32) if quick else (512, 64)
+  m = np.random.default_rng(2).standard_normal((batch, n, n)).astype(np.float32)
+  a = jax.device_put(m @ np.swapaxes(m, -1, -2) + n * np.eye(n, dtype=np.float32),
+                     NamedSharding(mesh, P("x")))
+  fn = jax.vmap(package_cholesky)
+  stock = jax.jit(fn).lower(a).compile()
+  bp.partition_ffi_target(target, signature="(n,n)->(n,n),()")
+  partitioned = jax.jit(fn).lower(a).compile()
+  np.testing.assert_allclose(np.tril(np.asarray(partitioned(a))),
+                             np.tril(np.asarray(stock(a))), rtol=1e-4, atol=1e-4)
+  t = interleaved({"stock": stock, "batchpart": partitioned}, (a,),
+                  repeats=3 if quick else 7)
+  row = {"op": f"package calling jax.ffi.ffi_call('{target}') in custom_vmap "
+         "(`partition_ffi_target`)", "shape": f"{batch} x {n} x {n}", "sharding": 'P("x")',
+         "stock_s": t["stock"], "batchpart_s": t["batchpart"]}
+  print(row, flush=True)
+  return [row]
+
+
 def write(rows, quick: bool) -> None:
   lines = [
       "# Adoption benchmark: existing primitives, stock vs `bp.partition_primitive`",
@@ -153,6 +209,11 @@ def write(rows, quick: bool) -> None:
       "",
       "jnp.linalg: stock jax gathers the matrix-dim-sharded input and every device factors",
       "the whole batch; partitioned, the work moves onto batch shards (an all-to-all).",
+      "",
+      "`partition_ffi_target`: a package-style wrapper that calls `jax.ffi.ffi_call` on",
+      "jaxlib's LAPACK Cholesky target directly, inside `jax.custom_batching.custom_vmap`;",
+      "stock all-gathers the batch-sharded input onto every device and each factors all of",
+      "it; declared, each device factors its own shard with no collective.",
   ]
   lines += ["", "![adoption](benchmarks-adopt.png)", ""]
   with open(os.path.join(DOCS, "benchmarks-adopt.md"), "w") as f:
@@ -176,8 +237,8 @@ def write(rows, quick: bool) -> None:
 def main() -> None:
   sys.path.insert(0, HERE)
   from _timing import parts_in_children
-  done = parts_in_children(__file__, {"finufft": run_finufft, "linalg": run_linalg},
-                           timeout=1200)
+  done = parts_in_children(__file__, {"finufft": run_finufft, "linalg": run_linalg,
+                                      "ffi_target": run_ffi_target}, timeout=1200)
   if done is not None:
     write(*done)
     print(open(os.path.join(DOCS, "benchmarks-adopt.md")).read())
