@@ -259,11 +259,12 @@ def handler_api(name: str, platform: str) -> str | None:
   return None if found is None else "ffi" if isinstance(found, dict) else "legacy"
 
 
-def platforms_with_handler(name: str) -> list[str]:
-  """The platforms (XLA names) on which ``name`` has a typed-FFI handler."""
+def platforms_with_handler(name: str, api: str = "ffi") -> list[str]:
+  """The platforms (XLA names) on which ``name`` has a handler of ``api``
+  (``"ffi"``: typed FFI, ``"legacy"``)."""
   with xla_client._custom_callback_lock:
     platforms = set(xla_client._custom_callback_handler) | set(xla_client._custom_callback)
-  return sorted(p for p in platforms if handler_api(name, p) == "ffi")
+  return sorted(p for p in platforms if handler_api(name, p) == api)
 
 
 def register_partitioner(name: str, *, propagate_user_sharding: Callable,

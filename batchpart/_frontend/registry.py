@@ -112,6 +112,11 @@ def mark_batch_partitionable(name: str) -> None:
     if declared.is_declared(name):
       return
     if not compat.platforms_with_handler(name):
+      if compat.platforms_with_handler(name, api="legacy"):
+        raise ValueError(
+            f"batchpart.mark_batch_partitionable: FFI target '{name}' is registered with "
+            "the legacy custom-call API (api_version=0); batchpart partitions typed-FFI "
+            "calls only.")
       raise ValueError(
           f"batchpart.mark_batch_partitionable: FFI target '{name}' is not registered "
           "on any platform. Register its typed FFI handler first with "
