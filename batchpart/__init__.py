@@ -8,6 +8,7 @@ kernel on its own slice of the batch.
 import importlib.metadata as _metadata
 
 from batchpart import _compat
+from batchpart._callback.api import io_callback, pure_callback
 from batchpart._explain import explain
 from batchpart._frontend.adopt import (
     ffi_lowering,
@@ -34,11 +35,13 @@ __all__ = [
     "explain",
     "ffi_call",
     "ffi_lowering",
+    "io_callback",
     "is_batch_partitionable",
     "linalg",
     "mark_batch_partitionable",
     "partition_ffi_target",
     "partition_primitive",
+    "pure_callback",
     "register_ffi_target",
     "unpartition",
 ]

@@ -12,6 +12,7 @@ import functools
 import threading
 
 from batchpart import _compat as compat
+from batchpart._callback import blocks
 from batchpart._partition import shard_module, shardings as sh
 from batchpart._partition.description import CallDescription
 from batchpart._partition.plan import make_plan
@@ -53,6 +54,8 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
   result_shapes = sh.array_shapes(result_shape)
   plan = make_plan(d, _dims(arg_shapes), arg_shardings, _dims(result_shapes),
                    sh.element_shardings(result_sharding, result_shape))
+  if d.callback_partitions:
+    return _partition_callback(d, plan, arg_shapes, result_shape, backend_config)
   # Every result carries the full batch shape: its local batch dims are the
   # shard's batch shape.
   local_batch = (plan.result_local_shapes[0][:d.result_batch_ranks[0]]
@@ -71,6 +74,24 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
           sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings]))
+
+
+def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
+  """A host callback: every device gets a block of its own (never a
+  replicated one) and its block vector (``batchpart/_callback/blocks``)."""
+  result_shapes = sh.array_shapes(result_shape)
+  b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
+  module = shard_module.build(
+      d,
+      operand_shapes=b.operand_local_shapes,
+      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
+      result_shapes=b.result_local_shapes,
+      result_dtypes=[s.numpy_dtype() for s in result_shapes],
+      backend_config=backend_config,
+      batch_shape=(),
+      block_table=b.table,
+  )
+  return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 
 def _never_raise(callback):

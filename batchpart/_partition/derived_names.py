@@ -19,6 +19,8 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   layouts, in order: ``$no2,1``)
 - ``$a<i>:<j>``: operand ``i`` aliases result ``j``
 - ``$s``: the call has a side effect
+- ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
+  its block vector, filled in per partition (``batchpart/_callback/blocks``)
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
   (``rule_digest``): a changed rule gives a new name, hence a new partition
   cache entry and a new persistent-compilation-cache key
@@ -57,6 +59,8 @@ def encode(d: CallDescription) -> str:
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
   if d.has_side_effect:
     fields.append("$s")
+  if d.callback_partitions:
+    fields.append(f"$c{int(d.callback_partitions)}")
   if d.attribute_rule:
     fields.append(f"$f={d.attribute_rule}")
   return d.target + MARKER + "".join(fields)
@@ -99,7 +103,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
     raise ValueError("malformed fields")
   values: dict[str, str] = {}
   layouts = {"o": {}, "r": {}}
-  aliases, side_effect, rule = [], False, ""
+  aliases, side_effect, rule, callback_partitions = [], False, "", 0
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
     if tag in ("o", "r", "no", "nr"):
@@ -114,6 +118,8 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       aliases.append((int(operand), int(result)))
     elif tag == "s" and not value:
       side_effect = True
+    elif tag == "c" and value.isdigit() and int(value) > 0:
+      callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
     else:
@@ -145,4 +151,5 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       aliases=tuple(sorted(aliases)),
       has_side_effect=side_effect,
       attribute_rule=rule,
+      callback_partitions=callback_partitions,
   )

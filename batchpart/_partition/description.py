@@ -23,6 +23,12 @@ class CallDescription:
   Layouts are minor-to-major dim orders (XLA's convention); ``aliases`` are
   ``(operand, result)`` pairs; ``attribute_rule`` is the content digest
   of the rule that rewrites FFI attributes per shard ("" for none).
+  ``callback_partitions`` > 0 marks a host callback (``bp.pure_callback`` /
+  ``bp.io_callback``) in a program over that many partitions: operand 0 is
+  its block vector (the block's offsets in the global batch, then the local
+  batch shape), which the per-device module fills in per partition, and a
+  batch replicated over devices is split across them instead
+  (``_callback/blocks``).
   """
   target: str
   operand_batch_ranks: tuple[int, ...]
@@ -32,6 +38,7 @@ class CallDescription:
   aliases: tuple[tuple[int, int], ...] = ()
   has_side_effect: bool = False
   attribute_rule: str = ""
+  callback_partitions: int = 0
 
   def __post_init__(self):
     if len(self.operand_layouts) != len(self.operand_batch_ranks):

@@ -16,10 +16,13 @@ def _tensor_type(shape, dtype) -> ir.Type:
 
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
-          result_dtypes, backend_config: bytes, batch_shape, rule=None) -> bytes:
+          result_dtypes, backend_config: bytes, batch_shape, rule=None,
+          block_table=None) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
   needs no partitioner), restating everything the description holds, its FFI
-  attributes rewritten by the per-shard attribute ``rule`` if any."""
+  attributes rewritten by the per-shard attribute ``rule`` if any. With a
+  ``block_table`` (host callbacks), operand 0 is replaced by the table's row
+  for this device's ``partition_id``."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
@@ -34,6 +37,21 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
       main.attributes["sym_visibility"] = ir.StringAttr.get("public")
       block = main.add_entry_block()
       with ir.InsertionPoint(block):
-        results = emit.custom_call(d.target, d, block.arguments, res_types, config)
+        operands = list(block.arguments)
+        if block_table is not None:
+          operands[0] = _table_row(block_table)
+        results = emit.custom_call(d.target, d, operands, res_types, config)
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)
+
+
+def _table_row(table) -> ir.Value:
+  """``table[partition_id]`` for an int64 table of shape (partitions, n)."""
+  table = np.ascontiguousarray(table, dtype=np.int64)
+  n = table.shape[1]
+  i64 = ir.IntegerType.get_signless(64)
+  constant = compat.hlo.constant(ir.DenseElementsAttr.get(table))
+  pid = compat.hlo.convert(ir.RankedTensorType.get([], i64), compat.hlo.partition_id())
+  zero = compat.hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))
+  row = compat.hlo.dynamic_slice(constant, [pid, zero], [1, n])
+  return compat.hlo.reshape(ir.RankedTensorType.get([n], i64), row)

@@ -1,0 +1,168 @@
+"""``bp.pure_callback`` and ``bp.io_callback``: host callbacks that run per
+batch shard.
+
+Same calling convention as ``jax.pure_callback`` /
+``jax.experimental.io_callback`` (pytrees of arrays in and out, ``**kwargs``
+passed to the callback), plus one batch declaration as in ``bp.ffi_call``.
+The declaration applies to the flattened operands (the leaves of ``args``,
+then of ``kwargs``) and the flattened results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from batchpart import _compat as compat
+from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
+from batchpart._callback.host import FlatCallback, callback_name
+from batchpart._callback.primitive import bind
+from batchpart._frontend.signature import (
+  parse_signature,
+  spec_from_num_batch_dims,
+  spec_from_signature,
+)
+from batchpart._primitive.batch_spec import BatchSpec, require_static_shapes
+
+_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
+                 "broadcast_all", "legacy_vectorized")
+
+
+def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
+                  num_batch_dims: int | None = None, signature: str | None = None,
+                  vmap_method: str | None = None, with_index: bool = False,
+                  **kwargs: Any):
+  """Calls a pure Python function on blocks of the batch, where they are.
+
+  Like :func:`jax.pure_callback`, but the leading dims of every operand and
+  result are declared batch dims, and ``callback`` is called with NumPy
+  arrays holding a contiguous block of batch elements and must return the
+  results for exactly those elements. Under ``jax.jit`` with batch-sharded
+  inputs each device calls it on its own block: no all-gather, no
+  collective, the results keep the batch sharding. How many calls and which
+  blocks is unspecified (one call on one device; one per device shard when
+  sharded); padding of uneven shards is never passed, and a batch that would
+  be replicated over devices is split across them instead.
+
+  Args:
+    callback: the host function, called as ``callback(*args, **kwargs)``
+      with NumPy arrays (plus ``index=`` if ``with_index``).
+    result_shape_dtypes: a pytree of objects with ``shape`` and ``dtype``
+      (e.g. ``jax.ShapeDtypeStruct``): the results' global shapes.
+    *args: the operands, a pytree of arrays.
+    num_batch_dims: the first ``num_batch_dims`` dims of every operand and
+      result are batch dims and must be equal across them.
+    signature: a gufunc signature (``"(n,n)->(n)"``), one core-dim group
+      per flattened operand and result; operands' batch dims broadcast
+      NumPy-style (a size-1 or missing batch dim is passed whole to every
+      call). Exactly one of ``num_batch_dims`` and ``signature``.
+    vmap_method: accepted for compatibility with :func:`jax.pure_callback`
+      and validated; not needed: a vmapped call is one call with one more
+      leading batch dim (no loop), whatever the value.
+    with_index: also pass ``index=``, a tuple of ``slice``s (one per batch
+      dim) locating the block in the global batch shape.
+    **kwargs: more operands (arrays), passed to ``callback`` by keyword.
+
+  Returns:
+    A pytree of arrays like ``result_shape_dtypes``.
+
+  Raises:
+    ValueError: if the batch declaration does not fit the operands and
+      results (naming the callback and the argument).
+  """
+  if vmap_method not in _VMAP_METHODS:
+    raise ValueError(
+        f"batchpart.pure_callback({callback_name(callback)}): vmap_method="
+        f"{vmap_method!r} is not one of {_VMAP_METHODS[1:]} (jax.pure_callback's "
+        "values; batchpart's declared batch dims define vmap either way).")
+  return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
+               num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
+               io=False)
+
+
+def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
+                num_batch_dims: int | None = None, signature: str | None = None,
+                ordered: bool = False, with_index: bool = False, **kwargs: Any):
+  """Calls an impure Python function on blocks of the batch, where they are.
+
+  Like :func:`jax.experimental.io_callback` (the call is kept even when its
+  results are unused), with the batch contract of
+  :func:`batchpart.pure_callback`: each batch element is passed exactly once
+  per execution, also when the batch is replicated over part of the mesh,
+  and padding is never passed. Calls on different devices run concurrently,
+  in no particular order.
+
+  Args:
+    callback, result_shape_dtypes, *args, num_batch_dims, signature,
+    with_index, **kwargs: as for :func:`batchpart.pure_callback`
+      (``with_index=True`` tells the callback where its rows go, e.g. to
+      write them to the right place).
+    ordered: must be False. Per-shard calls run on several devices at once
+      and cannot be ordered across them; for an ordered callback use
+      ``jax.experimental.io_callback(..., ordered=True)``, which runs once,
+      on one device, on the whole batch.
+
+  Raises:
+    ValueError: for ``ordered=True``, or a batch declaration that does not
+      fit.
+  """
+  if ordered:
+    raise ValueError(
+        f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "
+        "supported: per-shard calls run on every device at once and cannot be "
+        "ordered across devices. Use jax.experimental.io_callback(..., ordered=True) "
+        "for an ordered callback (it runs once, on one device, on the whole batch).")
+  return _call("io_callback", callback, result_shape_dtypes, args, kwargs,
+               num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
+               io=True)
+
+
+def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
+          signature, with_index, io):
+  owner = f"batchpart.{kind}({callback_name(callback)})"
+  if not callable(callback):
+    raise TypeError(f"batchpart.{kind}: callback must be callable, got "
+                    f"{type(callback).__name__}.")
+  if (num_batch_dims is None) == (signature is None):
+    raise ValueError(
+        f"{owner}: pass exactly one of num_batch_dims and signature (got "
+        f"num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
+  parsed = None if signature is None else parse_signature(signature, owner=owner)
+  flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+  flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
+  for i, r in enumerate(flat_results):
+    if not (hasattr(r, "shape") and hasattr(r, "dtype")):
+      raise TypeError(f"{owner}: result_shape_dtypes leaf {i} must have shape and "
+                      f"dtype, got {type(r).__name__}.")
+    compat.check_result_shape_dtype(r)
+  result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
+  for i, x in enumerate(flat_args):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")) and not isinstance(
+        x, (int, float, complex, bool)):
+      raise TypeError(f"{owner}: operand {i} must be an array, got {type(x).__name__}.")
+  in_avals = [compat.typeof(x) for x in flat_args]
+  operand_shapes = [tuple(a.shape) for a in in_avals]
+  result_shapes = [tuple(a.shape) for a in result_avals]
+  require_static_shapes(owner, operand_shapes, result_shapes)
+  if not flat_args:
+    spec = BatchSpec((), tuple(len(s) for s in result_shapes))
+    if parsed is not None:
+      spec = spec_from_signature(owner, parsed, [], result_shapes)
+    elif num_batch_dims:
+      raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
+                       "the batch comes from the operands.")
+  elif parsed is None:
+    spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
+  else:
+    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+  flat_args = compat.auto_insert_reshard(*flat_args) if flat_args else ()
+  outs = bind(*flat_args,
+              callback=FlatCallback(callback, in_tree, out_tree, with_index=with_index,
+                                    kind=kind),
+              result_avals=tuple(result_avals),
+              operand_core_ranks=spec.operand_core_ranks,
+              result_core_ranks=spec.result_core_ranks,
+              broadcast_batch=parsed is not None, io=io)
+  return jax.tree_util.tree_unflatten(out_tree, list(outs))

@@ -1,0 +1,159 @@
+"""Which block of the batch each partition's host callback gets.
+
+A host callback is partitioned like an FFI call (the planner picks the batch
+sharding), with two differences that make its contract hold:
+
+- **Split, never replicate.** Devices the plan leaves replicating a batch
+  block (a batch sharded over part of the mesh, or not sharded at all) would
+  each call the callback on the same elements: ``io_callback``'s side effect
+  would happen twice and ``pure_callback`` would compute everything N
+  times. Here every replicated subgroup is folded into the batch dim with the
+  most elements per block, so each device gets its own block (padding
+  allowed); XLA gathers the results where a consumer needs them replicated.
+- **The block vector.** Operand 0 of a callback is an int64 vector: the
+  block's offsets in the global batch, then the local (padded) batch shape.
+  The per-device module replaces it by the row of a constant table for its
+  ``partition_id``, so the host side knows where its block lies and how
+  much of it is padding; an all-padding block is never passed to the user.
+
+Everything is a function of the plan and the description, as for FFI calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from batchpart import _compat as compat, _core
+from batchpart._partition import shardings as sh
+from batchpart._partition.description import CallDescription
+
+_Kind = _core.Sharding.Kind
+_Subgroup = _core.Sharding.Subgroup
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+  """A callback's per-device picture: shardings (HloSharding), local shapes
+  and the (partitions, 2 * batch rank) table of block vectors."""
+  operand_shardings: list
+  result_shardings: list
+  operand_local_shapes: list
+  result_local_shapes: list
+  table: np.ndarray
+
+
+def _batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int, ...]:
+  rank = max([*d.operand_batch_ranks, *d.result_batch_ranks], default=0)
+  out = [1] * rank
+  for shape, b in [*zip(operand_shapes, d.operand_batch_ranks),
+                   *zip(result_shapes, d.result_batch_ranks)]:
+    for m in range(b):
+      if shape[m] != 1:
+        out[rank - b + m] = shape[m]
+  return tuple(out)
+
+
+def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partitions):
+  """The device grid: an int array with one axis per batch dim, then one
+  replicated axis, then the manual axes; and the manual axes' count."""
+  rank = len(batch)
+  candidates = [(s, sharding, b) for s, sharding, b in
+                [*zip(result_shapes, plan.result_shardings, d.result_batch_ranks),
+                 *zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks)]
+                if b == rank]
+  tiled = [c for c in candidates if c[1].kind == _Kind.TILED]
+  if not tiled:
+    return np.arange(partitions).reshape((1,) * rank + (partitions,)), 0
+  shape, ref, _ = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
+  dims = list(ref.tile_dims) + list(ref.subgroup_dims)
+  devices = np.asarray(ref.devices, dtype=np.int64).reshape(dims)
+  # Core dims are whole in a plan: drop their size-1 axes.
+  devices = devices.reshape(dims[:rank] + dims[len(shape):])
+  kinds = list(ref.subgroup_kinds)
+  rep = [rank + i for i, k in enumerate(kinds) if k == _Subgroup.REPLICATED]
+  man = [rank + i for i, k in enumerate(kinds) if k != _Subgroup.REPLICATED]
+  devices = devices.transpose(list(range(rank)) + rep + man)
+  batch_dims = list(devices.shape[:rank])
+  rep_size = math.prod(devices.shape[rank:rank + len(rep)])
+  man_dims = list(devices.shape[rank + len(rep):])
+  return devices.reshape(batch_dims + [rep_size] + man_dims), len(man_dims)
+
+
+def _fold(grid, rank, batch):
+  """Folds the replicated axis into the batch dim with the most elements
+  per block: every device gets a block of its own."""
+  rep = grid.shape[rank]
+  if rep == 1:
+    return grid
+  tiles = grid.shape[:rank]
+  j = max(range(rank), key=lambda k: (-(-batch[k] // tiles[k]), -k))
+  order = list(range(grid.ndim))
+  order.remove(rank)
+  order.insert(j + 1, rank)
+  folded = grid.transpose(order)
+  shape = list(folded.shape)
+  shape[j:j + 2] = [shape[j] * shape[j + 1]]
+  # One replicated axis of size 1 keeps the layout: batch, replicated, manual.
+  shape.insert(rank, 1)
+  return folded.reshape(shape)
+
+
+def _sharding(grid, rank, n_manual, shape, batch_rank, batch):
+  """The HloSharding of one array (batch dims right-aligned) on ``grid``,
+  and its local shape."""
+  tiles, tiled_axes = [], []
+  for m in range(batch_rank):
+    k = rank - batch_rank + m
+    if shape[m] == batch[k] and batch[k] != 1 and grid.shape[k] > 1:
+      tiles.append(grid.shape[k])
+      tiled_axes.append(k)
+    else:
+      tiles.append(1)
+  tiles += [1] * (len(shape) - batch_rank)
+  local = [-(-int(s) // t) for s, t in zip(shape, tiles)]
+  replicated_axes = [k for k in range(rank + 1) if k not in tiled_axes]
+  manual_axes = list(range(rank + 1, rank + 1 + n_manual))
+  devices = grid.transpose(tiled_axes + replicated_axes + manual_axes)
+  rep = math.prod(grid.shape[k] for k in replicated_axes)
+  manual_dims = [grid.shape[k] for k in manual_axes]
+  if rep > 1 and not manual_dims and math.prod(tiles) == 1:
+    return sh.HloSharding.replicate(), local
+  types, sub = [], []
+  if rep > 1:
+    types.append(compat.OpShardingType.REPLICATED)
+    sub.append(rep)
+  types += [compat.OpShardingType.MANUAL] * len(manual_dims)
+  sub += manual_dims
+  arr = np.asarray(devices, dtype=np.int64).reshape(list(tiles) + sub)
+  return sh.HloSharding.subgroup_with_device_ordering(arr, subgroup_types=types), local
+
+
+def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Blocks:
+  """The callback's shardings, local shapes and block table, from the
+  planner's ``plan`` (shapes are the global ones, operand 0 the block
+  vector)."""
+  partitions = int(d.callback_partitions)
+  batch = _batch_shape(d, operand_shapes, result_shapes)
+  rank = len(batch)
+  grid, n_manual = _grid(plan, d, operand_shapes, result_shapes, batch, partitions)
+  grid = _fold(grid, rank, batch)
+  tiles = grid.shape[:rank]
+  local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
+  table = np.zeros((partitions, 2 * rank), np.int64)
+  table[:, :rank] = batch          # a device outside the grid: all padding
+  table[:, rank:] = local_batch
+  for coord in np.ndindex(*grid.shape):
+    device = int(grid[coord])
+    if not 0 <= device < partitions:
+      raise ValueError(f"device {device} outside the {partitions} partitions "
+                       f"of '{d.target}'")
+    table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
+  ops = [_sharding(grid, rank, n_manual, s, b, batch)
+         for s, b in zip(operand_shapes, d.operand_batch_ranks)]
+  res = [_sharding(grid, rank, n_manual, s, b, batch)
+         for s, b in zip(result_shapes, d.result_batch_ranks)]
+  return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
+                [r[1] for r in res], table)

@@ -1,0 +1,106 @@
+"""Lowering ``batchpart_callback``: jax's typed-FFI host callback custom call
+(``xla_ffi_python_cpu_callback``, ``..._gpu_callback`` on CUDA/ROCm) with a
+``HostCall`` registered in the module's host callbacks, and one leading
+operand, the block vector (offsets in the global batch, then the local batch
+shape).
+
+Where XLA partitions the call, it is emitted under a derived name whose
+description carries ``callback_partitions``, so batchpart's partitioner
+replaces it by the same jax target on local blocks, the block vector read
+from a per-partition table (``blocks``). Everywhere else (one device, a fully
+manual ``shard_map``) it calls jax's target directly with the whole block:
+offsets zero, no padding. jax's target has an ``instantiate`` stage that
+cannot be registered again under another name, so a derived name is never
+left in an executable (as for every batchpart call).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchpart import _compat as compat
+from batchpart._callback.host import HostCall
+from batchpart._callback.primitive import batchpart_callback_p
+from batchpart._partition import derived_names, emit, sharding_rule, targets
+from batchpart._partition.description import describe
+from batchpart._primitive.batch_spec import BatchSpec, check_spec
+
+ir = compat.ir
+hlo = compat.hlo
+FRONTEND_CALLBACK = "batchpart.callback"
+
+
+def _with_unit_dim(values, avals, ctx):
+  out = []
+  for v, a in zip(values, avals):
+    t = compat.aval_to_ir_type(ctx.module_context, a.update(shape=(1, *a.shape)))
+    out.append(hlo.reshape(t, v))
+  return out
+
+
+def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
+              **_):
+  platforms = compat.lowering_platforms(ctx)
+  if len(platforms) != 1:
+    raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
+                              f"callbacks is not supported (got {platforms}).")
+  avals_in, avals_out = list(ctx.avals_in), list(ctx.avals_out)
+  spec = BatchSpec(operand_core_ranks, result_core_ranks)
+  batch = check_spec(callback.owner, spec, [a.shape for a in avals_in],
+                     [a.shape for a in avals_out])
+  operands = list(operands)
+  unit = not batch
+  if unit:
+    # No batch dims: give the call one of size 1, so that where XLA would
+    # replicate it, one device computes it and the others get padding.
+    operands = _with_unit_dim(operands, avals_in, ctx)
+    avals_in = [a.update(shape=(1, *a.shape)) for a in avals_in]
+    avals_out = [a.update(shape=(1, *a.shape)) for a in avals_out]
+    batch = (1,)
+  operand_shapes = [tuple(a.shape) for a in avals_in]
+  result_shapes = [tuple(a.shape) for a in avals_out]
+  rank = len(batch)
+  operand_batch_ranks = [len(s) - c for s, c in zip(operand_shapes, operand_core_ranks)]
+  host = HostCall(callback, batch=batch, operand_shapes=operand_shapes,
+                  operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
+                  result_dtypes=[a.dtype for a in avals_out], unit=unit)
+  index = compat.add_host_callback(ctx, host)
+  target = compat.host_callback_target(platforms[0])
+  block = compat.ir_constant(np.asarray([0] * rank + list(batch), np.int64))
+  block_shape = (2 * rank,)
+  partitions = compat.num_partitions(ctx)
+  partitioned = compat.xla_partitions(ctx)
+  core = (1, *operand_core_ranks)
+  d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
+               result_core_ranks,
+               input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
+                                       for s in operand_shapes],
+               output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
+               input_output_aliases=(), has_side_effect=io)
+  d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
+  frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
+  extra = {}
+  result_types = [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_out]
+  if partitioned:
+    name = targets.ensure_derived(d, platforms, caller=callback.owner)
+    operand_types = [ir.RankedTensorType.get([2 * rank], ir.IntegerType.get_signless(64))]
+    operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
+    rule = sharding_rule.attribute(
+        ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,
+        batch, operand_types, result_types)
+    if rule is not None:
+      extra["sdy.sharding_rule"] = rule
+  else:
+    name = target
+    frontend[derived_names.FRONTEND_ATTRIBUTE] = derived_names.encode(d)
+  extra["mhlo.frontend_attributes"] = compat.ir_attribute(frontend)
+  config = {"index": compat.ir_attribute(np.uint64(index))}
+  results = emit.custom_call(name, d, [block, *operands], result_types, config,
+                             extra_attributes=extra)
+  if unit:
+    results = [hlo.reshape(compat.aval_to_ir_type(ctx.module_context, a), r)
+               for a, r in zip(ctx.avals_out, results)]
+  return list(results)
+
+
+compat.register_uncached_lowering(batchpart_callback_p, _lowering)

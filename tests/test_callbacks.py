@@ -1,0 +1,353 @@
+"""bp.pure_callback / bp.io_callback on one device: values, the calling
+convention, the checks, vmap, derivatives through custom_jvp, errors,
+lifetime, and what jax.export and the persistent cache do."""
+
+import functools
+import gc
+import threading
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import batchpart as bp
+from batchpart._callback import host
+from batchpart._partition import derived_names
+from batchpart._partition.description import CallDescription
+
+rng = np.random.default_rng(0)
+S = jax.ShapeDtypeStruct
+
+
+def _sym(n, k, dtype=np.float32):
+  a = rng.standard_normal((n, k, k))
+  return (a + np.swapaxes(a, -1, -2)).astype(dtype)
+
+
+class Recorder:
+  """A callback that records the blocks it gets."""
+
+  def __init__(self, fn):
+    self.fn, self.calls, self.lock = fn, [], threading.Lock()
+
+  def __call__(self, *args, **kwargs):
+    with self.lock:
+      self.calls.append(([np.asarray(a).shape for a in args], kwargs.get("index")))
+    kwargs.pop("index", None)
+    return self.fn(*args, **kwargs)
+
+
+def test_values_eager_and_jit_pytrees_and_kwargs():
+  x = _sym(5, 4)
+
+  def fn(pair, *, scale):
+    a, b = pair
+    return {"w": np.linalg.eigvalsh(a) * scale, "t": np.trace(b, axis1=-2, axis2=-1)}
+
+  out_type = {"w": S((5, 4), np.float32), "t": S((5,), np.float32)}
+
+  def f(x):
+    # Result leaves in pytree order: "t", then "w".
+    return bp.pure_callback(fn, out_type, (x, 2 * x), signature="(n,n),(n,n),()->(),(n)",
+                            scale=np.float32(3))
+
+  for g in (f, jax.jit(f)):
+    out = g(x)
+    np.testing.assert_allclose(out["w"], 3 * np.linalg.eigvalsh(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["t"], 2 * np.trace(x, axis1=-2, axis2=-1), rtol=1e-5)
+
+
+def test_one_device_one_call_with_the_whole_batch_and_index():
+  x = rng.standard_normal((3, 4, 2)).astype(np.float32)
+  rec = Recorder(lambda x: x * 2)
+  y = jax.jit(lambda x: bp.pure_callback(rec, S(x.shape, x.dtype), x, num_batch_dims=2,
+                                         with_index=True))(x)
+  np.testing.assert_allclose(y, 2 * x)
+  assert rec.calls == [([(3, 4, 2)], (slice(0, 3), slice(0, 4)))]
+
+
+def test_io_callback_runs_once_even_when_unused():
+  seen = []
+
+  def write(x):
+    seen.append(np.array(x))
+    return np.zeros((), np.int32)[None].repeat(x.shape[0])
+
+  @jax.jit
+  def f(x):
+    bp.io_callback(write, S((4,), np.int32), x, num_batch_dims=1)
+    return x + 1
+
+  x = np.arange(8, dtype=np.float32).reshape(4, 2)
+  np.testing.assert_array_equal(f(x), x + 1)
+  assert len(seen) == 1
+  np.testing.assert_array_equal(seen[0], x)
+
+
+def test_io_callback_without_results():
+  seen = []
+  jax.jit(lambda x: bp.io_callback(lambda x: seen.append(x.sum()) or (), (), x,
+                                   num_batch_dims=1))(np.ones((3, 2), np.float32))
+  assert seen == [6.0]
+
+
+def test_no_batch_dims_and_no_operands():
+  y = jax.jit(lambda: bp.pure_callback(lambda: np.arange(3, dtype=np.float32),
+                                       S((3,), np.float32), signature="->(n)"))()
+  np.testing.assert_array_equal(y, np.arange(3))
+  z = jax.jit(lambda x: bp.pure_callback(lambda x: x * 2, S((2,), np.float32), x,
+                                         num_batch_dims=0))(np.ones(2, np.float32))
+  np.testing.assert_array_equal(z, [2, 2])
+
+
+def test_shared_operand_passed_whole():
+  a = rng.standard_normal((6, 3)).astype(np.float32)
+  m = rng.standard_normal((3, 3)).astype(np.float32)
+  rec = Recorder(lambda a, m: a @ m)
+  y = jax.jit(lambda a, m: bp.pure_callback(rec, S((6, 3), np.float32), a, m,
+                                            signature="(k),(k,j)->(j)"))(a, m)
+  np.testing.assert_allclose(y, a @ m, rtol=1e-5, atol=1e-6)
+  assert rec.calls[0][0] == [(6, 3), (3, 3)]
+
+
+def test_vmap_is_one_call_with_one_more_batch_dim():
+  x = rng.standard_normal((4, 5, 3)).astype(np.float32)
+  v = rng.standard_normal((3,)).astype(np.float32)
+  rec = Recorder(lambda x, v: x @ v)
+
+  def f(x, v):
+    return bp.pure_callback(rec, S(x.shape[:-1], x.dtype), x, v, signature="(n),(n)->()",
+                            vmap_method="sequential")
+
+  y = jax.jit(jax.vmap(f, in_axes=(0, None)))(x, v)
+  np.testing.assert_allclose(y, x @ v, rtol=1e-5)
+  assert rec.calls == [([(4, 5, 3), (3,)], None)]
+  rec.calls.clear()
+  y = jax.vmap(jax.vmap(f, in_axes=(0, None)), in_axes=(0, None))(x, v)
+  np.testing.assert_allclose(y, x @ v, rtol=1e-5)
+  assert len(rec.calls) == 1
+
+
+def test_vmap_num_batch_dims_broadcasts_unmapped_operands():
+  x = rng.standard_normal((4, 5)).astype(np.float32)
+  y = rng.standard_normal((5,)).astype(np.float32)
+  out = jax.vmap(lambda x, y: bp.pure_callback(lambda a, b: a + b, S((5,), np.float32),
+                                               x, y, num_batch_dims=1),
+                 in_axes=(0, None))(x, y)
+  np.testing.assert_allclose(out, x + y)
+
+
+def test_vmap_io_callback_keeps_index_of_the_new_dim():
+  seen = []
+
+  def write(x, index):
+    seen.append(index)
+    return x
+
+  jax.vmap(lambda x: bp.io_callback(write, S((3,), np.float32), x, num_batch_dims=1,
+                                    with_index=True))(np.ones((2, 3), np.float32))
+  assert seen == [(slice(0, 2), slice(0, 3))]
+
+
+def test_differentiation_through_custom_jvp():
+  @jax.custom_jvp
+  def sin(x):
+    return bp.pure_callback(np.sin, S(x.shape, x.dtype), x, num_batch_dims=1)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return sin(x), bp.pure_callback(np.cos, S(x.shape, x.dtype), x, num_batch_dims=1) * t
+
+  x = np.linspace(0, 1, 6).astype(np.float32)
+  np.testing.assert_allclose(jax.grad(lambda x: sin(x).sum())(x), np.cos(x), rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(lambda x: sin(x).sum()))(x), np.cos(x),
+                             rtol=1e-6)
+
+
+def test_without_custom_jvp_differentiation_raises_naming_the_callback():
+  def my_host_fn(x):
+    return x
+
+  with pytest.raises(ValueError, match=r"pure_callback\(.*my_host_fn\).*custom_jvp"):
+    jax.grad(lambda x: bp.pure_callback(my_host_fn, S((), np.float32), x,
+                                        num_batch_dims=0))(1.0)
+
+
+def test_ordered_io_callback_raises_naming_jax():
+  with pytest.raises(ValueError, match=r"jax\.experimental\.io_callback"):
+    bp.io_callback(print, (), np.ones(2), num_batch_dims=1, ordered=True)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "exactly one of num_batch_dims and signature"),
+    ({"num_batch_dims": 1, "signature": "()->()"}, "exactly one"),
+    ({"num_batch_dims": 3}, "exceeds the rank of operand 0"),
+    ({"signature": "(n)->(n,n)"}, "core dim .n."),
+])
+def test_bad_declarations_name_the_callback(kwargs, match):
+  def my_cb(x):
+    return x
+
+  with pytest.raises(ValueError, match=match) as info:
+    bp.pure_callback(my_cb, S((4, 3), np.float32), np.ones((4, 3), np.float32), **kwargs)
+  assert "batchpart.pure_callback(" in str(info.value) and "my_cb" in str(info.value)
+
+
+def test_bad_vmap_method():
+  with pytest.raises(ValueError, match="vmap_method"):
+    bp.pure_callback(np.sin, S((2,), np.float32), np.ones(2), num_batch_dims=1,
+                     vmap_method="nope")
+
+
+@pytest.mark.parametrize("result, match", [
+    (lambda x: x[:-1], r"result 0 has shape \(3, 2\).*needs shape \(4, 2\)"),
+    (lambda x: np.concatenate([x, x]), r"result 0 has shape \(8, 2\)"),
+    (lambda x: x.astype(np.int32), "dtype int32.*dtype float32"),
+    (lambda x: (x, x), "structure"),
+])
+def test_wrong_results_raise_before_reaching_xla(result, match):
+  def wrong_cb(x):
+    return result(x)
+
+  f = jax.jit(lambda x: bp.pure_callback(wrong_cb, S((4, 2), np.float32), x,
+                                         num_batch_dims=1))
+  with pytest.raises(Exception, match=match) as info:
+    f(np.ones((4, 2), np.float32)).block_until_ready()
+  assert "batchpart.pure_callback(" in str(info.value) and "wrong_cb" in str(info.value)
+  # The process keeps working.
+  ok = jax.jit(lambda x: bp.pure_callback(lambda x: x, S((4, 2), np.float32), x,
+                                          num_batch_dims=1))
+  np.testing.assert_array_equal(ok(np.ones((4, 2), np.float32)), 1)
+
+
+def test_exceptions_reach_the_user_naming_the_callback():
+  def failing_cb(x):
+    raise KeyError("missing thing")
+
+  for kind in (bp.pure_callback, bp.io_callback):
+    f = jax.jit(functools.partial(kind, failing_cb, S((3,), np.float32), num_batch_dims=1))
+    with pytest.raises(Exception, match=r"failing_cb\) raised KeyError: 'missing thing'"):
+      f(np.ones(3, np.float32)).block_until_ready()
+  np.testing.assert_array_equal(
+      bp.pure_callback(np.negative, S((3,), np.float32), np.ones(3, np.float32),
+                       num_batch_dims=1), -1)
+
+
+def test_float64_results_canonicalize_like_jax():
+  # x64 off: a float64 result is taken as float32, as jax.pure_callback does.
+  y = jax.jit(lambda x: bp.pure_callback(lambda x: x.astype(np.float64), S((3,), np.float32),
+                                         x, num_batch_dims=1))(np.ones(3, np.float32))
+  assert y.dtype == np.float32
+
+
+def test_callable_is_freed_with_its_programs():
+  refs = []
+  x = np.ones((4, 3), np.float32)
+  for i in range(300):
+    fn = functools.partial(np.add, np.float32(i))
+    refs.append(weakref.ref(fn))
+    kind = bp.pure_callback if i % 2 else bp.io_callback
+    g = jax.jit(lambda x, fn=fn, kind=kind: kind(fn, S(x.shape, x.dtype), x,
+                                                 num_batch_dims=1))
+    assert float(g(x)[0, 0]) == 1 + i
+    del fn, g
+  gc.collect()
+  assert sum(r() is not None for r in refs) == 0
+
+
+def test_callable_lives_while_an_executable_can_call_it():
+  fn = functools.partial(np.multiply, np.float32(3))
+  ref = weakref.ref(fn)
+  compiled = jax.jit(functools.partial(bp.pure_callback, fn, S((2,), np.float32),
+                                       num_batch_dims=1)).lower(
+      np.ones(2, np.float32)).compile()
+  del fn
+  gc.collect()
+  assert ref() is not None
+  np.testing.assert_array_equal(compiled(np.ones(2, np.float32)), 3)
+  del compiled
+  gc.collect()
+  assert ref() is None
+
+
+def test_jax_export_refuses_host_callbacks_as_for_jax():
+  f = jax.jit(lambda x: bp.pure_callback(np.sin, S((2,), np.float32), x, num_batch_dims=1))
+  with pytest.raises(NotImplementedError, match="host_callbacks"):
+    jax.export.export(f)(S((2,), np.float32))
+  g = jax.jit(lambda x: jax.pure_callback(np.sin, S((2,), np.float32), x))
+  with pytest.raises(NotImplementedError, match="host_callbacks"):
+    jax.export.export(g)(S((2,), np.float32))
+
+
+def test_persistent_cache_is_not_written_as_for_jax(tmp_path):
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  prev = (jax.config.jax_compilation_cache_dir,
+          jax.config.jax_persistent_cache_min_compile_time_secs,
+          jax.config.jax_persistent_cache_min_entry_size_bytes)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  cc.reset_cache()
+  try:
+    x = np.ones(3, np.float32)
+    y = jax.jit(lambda x: bp.pure_callback(np.cos, S((3,), np.float32), x,
+                                           num_batch_dims=1) + 1.5)(x)
+    np.testing.assert_allclose(y, np.cos(1) + 1.5, rtol=1e-6)
+    assert not [p for p in tmp_path.iterdir() if "cache" in p.name or p.is_file()]
+    jax.jit(lambda x: x * 2.5 + 1)(x)   # a plain program is written
+    assert list(tmp_path.iterdir())
+  finally:
+    jax.config.update("jax_compilation_cache_dir", prev[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", prev[1])
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", prev[2])
+    cc.reset_cache()
+
+
+def test_lowered_call_targets_jax_callback_with_derived_name_in_attribute():
+  text = jax.jit(lambda x: bp.pure_callback(np.sin, S((4, 2), np.float32), x,
+                                            num_batch_dims=1)).lower(
+      np.ones((4, 2), np.float32)).as_text()
+  assert "custom_call @xla_ffi_python_cpu_callback" in text
+  assert "index = 0 : ui64" in text
+  assert 'batchpart.callback = "batchpart.pure_callback(sin)"' in text
+  assert "$bp1$" in text and "@xla_ffi_python_cpu_callback$" not in text
+
+
+def test_derived_name_carries_the_callback_flag():
+  d = CallDescription("xla_ffi_python_cpu_callback", (0, 1), (1,), ((0,), (1, 0)), ((0,),),
+                      callback_partitions=8)
+  name = derived_names.encode(d)
+  assert name.endswith("$c8")
+  assert derived_names.decode(name) == d
+  plain = CallDescription("t", (1,), (1,), ((0,),), ((0,),))
+  assert "$c" not in derived_names.encode(plain)
+  with pytest.raises(ValueError):
+    derived_names.decode("t$bp1$o1$r1$no1$nr1$c0")
+
+
+def test_host_call_trims_padding_and_pads_results():
+  rec = Recorder(lambda x: x * 2)
+  flat = host.FlatCallback(rec, jax.tree_util.tree_structure(((0,), {})),
+                           jax.tree_util.tree_structure(0), with_index=True,
+                           kind="pure_callback")
+  call = host.HostCall(flat, batch=(13,), operand_shapes=[(13, 2)],
+                       operand_batch_ranks=(1,), result_shapes=[(13, 2)],
+                       result_dtypes=[np.float32], unit=False)
+  x = np.arange(4, dtype=np.float32).reshape(2, 2)
+  (y,) = call(np.array([12, 2]), x)
+  assert y.shape == (2, 2)
+  np.testing.assert_array_equal(y[0], 2 * x[0])
+  assert rec.calls == [([(1, 2)], (slice(12, 13),))]
+  (z,) = call(np.array([14, 2]), x)       # all padding: not called
+  assert z.shape == (2, 2) and len(rec.calls) == 1
+
+
+def test_public_callbacks_work_on_integer_and_bool_data():
+  x = np.arange(6, dtype=np.int32).reshape(3, 2)
+  y = jax.jit(lambda x: bp.pure_callback(lambda x: x > 2, S((3, 2), np.bool_), x,
+                                         num_batch_dims=1))(x)
+  np.testing.assert_array_equal(y, x > 2)
+  assert jnp.asarray(y).dtype == jnp.bool_
