@@ -24,9 +24,6 @@ What is used, and why:
 - ``jax._src.callback`` and ``mlir.ModuleContext.add_host_callback``: jax's
   IO effect, its result dtype check and its host-callback custom-call
   targets, for ``bp.pure_callback`` / ``bp.io_callback``.
-- ``jax._src.callback`` and ``mlir.ModuleContext.add_host_callback``: jax's
-  IO effect, its result dtype check and its host-callback custom-call
-  targets, for ``bp.pure_callback`` / ``bp.io_callback``.
 - ``jax._src.export._export``: ``call_exported_p``'s lowering (the calls an
   artifact brings are made partitionable in the caller), ``_check_module``
   and the stable target list, so ``DisabledSafetyCheck.custom_call(name)``
@@ -352,70 +349,6 @@ def with_leading_spec(aval, entries):
   mesh = mesh if mesh is not None and not mesh.empty else get_cur_mesh_sharding().mesh
   spec = PartitionSpec(*entries, *([None] * (len(aval.shape) - len(entries))))
   return aval.update(sharding=NamedSharding(mesh, spec))
-
-
-# ---------------------------------------------------------------------------
-# Host callbacks (bp.pure_callback, bp.io_callback)
-# ---------------------------------------------------------------------------
-
-def io_effect():
-  """jax's unordered IO effect (``jax.experimental.io_callback``'s): keeps
-  the call alive and is allowed inside control flow."""
-  from jax._src import callback as jax_callback
-  return jax_callback._IOEffect
-
-
-def require_devices_during_lowering(primitive) -> None:
-  """Marks ``primitive`` as needing a backend while lowering, as jax marks
-  its own callback primitives."""
-  dispatch.prim_requires_devices_during_lowering.add(primitive)
-
-
-def register_uncached_lowering(primitive, rule: Callable) -> None:
-  """A lowering rule whose output depends on the module being built (a host
-  callback's index into its list of callbacks), so never reused."""
-  mlir.register_lowering(primitive, rule, cacheable=False)
-
-
-def add_host_callback(ctx, callable_) -> int:
-  """Adds ``callable_`` to the host callbacks handed to the compiler with
-  the module (the executable holds it until it dies); returns its index,
-  the ``index`` attribute of jax's callback custom calls."""
-  ctx.module_context.add_host_callback(callable_)
-  return len(ctx.module_context.host_callbacks) - 1
-
-
-def host_callback_target(platform: str) -> str:
-  """jax's typed-FFI host callback target for a lowering platform: it calls
-  ``host_callbacks[index](*numpy arrays)`` and copies the returned tuple of
-  arrays into the result buffers."""
-  device = "gpu" if platform in ("cuda", "rocm") else "cpu"
-  return f"xla_ffi_python_{device}_callback"
-
-
-def num_partitions(ctx) -> int:
-  """How many partitions (devices) the program being lowered has."""
-  axis_context = ctx.module_context.axis_context
-  mesh = getattr(axis_context, "mesh", None)
-  if mesh is not None:
-    return int(mesh.size)
-  return int(getattr(axis_context, "num_devices", 1))
-
-
-ir_constant = mlir.ir_constant
-
-
-def canonicalize_value(x):
-  """A callback result as jax canonicalizes it (float64 -> float32 where
-  x64 is off)."""
-  from jax._src import dtypes
-  return dtypes.canonicalize_value(x)
-
-
-def check_result_shape_dtype(shape_dtype) -> None:
-  """jax's check that a callback's declared result dtype is canonical."""
-  from jax._src import callback as jax_callback
-  jax_callback._check_shape_dtype(shape_dtype)
 
 
 # ---------------------------------------------------------------------------
