@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import collective_kinds, compiled_text, local_shapes, put, rng
 from hypothesis import HealthCheck, given, settings, strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo
+
+from helpers import collective_kinds, compiled_text, local_shapes, put, rng
 
 CPU_CALLBACK = "xla_ffi_python_cpu_callback"
 S = jax.ShapeDtypeStruct

@@ -1,0 +1,71 @@
+"""One process of a two-process jax.distributed job (4 CPU devices each)
+calling bp.pure_callback and bp.io_callback on a batch sharded over all 8
+devices, then a collective.
+
+Run by test_callbacks_multiprocess.py as ``python
+callbacks_multiprocess_worker.py PORT ID OUT``: each process writes, to
+OUT.<ID>.npz, the batch rows its own callbacks got and the gathered
+results.
+"""
+
+import os
+import sys
+import threading
+
+port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           initialization_timeout=120)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import batchpart as bp  # noqa: E402
+
+assert jax.device_count() == 8 and jax.local_device_count() == 4
+mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+m = np.random.default_rng(1).standard_normal((32, 6, 6))
+x = (m + np.swapaxes(m, -1, -2)).astype(np.float32)
+lock = threading.Lock()
+pure_rows, io_rows = [], []
+
+
+def eig(block, index):
+  with lock:
+    pure_rows.extend(range(index[0].start, index[0].stop))
+  return np.linalg.eigvalsh(block)
+
+
+def write(block, index):
+  with lock:
+    io_rows.extend(range(index[0].start, index[0].stop))
+  return np.full(block.shape[:1], jax.process_index(), np.int32)
+
+
+@jax.jit
+def f(x):
+  w = bp.pure_callback(eig, jax.ShapeDtypeStruct((32, 6), np.float32), x,
+                       num_batch_dims=1, with_index=True)
+  who = bp.io_callback(write, jax.ShapeDtypeStruct((32,), np.int32), x,
+                       num_batch_dims=1, with_index=True)
+  return w, who, jnp.sum(w)
+
+
+sharding = NamedSharding(mesh, P("x"))
+xs = jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+for _ in range(3):
+  w, who, total = f(xs)
+assert w.sharding.spec == P("x") and who.sharding.spec == P("x")
+text = f.lower(xs).compile().as_text()
+np.savez(f"{out}.{process_id}.npz",
+         w=multihost_utils.process_allgather(w, tiled=True),
+         who=multihost_utils.process_allgather(who, tiled=True),
+         total=np.asarray(total), pure_rows=np.array(sorted(pure_rows)),
+         io_rows=np.array(sorted(io_rows)), hlo=np.array(text))
+jax.distributed.shutdown()

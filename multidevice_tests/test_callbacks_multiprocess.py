@@ -1,0 +1,53 @@
+"""A two-process jax.distributed job (gloo, 4 CPU devices per process):
+each process's host callbacks get that process's batch shards only, and
+the results are ordinary sharded arrays."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from batchpart import _hlo
+
+WORKER = os.path.join(os.path.dirname(__file__), "callbacks_multiprocess_worker.py")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_each_process_calls_back_for_its_own_shards(tmp_path):
+  out = str(tmp_path / "results")
+  port = str(_free_port())
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen([sys.executable, WORKER, port, str(i), out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
+  m = np.random.default_rng(1).standard_normal((32, 6, 6))
+  x = (m + np.swapaxes(m, -1, -2)).astype(np.float32)
+  want = np.linalg.eigvalsh(x)
+  r = [np.load(f"{out}.{i}.npz") for i in range(2)]
+  for i in range(2):
+    np.testing.assert_allclose(r[i]["w"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(r[i]["total"], want.sum(), rtol=1e-4)
+    # Process i holds devices 4i..4i+3, i.e. rows 16i..16i+15, three runs.
+    mine = list(range(16 * i, 16 * i + 16))
+    assert list(r[i]["pure_rows"]) == sorted(mine * 3)
+    assert list(r[i]["io_rows"]) == sorted(mine * 3)
+    np.testing.assert_array_equal(r[i]["who"], np.repeat([0, 1], 16))
+  text = str(r[0]["hlo"])
+  calls = _hlo.custom_calls(text, "xla_ffi_python_cpu_callback")
+  assert len(calls) == 2
+  assert all([t.shape for t in c.operand_types] == [(2,), (4, 6, 6)] for c in calls)
