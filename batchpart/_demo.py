@@ -76,6 +76,48 @@ def _interleaved(fns: dict, a, rounds: int) -> dict:
   return best
 
 
+def _callbacks(mesh, a, repeats: int) -> None:
+  """The same factorization as a Python host callback (NumPy), through
+  bp.pure_callback and jax.pure_callback: where each runs and how long."""
+  import threading
+
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from batchpart import _hlo
+
+  out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+  blocks, lock = [], threading.Lock()
+
+  def numpy_cholesky(x, index=None):
+    if index is not None:
+      with lock:
+        blocks.append((index[0].start, index[0].stop))
+    return np.linalg.cholesky(x)
+
+  fns = {
+      "bp.pure_callback": jax.jit(lambda x: bp.pure_callback(
+          numpy_cholesky, out, x, num_batch_dims=1, with_index=True)),
+      "jax.pure_callback": jax.jit(lambda x: jax.pure_callback(numpy_cholesky, out, x)),
+  }
+  a_sharded = jax.device_put(a, NamedSharding(mesh, P("x")))
+  print("host callback (np.linalg.cholesky), batch-sharded input:")
+  for f in fns.values():
+    np.testing.assert_allclose(f(a_sharded), np.linalg.cholesky(a), rtol=1e-3, atol=1e-3)
+  times = _interleaved(fns, a_sharded, repeats)
+  for name, f in fns.items():
+    text = f.lower(a_sharded).compile().as_text()
+    moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
+    print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
+          f"{times[name] * 1e3:9.2f}ms")
+  calls = sorted(set(blocks))
+  print(f"  bp.pure_callback called NumPy {len(calls)} times per run, on rows "
+        f"{', '.join(f'{b}:{e}' for b, e in calls[:3])}, ... (each device its own rows;\n"
+        "  jax.pure_callback gathers all rows onto device 0 and calls once). docs/callbacks.md")
+
+
 def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 32) -> int:
   _configure(num_devices)
   import jax
@@ -116,5 +158,6 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
   print("All four give NumPy's factors, batch-sharded. 'devices/element' is how many devices\n"
         "compute each matrix (1 = no redundant work; '-' inside shard_map); 'vs batchpart' is\n"
         "each call's time over batchpart's, measured interleaved. The shard_map wrapper is\n"
-        "right here only because its in_specs name the batch dim; it cannot follow other specs.")
+        "right here only because its in_specs name the batch dim; it cannot follow other specs.\n")
+  _callbacks(mesh, a, repeats)
   return 0
