@@ -81,41 +81,44 @@ def _hook(primitive, declaration_for, owner: str) -> None:
   _hooked.add(primitive)
 
 
-def declare_primitive(primitive, declaration: foreign.BatchDeclaration, same) -> bool:
-  """Puts ``declaration`` in force for ``primitive``; False if an equal one
-  (``same(old, new)``) already is. Raises naming the primitive if another is."""
+def _declare(table: dict, key, declaration: foreign.BatchDeclaration, same, hook,
+             undo_hint: str) -> bool:
+  """Puts ``declaration`` in force for ``key`` in ``table`` (installing
+  ``hook`` first); False if an equal one (``same(old, new)``) already is.
+  Raises naming the owner if another is."""
   with _lock:
-    old = _primitive_declaration(primitive)
-    if old is not None:
-      if same(old, declaration):
+    entry = table.get(key)
+    if entry is not None:
+      if same(entry[1], declaration):
         return False
       raise ValueError(
-          f"{declaration.owner}: the primitive is already partitioned by batchpart with "
-          "another declaration (batch dims or shard_attributes rule). Call "
-          "batchpart.unpartition on it first to declare it again.")
-    _hook(primitive, lambda params: _primitive_declaration(primitive), declaration.owner)
-    _primitives[primitive] = (next(_serials), declaration)
+          f"{declaration.owner}: already partitioned by batchpart with another declaration "
+          f"(batch dims or shard_attributes rule). Call {undo_hint} first to declare it "
+          "again.")
+    hook()
+    table[key] = (next(_serials), declaration)
     _update_key()
   return True
+
+
+def declare_primitive(primitive, declaration: foreign.BatchDeclaration, same) -> bool:
+  """Puts ``declaration`` in force for ``primitive``'s lowering rules."""
+  return _declare(
+      _primitives, primitive, declaration, same,
+      lambda: _hook(primitive, lambda params: _primitive_declaration(primitive),
+                    declaration.owner),
+      "batchpart.unpartition on the primitive")
 
 
 def declare_target(target_name: str, declaration: foreign.BatchDeclaration, same) -> bool:
   """Puts ``declaration`` in force for every ``jax.ffi.ffi_call`` to
-  ``target_name``; as ``declare_primitive`` otherwise."""
-  with _lock:
-    old = _target_declaration(target_name)
-    if old is not None:
-      if same(old, declaration):
-        return False
-      raise ValueError(
-          f"{declaration.owner}: the target is already partitioned by batchpart with "
-          "another declaration (batch dims or shard_attributes rule). Call "
-          f"batchpart.unpartition('{target_name}') first to declare it again.")
-    _hook(compat.jax_ffi_call_p,
-          lambda params: _target_declaration(params.get("target_name")), declaration.owner)
-    _targets[target_name] = (next(_serials), declaration)
-    _update_key()
-  return True
+  ``target_name``."""
+  return _declare(
+      _targets, target_name, declaration, same,
+      lambda: _hook(compat.jax_ffi_call_p,
+                    lambda params: _target_declaration(params.get("target_name")),
+                    declaration.owner),
+      f"batchpart.unpartition('{target_name}')")
 
 
 def withdraw(primitive_or_target_name) -> None:
