@@ -302,3 +302,20 @@ def test_io_callback_passes_each_element_exactly_once(partitioner, mesh2x4, n, s
                     for e in np.ndindex(*[s.stop - s.start for s in index])
                     for e in [tuple(i + s.start for i, s in zip(e, index))])
   assert elements == list(np.ndindex(*shape))
+
+
+@pytest.mark.timeout(120)
+def test_explain_lists_callbacks(partitioner, mesh8):
+  def my_eigvalsh(x):
+    return np.linalg.eigvalsh(x)
+
+  f = jax.jit(lambda x: bp.pure_callback(my_eigvalsh, S((16, 4), np.float32), x,
+                                         num_batch_dims=1))
+  report = bp.explain(f, put(_sym(16), mesh8, P("x")))
+  (call,) = report.calls
+  assert call.callback == "batchpart.pure_callback(test_explain_lists_callbacks.<locals>." \
+                          "my_eigvalsh)"
+  assert call.device_operand_shapes == ((2,), (2, 4, 4))
+  assert call.collectives_before == () and call.collectives_after == ()
+  assert call.replication == 1
+  assert "batchpart.pure_callback(" in str(report)

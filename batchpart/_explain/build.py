@@ -108,7 +108,8 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       source=_source(frames), hlo_name=inst.name if inst is not None else None,
       op_name=inst.op_name if inst is not None else "",
       in_shard_map=low.in_shard_map if low is not None else False,
-      removed=inst is None)
+      removed=inst is None,
+      callback=inst.frontend_attribute("batchpart.callback") if inst is not None else None)
 
 
 # batchpart's own package directory: frames inside it are not the user's.

@@ -60,7 +60,8 @@ def render(report: Any) -> str:
   for k, call in enumerate(report.calls):
     lines.append("")
     where = f"  at {os.path.basename(call.source)}" if call.source else ""
-    lines.append(f"[{k}] {call.target}{where}")
+    label = call.target if call.callback is None else f"{call.callback} ({call.target})"
+    lines.append(f"[{k}] {label}{where}")
     if call.removed:
       lines.append("    not in the compiled program (XLA removed it: unused, "
                    "or merged with an identical call)")

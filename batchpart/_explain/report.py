@@ -60,6 +60,9 @@ class CallReport:
     in_shard_map: the call runs inside a ``shard_map`` body.
     removed: the call is not in the compiled program (XLA dropped it as
       unused or merged it with an identical call).
+    callback: for a host callback, who calls it
+      (``"batchpart.pure_callback(fn)"``); its operand 0 is the block
+      vector. None for an FFI call.
   """
   target: str
   num_batch_dims: int | None
@@ -78,6 +81,7 @@ class CallReport:
   op_name: str = ""
   in_shard_map: bool = False
   removed: bool = False
+  callback: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
