@@ -390,6 +390,15 @@ def host_callback_target(platform: str) -> str:
   return f"xla_ffi_python_{device}_callback"
 
 
+def is_partially_manual_lowering(ctx) -> bool:
+  """Whether the op is lowered in a ``shard_map`` over some mesh axes only
+  (the others automatic)."""
+  axis_context = ctx.module_context.axis_context
+  manual = getattr(axis_context, "manual_axes", frozenset())
+  mesh = getattr(axis_context, "mesh", None)
+  return bool(mesh is not None and manual and not is_manual_lowering(ctx))
+
+
 def num_partitions(ctx) -> int:
   """How many partitions (devices) the program being lowered has."""
   axis_context = ctx.module_context.axis_context

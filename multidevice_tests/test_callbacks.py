@@ -319,3 +319,41 @@ def test_explain_lists_callbacks(partitioner, mesh8):
   assert call.collectives_before == () and call.collectives_after == ()
   assert call.replication == 1
   assert "batchpart.pure_callback(" in str(report)
+
+
+@pytest.mark.timeout(120)
+def test_partially_manual_shard_map_is_refused_by_name(partitioner, mesh2x4):
+  def my_cb(x):
+    return x
+
+  f = jax.shard_map(lambda x: bp.io_callback(my_cb, S(x.shape, x.dtype), x, num_batch_dims=1),
+                    mesh=mesh2x4, in_specs=P("a"), out_specs=P("a"), axis_names={"a"})
+  with pytest.raises(NotImplementedError, match=r"io_callback\(.*my_cb\).*some mesh axes"):
+    jax.jit(f).lower(put(np.ones((16, 2), np.float32), mesh2x4, P("a")))
+
+
+@pytest.mark.timeout(120)
+def test_io_callback_inside_cond_and_scan(partitioner, mesh2x4):
+  rec = Recorder(lambda x: x * 2)
+  x = np.arange(32, dtype=np.float32).reshape(16, 2)
+
+  def in_cond(x, flag):
+    return jax.lax.cond(flag, lambda x: bp.io_callback(rec, S(x.shape, x.dtype), x,
+                                                       num_batch_dims=1, with_index=True),
+                        lambda x: x, x)
+
+  np.testing.assert_array_equal(jax.jit(in_cond)(put(x, mesh2x4, P("b")), True), 2 * x)
+  assert rec.rows() == list(range(16))
+  rec.calls.clear()
+  np.testing.assert_array_equal(jax.jit(in_cond)(put(x, mesh2x4, P("b")), False), x)
+  assert rec.calls == []
+
+  def in_scan(x):
+    def body(c, xi):
+      return c, bp.io_callback(rec, S(xi.shape, xi.dtype), xi, num_batch_dims=1,
+                               with_index=True)
+    return jax.lax.scan(body, 0, x)[1]
+
+  x3 = x.reshape(2, 8, 2)
+  np.testing.assert_array_equal(jax.jit(in_scan)(put(x3, mesh2x4, P(None, "b"))), 2 * x3)
+  assert rec.rows() == sorted(list(range(8)) * 2)   # each step's 8 rows once

@@ -157,6 +157,10 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
   else:
     spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+  if getattr(spec, "operand_lead_ranks", ()) or getattr(spec, "result_lead_ranks", ()):
+    raise NotImplementedError(
+        f"{owner}: signature {signature!r} puts core dims before '...'; host callbacks "
+        "take their batch dims in front. Move them there (jnp.moveaxis) first.")
   flat_args = compat.auto_insert_reshard(*flat_args) if flat_args else ()
   outs = bind(*flat_args,
               callback=FlatCallback(callback, in_tree, out_tree, with_index=with_index,

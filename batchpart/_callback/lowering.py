@@ -44,6 +44,11 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
                               f"callbacks is not supported (got {platforms}).")
+  if compat.is_partially_manual_lowering(ctx):
+    raise NotImplementedError(
+        f"{callback.owner}: host callbacks inside a shard_map over some mesh axes only "
+        "(axis_names=...) are not supported, as for jax's callbacks. Call it outside the "
+        "shard_map, or make the shard_map manual over every mesh axis.")
   avals_in, avals_out = list(ctx.avals_in), list(ctx.avals_out)
   spec = BatchSpec(operand_core_ranks, result_core_ranks)
   batch = check_spec(callback.owner, spec, [a.shape for a in avals_in],
