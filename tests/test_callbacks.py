@@ -351,3 +351,20 @@ def test_public_callbacks_work_on_integer_and_bool_data():
                                          num_batch_dims=1))(x)
   np.testing.assert_array_equal(y, x > 2)
   assert jnp.asarray(y).dtype == jnp.bool_
+
+
+def test_cuda_lowering_targets_jax_gpu_callback():
+  """Lowered for CUDA (no GPU needed): jax's GPU callback target, same index
+  and block vector; running it needs a GPU."""
+  f = jax.jit(lambda x: bp.pure_callback(np.sin, S((4,), np.float32), x, num_batch_dims=1))
+  text = f.trace(np.ones(4, np.float32)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "custom_call @xla_ffi_python_gpu_callback(" in text
+  assert "index = 0 : ui64" in text
+
+
+@pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()), reason="no GPU")
+def test_cuda_callback_runs():
+  x = np.linspace(0, 1, 8).astype(np.float32)
+  y = jax.jit(lambda x: bp.pure_callback(np.sin, S((8,), np.float32), x,
+                                         num_batch_dims=1))(jax.device_put(x, jax.devices()[0]))
+  np.testing.assert_allclose(y, np.sin(x), rtol=1e-6)
