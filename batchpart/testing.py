@@ -20,6 +20,10 @@ TARGETS = {
     "batchpart_test_axpy": "axpy",            # (n),(n) -> (n); attr alpha: f64
     "batchpart_test_copy_bytes": "copy_bytes",  # (m,n) -> (m,n), memory as laid out
     "batchpart_test_count": "count",          # (n) -> nothing: counts and sums its input
+    # (a..,...,t..),(c..,...,d..) -> (e..,...,f..): the sum of both operands'
+    # core elements at each batch element, everywhere in the result's core
+    # dims; attrs x_lead, x_trail, y_lead, y_trail, out_lead, out_trail: int64
+    "batchpart_test_core_sum": "core_sum",
 }
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
 

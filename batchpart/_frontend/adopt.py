@@ -13,7 +13,6 @@ from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, parse_signature
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
-from batchpart._primitive.batch_spec import BatchSpec
 
 
 def _declaration(owner: str, num_batch_dims, signature, shard_attributes
@@ -32,8 +31,7 @@ def _declaration(owner: str, num_batch_dims, signature, shard_attributes
   core_ranks = None
   if signature is not None:
     parsed = parse_signature(signature, owner=owner)
-    core_ranks = BatchSpec(tuple(len(c) for c in parsed.inputs),
-                           tuple(len(c) for c in parsed.outputs))
+    core_ranks = parsed.spec()
   rule = (None if shard_attributes is None else
           attributes.make_rule(shard_attributes, owner=owner))
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,

@@ -23,7 +23,7 @@ from batchpart._frontend.signature import (
   spec_from_signature,
 )
 from batchpart._partition import declared
-from batchpart._primitive.batch_spec import broadcast_batch_shapes
+from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes
 
 
 def batch_partitionable(fn=None, *, signature: str | None = None,
@@ -57,6 +57,12 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
 
+  With a ``...`` in the signature (batch dims after some core dims, e.g.
+  ``"(a,...,n)->(...,n)"``), the wrapper's arguments have their batch dims
+  where it stands; a value inside the wrapper that is neither an argument nor
+  shared is batched where the batch shape appears in it, at the position of a
+  ``...`` in the signature or else in front.
+
   Returns:
     The decorated wrapper, with the same calling convention.
   """
@@ -79,9 +85,9 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     closed, out_shapes = jax.make_jaxpr(
         functools.partial(fn, **kwargs), return_shape=True)(*args)
     flat_args = jax.tree.leaves(args)
-    batch_shape, core_ranks = _wrapper_spec(name, parsed, num_batch_dims, flat_args,
-                                            jax.tree.leaves(out_shapes))
-    rewriter = _Rewriter(name, batch_shape)
+    batch_shape, core_ranks, leads = _wrapper_spec(name, parsed, num_batch_dims,
+                                                   flat_args, jax.tree.leaves(out_shapes))
+    rewriter = _Rewriter(name, batch_shape, leads)
     outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, core_ranks)
     rewriter.finish_trace()
     return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
@@ -90,7 +96,8 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
 
 
 def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
-  """The wrapper's broadcast batch shape and its arguments' core ranks."""
+  """The wrapper's broadcast batch shape, its arguments' core ranks and the
+  positions (leading core dims) of the signature's ``...``s."""
   operand_shapes = [tuple(compat.typeof(a).shape) for a in args]
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
@@ -99,8 +106,29 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
   else:
     spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
   batch_shape = broadcast_batch_shapes(owner, [
-      s[:len(s) - c] for s, c in zip(operand_shapes, spec.operand_core_ranks)])
-  return batch_shape, spec.operand_core_ranks
+      batch_slice(s, lead, c)
+      for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
+  core_ranks = tuple(_CoreRank.of(c, lead)
+                     for c, lead in zip(spec.operand_core_ranks, spec.operand_leads))
+  return batch_shape, core_ranks, (*spec.operand_lead_ranks, *spec.result_lead_ranks)
+
+
+class _CoreRank(int):
+  """A known core rank (the trailing core dims) that also says how many core
+  dims lead (``lead``, before the batch dims); plain ints lead with none."""
+  lead: int = 0
+
+  @classmethod
+  def of(cls, core_rank: int, lead: int):
+    if not lead:
+      return int(core_rank)
+    out = cls(core_rank)
+    out.lead = int(lead)
+    return out
+
+
+def _lead(core_rank) -> int:
+  return getattr(core_rank, "lead", 0)
 
 
 def _ndim(var) -> int:
@@ -142,9 +170,12 @@ class _Rewriter:
   dims equal the batch shape.
   """
 
-  def __init__(self, name, batch_shape):
+  def __init__(self, name, batch_shape, leads=()):
     self.name = name
     self.batch_shape = tuple(batch_shape)
+    # Where a value of unknown origin may hold the batch shape: at the
+    # signature's '...' positions, else in front.
+    self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
     self.rewritten = 0
     self.left_alone = []   # why calls stayed plain jax.ffi.ffi_calls
     self.hidden = {}       # primitive name -> ffi_calls inside it, not entered
@@ -156,23 +187,29 @@ class _Rewriter:
     if known_core_rank is not None:
       return known_core_rank
     rank = len(self.batch_shape)
-    return len(shape) - rank if tuple(shape[:rank]) == self.batch_shape else len(shape)
+    for lead in self.leads:
+      if tuple(shape[lead:lead + rank]) == self.batch_shape:
+        return _CoreRank.of(len(shape) - lead - rank, lead)
+    return len(shape)
+
+  def _result_core_ranks(self, result_avals) -> tuple:
+    return tuple(self._core_rank(r.shape, None) for r in result_avals)
 
   def _why_not_batched(self, params, operand_core_ranks, operand_shapes):
     """Why a ``jax.ffi.ffi_call`` cannot become a batchpart call, or None."""
     target, result_avals = params["target_name"], params["result_avals"]
-    rank = len(self.batch_shape)
     if params.get("custom_call_api_version", 4) != 4:
       return f"the call to {target!r} is not a typed FFI call (custom_call_api_version 4)"
     if any(r is compat.abstract_token for r in result_avals):
       return f"the call to {target!r} returns a token"
     if not self.batch_shape:
       return "the batch shape is () (nothing to partition)"
-    if any(tuple(r.shape[:rank]) != self.batch_shape for r in result_avals):
+    if any(_lead(c) + c == len(r.shape)
+           for c, r in zip(self._result_core_ranks(result_avals), result_avals)):
       shapes = ", ".join(str(tuple(r.shape)) for r in result_avals)
       return (f"the call to {target!r} has results of shapes {shapes}, without the batch "
               f"shape (a kernel called once per problem?)")
-    if all(c == len(s) for c, s in zip(operand_core_ranks, operand_shapes)):
+    if all(_lead(c) + c == len(s) for c, s in zip(operand_core_ranks, operand_shapes)):
       return f"the call to {target!r} has no batched operand (it runs whole)"
     return None
 
@@ -190,12 +227,18 @@ class _Rewriter:
     self.rewritten += 1
     declared.declare(params["target_name"])
     result_avals = tuple(params["result_avals"])
+    result_core_ranks = self._result_core_ranks(result_avals)
+    leads = {}
+    if any(map(_lead, core_ranks + result_core_ranks)):
+      leads = {"operand_lead_ranks": tuple(map(_lead, core_ranks)),
+               "result_lead_ranks": tuple(map(_lead, result_core_ranks))}
     return _primitive.bind(
         *invals,
         target_name=params["target_name"],
         result_avals=result_avals,
-        operand_core_ranks=core_ranks,
-        result_core_ranks=tuple(self._core_rank(r.shape, None) for r in result_avals),
+        operand_core_ranks=tuple(map(int, core_ranks)),
+        result_core_ranks=tuple(map(int, result_core_ranks)),
+        **leads,
         has_side_effect=params["has_side_effect"],
         input_layouts=tuple(map(tuple, params["input_layouts"])),
         output_layouts=tuple(map(tuple, params["output_layouts"])),

@@ -46,7 +46,10 @@ def ffi_call(
       operand's and result's core dims; every operand's leading dims are batch
       dims, broadcast NumPy-style across operands (a size-1 or missing batch
       dim is broadcast without being materialised, so the kernel must accept
-      it); results get the broadcast batch shape. Exactly one of
+      it); results get the broadcast batch shape. A ``...`` in a group puts
+      that array's batch dims there instead, NumPy-einsum style:
+      ``"(a,f,...,r),(a,f,...,r)->(p,f,...)"`` has batch dims after two core
+      dims in each operand and after two in the result. Exactly one of
       ``num_batch_dims`` and ``signature`` is required.
     has_side_effect: keep the call even when its results are unused.
     input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
@@ -127,6 +130,7 @@ def ffi_call(
         result_avals=tuple(result_avals),
         operand_core_ranks=spec.operand_core_ranks,
         result_core_ranks=spec.result_core_ranks,
+        **spec.lead_params(),
         has_side_effect=bool(has_side_effect),
         input_layouts=static_in,
         output_layouts=static_out,

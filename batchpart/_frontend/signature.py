@@ -15,7 +15,7 @@ import numpy as np
 
 from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
 
-_DIM = r"\s*(?:\w+)\s*"
+_DIM = r"\s*(?:\w+|\.\.\.)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"
 _CORES = rf"{_CORE}(?:\s*,\s*{_CORE})*"
 _SIGNATURE = re.compile(rf"^\s*(?P<ins>(?:{_CORES})?)\s*->\s*(?P<outs>(?:{_CORES})?)\s*$")
@@ -27,6 +27,26 @@ class Signature:
   inputs: tuple[tuple[str, ...], ...]
   outputs: tuple[tuple[str, ...], ...]
 
+  def spec(self) -> BatchSpec:
+    """The core dims before (lead) and after each group's ``...``; without
+    one, every core dim trails and the batch dims lead."""
+    place = lambda groups: [_split(g) for g in groups]
+    ins, outs = place(self.inputs), place(self.outputs)
+    return BatchSpec(tuple(len(t) for _, t in ins), tuple(len(t) for _, t in outs),
+                     tuple(len(lead) for lead, _ in ins),
+                     tuple(len(lead) for lead, _ in outs))
+
+
+ELLIPSIS = "..."
+
+
+def _split(group: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """A group's core dims before and after its ``...`` (none before without one)."""
+  if ELLIPSIS not in group:
+    return (), group
+  i = group.index(ELLIPSIS)
+  return group[:i], group[i + 1:]
+
   def __str__(self):
     fmt = lambda cores: ",".join("(" + ",".join(c) + ")" for c in cores)
     return f"{fmt(self.inputs)}->{fmt(self.outputs)}"
@@ -37,14 +57,21 @@ def parse_signature(signature: str, *, owner: str) -> Signature:
     raise ValueError(
         f"{owner}: signature={signature!r} is not a "
         "gufunc signature like '(m,n),(n)->(m)' (one parenthesised, "
-        "comma-separated group of core dims per operand and per result).")
+        "comma-separated group of core dims per operand and per result, with "
+        "'...' where batch dims are not leading: '(a,...,n)->(...,n)').")
   ins, outs = signature.split("->")
 
   def groups(text: str) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(d.strip() for d in g.split(",") if d.strip())
                  for g in re.findall(r"\(([^)]*)\)", text))
 
-  return Signature(groups(ins), groups(outs))
+  parsed = Signature(groups(ins), groups(outs))
+  for group in parsed.inputs + parsed.outputs:
+    if group.count(ELLIPSIS) > 1:
+      raise ValueError(
+          f"{owner}: signature={signature!r} has more than one '...' in the group "
+          f"({','.join(group)}); '...' marks where that array's batch dims are, once.")
+  return parsed
 
 
 def batch_rank(owner: str, num_batch_dims) -> int:
@@ -92,13 +119,15 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
         f"{len(result_shapes)}.")
   sizes: dict[str, tuple[int, str]] = {}
 
-  def bind(what: str, i: int, shape, cores) -> tuple[int, ...]:
+  def bind(what: str, i: int, shape, group) -> tuple[int, ...]:
+    lead, trail = _split(group)
+    cores = lead + trail
     if len(shape) < len(cores):
       raise ValueError(
           f"{owner}: {what} {i} has shape {_fmt(shape)}, "
           f"rank {len(shape)}, below the {len(cores)} core dims "
           f"({','.join(cores)}) of signature '{signature}'.")
-    core_shape = shape[len(shape) - len(cores):]
+    core_shape = tuple(shape[:len(lead)]) + tuple(shape[len(shape) - len(trail):])
     for name, size in zip(cores, core_shape):
       expected = int(name) if name.isdigit() else sizes.get(name, (size, ""))[0]
       if size != expected:
@@ -109,7 +138,7 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
             f"{expected} (signature '{signature}').")
       if not name.isdigit():
         sizes.setdefault(name, (size, f"{what} {i} (shape {_fmt(shape)})"))
-    return tuple(shape[:len(shape) - len(cores)])
+    return tuple(shape[len(lead):len(shape) - len(trail)])
 
   batch_shapes = [bind("operand", i, s, c)
                   for i, (s, c) in enumerate(zip(operand_shapes, signature.inputs))]
@@ -121,5 +150,4 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
           f"{owner}: result {i} has shape {_fmt(shape)}; "
           f"its batch dims {_fmt(result_batch)} must equal the operands' broadcast "
           f"batch shape {_fmt(batch)} (signature '{signature}').")
-  return BatchSpec(tuple(len(c) for c in signature.inputs),
-                   tuple(len(c) for c in signature.outputs))
+  return signature.spec()

@@ -58,8 +58,9 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
     return _partition_callback(d, plan, arg_shapes, result_shape, backend_config)
   # Every result carries the full batch shape: its local batch dims are the
   # shard's batch shape.
-  local_batch = (plan.result_local_shapes[0][:d.result_batch_ranks[0]]
-                 if result_shapes else ())
+  local_batch = (plan.result_local_shapes[0][
+      d.result_leads[0]:d.result_leads[0] + d.result_batch_ranks[0]]
+      if result_shapes else ())
   module = shard_module.build(
       d,
       operand_shapes=plan.operand_local_shapes,
@@ -133,7 +134,8 @@ def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
   as_operands = CallDescription(
       target=d.target, operand_batch_ranks=d.result_batch_ranks,
       result_batch_ranks=d.result_batch_ranks, operand_layouts=d.result_layouts,
-      result_layouts=d.result_layouts)
+      result_layouts=d.result_layouts, operand_lead_ranks=d.result_lead_ranks,
+      result_lead_ranks=d.result_lead_ranks)
   plan = make_plan(as_operands, result_shapes,
                    sh.element_shardings(user_sharding, result_shape), result_shapes,
                    split_axes=False)

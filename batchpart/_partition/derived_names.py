@@ -17,6 +17,9 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   layout of operand / result ``i``, one field each; ranks follow from them
   and from ``$no`` / ``$nr`` (the ranks of operands / results with default
   layouts, in order: ``$no2,1``)
+- ``$po<r>,<r>,...`` / ``$pr<r>,...``: the operands' / results' leading core
+  dims, before their batch dims (a signature's ``...`` not in front); only
+  where some are nonzero, so calls with leading batch dims keep their names
 - ``$a<i>:<j>``: operand ``i`` aliases result ``j``
 - ``$s``: the call has a side effect
 - ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
@@ -56,6 +59,10 @@ def encode(d: CallDescription) -> str:
     for i, layout in enumerate(layouts):
       if tuple(layout) != default_layout(len(layout)):
         fields.append(f"$l{kind}{i}:{_ints(layout, '.')}")
+  if d.operand_lead_ranks:
+    fields.append(f"$po{_ints(d.operand_lead_ranks)}")
+  if d.result_lead_ranks:
+    fields.append(f"$pr{_ints(d.result_lead_ranks)}")
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
   if d.has_side_effect:
     fields.append("$s")
@@ -106,7 +113,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
-    if tag in ("o", "r", "no", "nr"):
+    if tag in ("o", "r", "no", "nr", "po", "pr"):
       if tag in values:
         raise ValueError(f"field ${tag} given twice")
       values[tag] = value
@@ -138,9 +145,16 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   operand_ranks = _parse_ints(values["o"])
   result_ranks = _parse_ints(values["r"])
   operand_layouts, result_layouts = full_layouts("o"), full_layouts("r")
-  for batch, layouts_ in ((operand_ranks, operand_layouts), (result_ranks, result_layouts)):
+  operand_leads = _parse_ints(values.get("po", ""))
+  result_leads = _parse_ints(values.get("pr", ""))
+  for batch, leads, layouts_ in ((operand_ranks, operand_leads, operand_layouts),
+                                 (result_ranks, result_leads, result_layouts)):
+    if leads and (len(leads) != len(batch) or not any(leads)):
+      raise ValueError("lead ranks do not fit the arrays")
+    leads = leads or (0,) * len(batch)
     if len(batch) != len(layouts_) or any(
-        not 0 <= b <= len(l) for b, l in zip(batch, layouts_)):
+        not (0 <= b and 0 <= p and b + p <= len(l))
+        for b, p, l in zip(batch, leads, layouts_)):
       raise ValueError("batch ranks do not fit the arrays' ranks")
   return CallDescription(
       target=target,
@@ -152,4 +166,6 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       has_side_effect=side_effect,
       attribute_rule=rule,
       callback_partitions=callback_partitions,
+      operand_lead_ranks=operand_leads,
+      result_lead_ranks=result_leads,
   )

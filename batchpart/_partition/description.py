@@ -29,6 +29,9 @@ class CallDescription:
   batch shape), which the per-device module fills in per partition, and a
   batch replicated over devices is split across them instead
   (``_callback/blocks``).
+  ``operand_lead_ranks`` / ``result_lead_ranks``: the core dims before each
+  array's batch dims (a signature's ``...`` not in front); ``()`` where all
+  are zero, so an array's batch dims are [lead, lead + batch rank).
   """
   target: str
   operand_batch_ranks: tuple[int, ...]
@@ -39,8 +42,16 @@ class CallDescription:
   has_side_effect: bool = False
   attribute_rule: str = ""
   callback_partitions: int = 0
+  operand_lead_ranks: tuple[int, ...] = ()
+  result_lead_ranks: tuple[int, ...] = ()
 
   def __post_init__(self):
+    for field, n in (("operand_lead_ranks", len(self.operand_batch_ranks)),
+                     ("result_lead_ranks", len(self.result_batch_ranks))):
+      leads = tuple(int(v) for v in getattr(self, field))
+      if any(leads) and (len(leads) != n or min(leads) < 0):
+        raise ValueError(f"{self.target}: {field} {leads} do not fit {n} arrays")
+      object.__setattr__(self, field, leads if any(leads) else ())
     if len(self.operand_layouts) != len(self.operand_batch_ranks):
       raise ValueError(f"{self.target}: {len(self.operand_layouts)} operand layouts "
                        f"for {len(self.operand_batch_ranks)} operands")
@@ -59,6 +70,15 @@ class CallDescription:
         raise ValueError(f"{self.target}: alias {i}->{o} is out of range")
 
   @property
+  def operand_leads(self) -> tuple[int, ...]:
+    """Each operand's leading core dims (zeros where none)."""
+    return self.operand_lead_ranks or (0,) * len(self.operand_batch_ranks)
+
+  @property
+  def result_leads(self) -> tuple[int, ...]:
+    return self.result_lead_ranks or (0,) * len(self.result_batch_ranks)
+
+  @property
   def operand_ranks(self) -> tuple[int, ...]:
     return tuple(len(l) for l in self.operand_layouts)
 
@@ -69,14 +89,20 @@ class CallDescription:
 
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
-             has_side_effect, attribute_rule: str = "") -> CallDescription:
-  """The description of a call with these shapes and core ranks."""
+             has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
+             result_lead_ranks=()) -> CallDescription:
+  """The description of a call with these shapes and (trailing, leading)
+  core ranks."""
+  operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
+  result_leads = result_lead_ranks or (0,) * len(result_shapes)
   return CallDescription(
       target=target_name,
-      operand_batch_ranks=tuple(len(s) - c for s, c in
-                                zip(operand_shapes, operand_core_ranks)),
-      result_batch_ranks=tuple(len(s) - c for s, c in
-                               zip(result_shapes, result_core_ranks)),
+      operand_batch_ranks=tuple(len(s) - c - lead for s, c, lead in
+                                zip(operand_shapes, operand_core_ranks, operand_leads)),
+      result_batch_ranks=tuple(len(s) - c - lead for s, c, lead in
+                               zip(result_shapes, result_core_ranks, result_leads)),
+      operand_lead_ranks=tuple(operand_lead_ranks),
+      result_lead_ranks=tuple(result_lead_ranks),
       operand_layouts=tuple(map(tuple, input_layouts)),
       result_layouts=tuple(map(tuple, output_layouts)),
       aliases=tuple(sorted(map(tuple, input_output_aliases))),

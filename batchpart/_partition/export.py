@@ -34,13 +34,17 @@ def _add_sharding_rule(op, d) -> None:
   operand_shapes, result_shapes = _shapes(op.operands), _shapes(op.results)
   if not operand_shapes or not result_shapes:
     return
-  spec = BatchSpec(tuple(r - b for r, b in zip(d.operand_ranks, d.operand_batch_ranks)),
-                   tuple(r - b for r, b in zip(d.result_ranks, d.result_batch_ranks)))
+  spec = BatchSpec(tuple(r - b - p for r, b, p in
+                         zip(d.operand_ranks, d.operand_batch_ranks, d.operand_leads)),
+                   tuple(r - b - p for r, b, p in
+                         zip(d.result_ranks, d.result_batch_ranks, d.result_leads)),
+                   d.operand_lead_ranks, d.result_lead_ranks)
   batch_shape = check_spec(f"batchpart (an exported call to '{d.target}')", spec,
                            operand_shapes, result_shapes)
   op.attributes["sdy.sharding_rule"] = sharding_rule.attribute_for_types(
       operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
-      batch_shape, [v.type for v in op.operands], [r.type for r in op.results])
+      batch_shape, [v.type for v in op.operands], [r.type for r in op.results],
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
 
 
 def _drop_frontend_attribute(op, name: str) -> None:

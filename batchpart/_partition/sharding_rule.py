@@ -1,6 +1,7 @@
 """The Shardy sharding rule of a batchpart call (``sdy.sharding_rule``).
 
-One factor per batch dim, shared by every operand and result that has it. A
+One factor per batch dim, shared by every operand and result that has it
+(wherever its batch dims sit: after leading core dims too). A
 result's core dim shares the factor of the same core dim at the same core
 position of the first operand with that size there (its input's layout, as
 for an elementwise op), so a core-sharded input gives a result sharded the
@@ -16,44 +17,51 @@ from batchpart import _compat as compat
 
 
 def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
-            batch_shape) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
+            batch_shape, operand_lead_ranks=(), result_lead_ranks=()
+            ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
   """Each operand's and result's factor per dim, and the factors that need
-  replication (in the order they first appear, as Shardy wants)."""
+  replication (in the order they first appear, as Shardy wants). An array's
+  core dims are its ``*_lead_ranks`` leading dims (none if empty) and its
+  ``*_core_ranks`` trailing ones, in that order; its batch dims lie between."""
   rank = len(batch_shape)
   replicated: list[str] = []
   operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
+  operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
+  result_leads = result_lead_ranks or (0,) * len(result_shapes)
 
-  def batch_names(prefix, k, shape, core_rank):
-    b = len(shape) - core_rank
+  def batch_names(prefix, k, shape, lead, core_rank):
+    b = len(shape) - core_rank - lead
     names = []
     for m in range(b):
-      if shape[m] == batch_shape[rank - b + m]:
+      if shape[lead + m] == batch_shape[rank - b + m]:
         names.append(f"b{rank - b + m}")
       else:
-        names.append(f"{prefix}{k}_{m}")
+        names.append(f"{prefix}{k}_{lead + m}")
         replicated.append(names[-1])
-    return names, b
+    return names, [*range(lead), *range(lead + b, len(shape))]
 
-  def operand(k, shape, core_rank):
-    names, b = batch_names("o", k, shape, core_rank)
-    cores = [f"o{k}_{b + j}" for j in range(core_rank)]
-    operand_cores.append((cores, tuple(shape[b:])))
-    return names + cores
+  def operand(k, shape, lead, core_rank):
+    names, core_dims = batch_names("o", k, shape, lead, core_rank)
+    cores = [f"o{k}_{dim}" for dim in core_dims]
+    operand_cores.append((cores, tuple(shape[dim] for dim in core_dims)))
+    return cores[:lead] + names + cores[lead:]
 
-  def result(k, shape, core_rank):
-    names, b = batch_names("r", k, shape, core_rank)
+  def result(k, shape, lead, core_rank):
+    names, core_dims = batch_names("r", k, shape, lead, core_rank)
     cores = []
-    for j, size in enumerate(shape[b:]):
+    for j, dim in enumerate(core_dims):
+      size = shape[dim]
       shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
       if shared is None or shared in cores:
-        shared = f"r{k}_{b + j}"
+        shared = f"r{k}_{dim}"
         replicated.append(shared)
       cores.append(shared)
-    return names + cores
+    return cores[:lead] + names + cores[lead:]
 
-  lhs = [operand(k, s, c) for k, (s, c) in
-         enumerate(zip(operand_shapes, operand_core_ranks))]
-  rhs = [result(k, s, c) for k, (s, c) in enumerate(zip(result_shapes, result_core_ranks))]
+  lhs = [operand(k, s, lead, c) for k, (s, c, lead) in
+         enumerate(zip(operand_shapes, operand_core_ranks, operand_leads))]
+  rhs = [result(k, s, lead, c) for k, (s, c, lead) in
+         enumerate(zip(result_shapes, result_core_ranks, result_leads))]
   shared_names = {n for names in rhs for n in names}
   replicated += [n for cores, _ in operand_cores for n in cores if n not in shared_names]
   order = list(dict.fromkeys(n for names in lhs + rhs for n in names))
@@ -67,7 +75,8 @@ def text(lhs, rhs) -> str:
 
 
 def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
-              batch_shape, operand_types, result_types):
+              batch_shape, operand_types, result_types, *, operand_lead_ranks=(),
+              result_lead_ranks=()):
   """The ``sdy.sharding_rule`` attribute of a call XLA partitions, or None
   where none belongs (GSPMD, no operands, a region XLA does not partition) or
   none can be (Shardy's rules need a result)."""
@@ -75,12 +84,16 @@ def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_cor
           compat.xla_partitions(ctx)):
     return None
   return attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
-                             result_core_ranks, batch_shape, operand_types, result_types)
+                             result_core_ranks, batch_shape, operand_types, result_types,
+                             operand_lead_ranks=operand_lead_ranks,
+                             result_lead_ranks=result_lead_ranks)
 
 
 def attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
-                        result_core_ranks, batch_shape, operand_types, result_types):
+                        result_core_ranks, batch_shape, operand_types, result_types, *,
+                        operand_lead_ranks=(), result_lead_ranks=()):
   """The ``sdy.sharding_rule`` attribute, unconditionally (zero results too)."""
   lhs, rhs, replicated = factors(operand_shapes, operand_core_ranks, result_shapes,
-                                 result_core_ranks, batch_shape)
+                                 result_core_ranks, batch_shape, operand_lead_ranks,
+                                 result_lead_ranks)
   return compat.sdy_sharding_rule(lhs, rhs, operand_types, result_types, replicated)

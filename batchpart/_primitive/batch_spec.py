@@ -1,5 +1,6 @@
-"""Batch specs: how many trailing dims of each operand and result are core
-dims (everything before them is batch), and the checks every layer shares.
+"""Batch specs: how many leading and trailing dims of each operand and result
+are core dims (the dims between them are batch dims), and the checks every
+layer shares.
 
 A spec is the one description of a call's batch dims that the primitive, the
 lowering, retargeted foreign calls and the partitioner all read. The
@@ -19,9 +20,59 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class BatchSpec:
-  """How many trailing dims of each operand and result are core dims."""
+  """Where each operand's and result's batch dims are: ``*_core_ranks`` trailing
+  core dims and ``*_lead_ranks`` leading core dims (the dims before a
+  signature's ``...``); an array of rank n has batch dims [lead, n - core).
+
+  Lead ranks that are all zero (batch dims leading, as without ``...``) are
+  stored as ``()``, so such a spec equals one built without them.
+  """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
+  operand_lead_ranks: tuple[int, ...] = ()
+  result_lead_ranks: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    for field, n in (("operand_lead_ranks", len(self.operand_core_ranks)),
+                     ("result_lead_ranks", len(self.result_core_ranks))):
+      object.__setattr__(self, field, normalize_leads(getattr(self, field), n, field))
+
+  @property
+  def operand_leads(self) -> tuple[int, ...]:
+    """Each operand's leading core dims (zeros where none)."""
+    return full_leads(self.operand_lead_ranks, len(self.operand_core_ranks))
+
+  @property
+  def result_leads(self) -> tuple[int, ...]:
+    return full_leads(self.result_lead_ranks, len(self.result_core_ranks))
+
+  def lead_params(self) -> dict:
+    """The primitive parameters for the lead ranks: none where batch dims
+    lead, so such calls keep the parameters they always had."""
+    if not (self.operand_lead_ranks or self.result_lead_ranks):
+      return {}
+    return {"operand_lead_ranks": self.operand_leads,
+            "result_lead_ranks": self.result_leads}
+
+
+def normalize_leads(leads, n: int, what: str = "lead ranks") -> tuple[int, ...]:
+  """``leads`` as a tuple of n ints, or ``()`` where all are zero."""
+  leads = tuple(int(v) for v in leads)
+  if not any(leads):
+    return ()
+  if len(leads) != n or min(leads) < 0:
+    raise ValueError(f"{what} {leads} do not fit {n} arrays")
+  return leads
+
+
+def full_leads(leads, n: int) -> tuple[int, ...]:
+  """Normalized lead ranks expanded to one per array."""
+  return tuple(leads) if leads else (0,) * n
+
+
+def batch_slice(shape, lead: int, core: int) -> tuple[int, ...]:
+  """The batch dims of an array: between its lead and trailing core dims."""
+  return tuple(shape[lead:len(shape) - core])
 
 
 def fmt(shape) -> str:
@@ -71,16 +122,19 @@ def check_spec(owner: str, spec: BatchSpec, operand_shapes, result_shapes
         f"{len(spec.result_core_ranks)} results, but the call has "
         f"{len(operand_shapes)} and {len(result_shapes)}.")
   batch_shapes = []
-  for i, (shape, c) in enumerate(zip(operand_shapes, spec.operand_core_ranks)):
-    if len(shape) < c:
+  for i, (shape, c, lead) in enumerate(zip(operand_shapes, spec.operand_core_ranks,
+                                           spec.operand_leads)):
+    if len(shape) < c + lead:
       raise ValueError(
           f"{owner}: operand {i} with shape {fmt(shape)} has fewer dims than its "
-          f"{c} core dims.")
-    batch_shapes.append(tuple(shape[:len(shape) - c]))
+          f"{c + lead} core dims.")
+    batch_shapes.append(batch_slice(shape, lead, c))
   batch = broadcast_batch_shapes(owner, batch_shapes)
-  for i, (shape, c) in enumerate(zip(result_shapes, spec.result_core_ranks)):
-    if len(shape) < c or tuple(shape[:len(shape) - c]) != batch:
+  for i, (shape, c, lead) in enumerate(zip(result_shapes, spec.result_core_ranks,
+                                           spec.result_leads)):
+    if len(shape) < c + lead or batch_slice(shape, lead, c) != batch:
       raise ValueError(
           f"{owner}: result {i} with shape {fmt(shape)} does not have the batch "
-          f"shape {fmt(batch)} of the operands.")
+          f"shape {fmt(batch)} of the operands"
+          + (f" at dims {lead}..{lead + len(batch) - 1}." if lead else "."))
   return batch

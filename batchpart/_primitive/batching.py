@@ -1,5 +1,5 @@
-"""vmap of ``batchpart_ffi_call``: the mapped axis becomes one more leading
-batch dim of the same call."""
+"""vmap of ``batchpart_ffi_call``: the mapped axis becomes one more batch dim
+of the same call, the first of them (where a signature's ``...`` stands)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,33 @@ def _shift_layout(layout, new_dims: int = 1):
   return tuple(n + new_dims for n in layout) + tuple(range(new_dims - 1, -1, -1))
 
 
+def _insert_layout(layout, at: int, new_dims: int = 1):
+  """Minor-to-major layout of an array that gained ``new_dims`` dims at
+  position ``at``. In front they are the most major (as they always were);
+  elsewhere they sit just more major than the dim that follows them (the most
+  minor where none does), so a row-major layout stays row-major."""
+  if at == 0:
+    return _shift_layout(layout, new_dims)
+  shifted = [d + new_dims if d >= at else d for d in layout]
+  new = list(range(at + new_dims - 1, at - 1, -1))
+  if at >= len(layout):
+    return tuple(new + shifted)
+  i = shifted.index(at + new_dims) + 1
+  return tuple(shifted[:i] + new + shifted[i:])
+
+
 def _batching_rule(args, dims, *, result_avals, input_layouts, output_layouts,
                    input_output_aliases, broadcast_batch, **params):
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   core_ranks = params["operand_core_ranks"]
-  unmapped_batch_ranks = [len(a.shape) - c - (d is not None)
-                          for a, c, d in zip(args, core_ranks, dims)]
+  leads = params.get("operand_lead_ranks") or (0,) * len(args)
+  result_leads = params.get("result_lead_ranks") or (0,) * len(result_avals)
+  unmapped_batch_ranks = [len(a.shape) - c - lead - (d is not None)
+                          for a, c, lead, d in zip(args, core_ranks, leads, dims)]
   rank = max(unmapped_batch_ranks, default=0)
-  args = [a if d is None else compat.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  # The mapped dim goes first among each operand's batch dims.
+  args = [a if d is None else compat.moveaxis(a, d, lead)
+          for a, d, lead in zip(args, dims, leads)]
   dims = list(dims)
   # An aliased operand must have its result's shape, and under
   # num_batch_dims every operand has the full batch shape: materialise the
@@ -32,25 +51,27 @@ def _batching_rule(args, dims, *, result_avals, input_layouts, output_layouts,
     must_broadcast = set(range(len(args)))
   for i in must_broadcast:
     if dims[i] is None:
-      args[i] = lax.broadcast(args[i], (size,))
-      dims[i] = 0
+      args[i] = compat.moveaxis(lax.broadcast(args[i], (size,)), 0, leads[i])
+      dims[i] = leads[i]
   input_layouts = list(input_layouts)
-  for i, (a, d, b) in enumerate(zip(args, dims, unmapped_batch_ranks)):
+  for i, (a, d, b, lead) in enumerate(zip(args, dims, unmapped_batch_ranks, leads)):
     if d is None:
-      continue  # a missing leading dim: broadcast, right-aligned
-    # The mapped dim must line up with the new leading batch dim, so an
+      continue  # a missing leading batch dim: broadcast, right-aligned
+    # The mapped dim must line up with the new first batch dim, so an
     # operand with fewer batch dims gets size-1 (broadcast) dims after it.
     pad = rank - b
     if pad:
-      args[i] = lax.expand_dims(a, tuple(range(1, pad + 1)))
-    input_layouts[i] = _shift_layout(input_layouts[i], pad + 1)
-  output_layouts = tuple(_shift_layout(l) for l in output_layouts)
-  result_avals = tuple(r.update(shape=(size, *r.shape)) for r in result_avals)
+      args[i] = lax.expand_dims(a, tuple(range(lead + 1, lead + pad + 1)))
+    input_layouts[i] = _insert_layout(input_layouts[i], lead, pad + 1)
+  output_layouts = tuple(_insert_layout(layout, lead)
+                         for layout, lead in zip(output_layouts, result_leads))
+  result_avals = tuple(r.update(shape=(*r.shape[:lead], size, *r.shape[lead:]))
+                       for r, lead in zip(result_avals, result_leads))
   outs = batchpart_ffi_call_p.bind(
       *args, result_avals=result_avals, input_layouts=tuple(input_layouts),
       output_layouts=output_layouts, input_output_aliases=input_output_aliases,
       broadcast_batch=broadcast_batch, **params)
-  return outs, [0] * len(outs)
+  return outs, list(result_leads)
 
 
 compat.primitive_batchers[batchpart_ffi_call_p] = _batching_rule

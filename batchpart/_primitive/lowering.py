@@ -31,7 +31,9 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   extra = {"mhlo.frontend_attributes": compat.ir_attribute(frontend)}
   rule_attr = sharding_rule.attribute(ctx, operand_shapes, spec.operand_core_ranks,
                                       result_shapes, spec.result_core_ranks, batch_shape,
-                                      operand_types, result_types)
+                                      operand_types, result_types,
+                                      operand_lead_ranks=spec.operand_lead_ranks,
+                                      result_lead_ranks=spec.result_lead_ranks)
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
@@ -43,17 +45,19 @@ def _ir_types(ctx, avals):
 
 def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
               has_side_effect, input_layouts, output_layouts, input_output_aliases,
-              attributes, **_):
+              attributes, operand_lead_ranks=(), result_lead_ranks=(), **_):
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
   caller = f"batchpart.ffi_call('{target_name}')"
-  spec = BatchSpec(operand_core_ranks, result_core_ranks)
+  spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
+                   result_lead_ranks)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   description = describe(
       target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
       input_layouts=input_layouts, output_layouts=output_layouts,
-      input_output_aliases=input_output_aliases, has_side_effect=has_side_effect)
+      input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
   result_types = _ir_types(ctx, avals_out)
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

@@ -1,12 +1,15 @@
 """The ``batchpart_ffi_call`` primitive: one primitive for every target.
 
 Its parameters carry, next to everything a typed ``jax.ffi.ffi_call``
-carries, the number of core dims of each operand and result; all leading dims
-are batch dims. That description is invariant under vmap (a new leading dim is
-one more batch dim), so the batching rule is one call with a bigger batch.
+carries, the number of core dims of each operand and result: trailing ones
+and, where a signature's ``...`` puts the batch dims after some core dims,
+leading ones; the dims between are batch dims. That description is invariant
+under vmap (the new dim is one more batch dim, first among them), so the
+batching rule is one call with a bigger batch.
 
 Parameters: ``target_name``, ``result_avals``, ``operand_core_ranks``,
-``result_core_ranks``, ``has_side_effect``, ``input_layouts`` /
+``result_core_ranks``, optionally ``operand_lead_ranks`` /
+``result_lead_ranks`` (leading core dims; absent: none), ``has_side_effect``, ``input_layouts`` /
 ``output_layouts`` (minor-to-major), ``input_output_aliases`` (pairs),
 ``attributes`` (typed, hashable), ``broadcast_batch`` (whether operands'
 batch dims may broadcast, as under a signature, or must be equal, as under
@@ -57,7 +60,8 @@ def _check_reduced(owner: str, avals_in) -> None:
           f"jax.sharding.reshard(x, PartitionSpec(...)) without unreduced axes.")
 
 
-def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
+def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
+                            operand_lead_ranks=()):
   """Per batch dim, the mesh axes the results are typed with in Explicit
   mode: the operands' batch sharding, plus each axis that shards an
   operand's core dim moved onto the first batch dim it divides (whole axes:
@@ -68,23 +72,24 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
   used: set = set()
   mesh = None
   specs = []
-  for aval, c in zip(avals_in, operand_core_ranks):
+  leads = operand_lead_ranks or (0,) * len(operand_core_ranks)
+  for aval, c, lead in zip(avals_in, operand_core_ranks, leads):
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is None or sharding.mesh.empty:
       continue
     mesh = sharding.mesh
     spec = _partitions(spec, len(aval.shape))
-    specs.append((aval.shape, len(aval.shape) - c, spec))
-  for shape, b, spec in specs:   # batch dims first: they stay where they are
+    specs.append((aval.shape, lead, len(aval.shape) - c - lead, spec))
+  for shape, lead, b, spec in specs:   # batch dims first: they stay where they are
     for m in range(b):
       i = rank - b + m
-      axes = _axes(spec[m])
-      if axes and not entries[i] and shape[m] != 1 and not used & set(axes):
+      axes = _axes(spec[lead + m])
+      if axes and not entries[i] and shape[lead + m] != 1 and not used & set(axes):
         entries[i] = axes
         used |= set(axes)
-  for shape, b, spec in specs:   # then core-dim axes, moved onto batch dims
-    for j in range(b, len(shape)):
+  for shape, lead, b, spec in specs:   # then core-dim axes, moved onto batch dims
+    for j in [*range(lead), *range(lead + b, len(shape))]:
       axes = tuple(a for a in _axes(spec[j]) if a not in used)
       if not axes:
         continue
@@ -96,22 +101,24 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape):
         tiles = 1
         for a in entries[i]:
           tiles *= mesh.shape[a]
-        if shape[m] == batch_shape[i] and batch_shape[i] % (tiles * size) == 0:
+        if shape[lead + m] == batch_shape[i] and batch_shape[i] % (tiles * size) == 0:
           entries[i] = entries[i] + axes
           used |= set(axes)
           break
   return [_entry(e) for e in entries], mesh
 
 
-def _result_sharder(avals_in, operand_core_ranks, batch_shape):
-  """A function of a result's core rank giving its sharding in Explicit
-  mode (batch dims as _explicit_batch_entries, core dims whole)."""
-  entries, mesh = _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape)
+def _result_sharder(avals_in, operand_core_ranks, batch_shape, operand_lead_ranks=()):
+  """A function of a result's core rank (and leading core rank) giving its
+  sharding in Explicit mode (batch dims as _explicit_batch_entries, core dims
+  whole)."""
+  entries, mesh = _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
+                                          operand_lead_ranks)
   if mesh is None or all(e is None for e in entries):
-    return lambda core_rank: compat.get_cur_mesh_sharding()
+    return lambda core_rank, lead=0: compat.get_cur_mesh_sharding()
   from jax.sharding import NamedSharding, PartitionSpec
-  return lambda core_rank: NamedSharding(
-      mesh, PartitionSpec(*entries, *([None] * core_rank)))
+  return lambda core_rank, lead=0: NamedSharding(
+      mesh, PartitionSpec(*([None] * lead), *entries, *([None] * core_rank)))
 
 
 def reshard_core_to_batch(x, core_rank: int):
@@ -136,18 +143,23 @@ def reshard_core_to_batch(x, core_rank: int):
 
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
-                   result_core_ranks, has_side_effect, **_):
+                   result_core_ranks, has_side_effect, operand_lead_ranks=(),
+                   result_lead_ranks=(), **_):
   owner = f"batchpart.ffi_call('{target_name}')"
   require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
-  batch_shape = check_spec(owner, BatchSpec(operand_core_ranks, result_core_ranks),
-                           [a.shape for a in avals_in], [a.shape for a in result_avals])
+  spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
+                   result_lead_ranks)
+  batch_shape = check_spec(owner, spec, [a.shape for a in avals_in],
+                           [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
   _check_reduced(owner, avals_in)
-  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape)
-  return tuple(r.update(sharding=sharding(c))
-               for r, c in zip(result_avals, result_core_ranks)), effects
+  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape,
+                             spec.operand_lead_ranks)
+  return tuple(r.update(sharding=sharding(c, lead))
+               for r, c, lead in zip(result_avals, result_core_ranks,
+                                     spec.result_leads)), effects
 
 
 batchpart_ffi_call_p.def_effectful_abstract_eval(_abstract_eval)

@@ -167,6 +167,77 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// ---- core_sum: (a..,...,t..),(c..,...,d..) -> (e..,...,f..) ------------------
+// Batch dims anywhere: each operand and the result are [lead core dims,
+// batch dims, trailing core dims], the counts given as attributes (the batch
+// dims are what is left, broadcast NumPy-style). Every element of the result
+// at batch element b holds the sum of both operands' core elements at b.
+
+template <typename T>
+void CoreSum(const T* x, const T* y, T* out, const BatchBroadcast& x_index,
+             const BatchBroadcast& y_index, int64_t batch, int64_t x_lead, int64_t x_batch,
+             int64_t x_trail, int64_t y_lead, int64_t y_batch, int64_t y_trail,
+             int64_t out_lead, int64_t out_trail) {
+  for (int64_t b = 0; b < batch; ++b) {
+    double sum = 0;
+    const int64_t xb = x_index(b), yb = y_index(b);
+    for (int64_t l = 0; l < x_lead; ++l)
+      for (int64_t t = 0; t < x_trail; ++t) sum += x[(l * x_batch + xb) * x_trail + t];
+    for (int64_t l = 0; l < y_lead; ++l)
+      for (int64_t t = 0; t < y_trail; ++t) sum += y[(l * y_batch + yb) * y_trail + t];
+    for (int64_t l = 0; l < out_lead; ++l)
+      for (int64_t t = 0; t < out_trail; ++t)
+        out[(l * batch + b) * out_trail + t] = static_cast<T>(sum);
+  }
+}
+
+ffi::Error CoreSumImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
+                       int64_t x_lead, int64_t x_trail, int64_t y_lead, int64_t y_trail,
+                       int64_t out_lead, int64_t out_trail) {
+  const auto x_dims = x.dimensions(), y_dims = y.dimensions(), o_dims = out->dimensions();
+  auto fits = [](ffi::Span<const int64_t> dims, int64_t lead, int64_t trail) {
+    return lead >= 0 && trail >= 0 && lead + trail <= static_cast<int64_t>(dims.size());
+  };
+  if (!fits(x_dims, x_lead, x_trail) || !fits(y_dims, y_lead, y_trail) ||
+      !fits(o_dims, out_lead, out_trail)) {
+    return ShapeError("core_sum", "core dim counts exceed the ranks: x " +
+                                      DimsToString(x_dims) + ", y " + DimsToString(y_dims) +
+                                      ", out " + DimsToString(o_dims));
+  }
+  const auto o_batch = o_dims.first(o_dims.size() - out_trail).last(o_dims.size() - out_lead - out_trail);
+  const auto x_batch = x_dims.first(x_dims.size() - x_trail).last(x_dims.size() - x_lead - x_trail);
+  const auto y_batch = y_dims.first(y_dims.size() - y_trail).last(y_dims.size() - y_lead - y_trail);
+  if (!BatchBroadcast::Broadcasts(o_batch, x_batch) ||
+      !BatchBroadcast::Broadcasts(o_batch, y_batch)) {
+    return ShapeError("core_sum", "batch shapes do not broadcast to " + DimsToString(o_batch));
+  }
+  if (x.element_type() != y.element_type() || x.element_type() != out->element_type()) {
+    return ShapeError("core_sum", "operands and result must share one dtype");
+  }
+  const BatchBroadcast x_index(o_batch, x_batch), y_index(o_batch, y_batch);
+  const int64_t batch = Product(o_batch, 0, o_batch.size());
+  const int64_t xl = Product(x_dims, 0, x_lead), xb = Product(x_batch, 0, x_batch.size()),
+                xt = Product(x_dims, x_dims.size() - x_trail, x_dims.size());
+  const int64_t yl = Product(y_dims, 0, y_lead), yb = Product(y_batch, 0, y_batch.size()),
+                yt = Product(y_dims, y_dims.size() - y_trail, y_dims.size());
+  const int64_t ol = Product(o_dims, 0, out_lead),
+                ot = Product(o_dims, o_dims.size() - out_trail, o_dims.size());
+  switch (x.element_type()) {
+    case ffi::F32:
+      CoreSum(x.typed_data<float>(), y.typed_data<float>(), out->typed_data<float>(), x_index,
+              y_index, batch, xl, xb, xt, yl, yb, yt, ol, ot);
+      break;
+    case ffi::F64:
+      CoreSum(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), x_index,
+              y_index, batch, xl, xb, xt, yl, yb, yt, ol, ot);
+      break;
+    default:
+      return ShapeError("core_sum", "unsupported dtype (float32 and float64 only)");
+  }
+  g_batch_elements += batch;
+  return ffi::Error::Success();
+}
+
 // ---- copy_bytes: (m,n) -> (m,n), copies memory as laid out -----------------
 // With a column-major operand layout and a row-major result layout the
 // result is the transpose: a test that layouts survive partitioning.
@@ -284,12 +355,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyBytes, CopyBytesImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCoreSum, CoreSumImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("x_lead")
+                                  .Attr<int64_t>("x_trail")
+                                  .Attr<int64_t>("y_lead")
+                                  .Attr<int64_t>("y_trail")
+                                  .Attr<int64_t>("out_lead")
+                                  .Attr<int64_t>("out_trail"));
+
 HandlerTable Handlers() {
   return {
       {"softmax", reinterpret_cast<void*>(kSoftmax)},
       {"matvec", reinterpret_cast<void*>(kMatvec)},
       {"axpy", reinterpret_cast<void*>(kAxpy)},
       {"copy_bytes", reinterpret_cast<void*>(kCopyBytes)},
+      {"core_sum", reinterpret_cast<void*>(kCoreSum)},
       {"count", reinterpret_cast<void*>(kCount)},
       {"stateful_instantiate", reinterpret_cast<void*>(kStatefulInstantiate)},
       {"stateful_execute", reinterpret_cast<void*>(kStatefulExecute)},
