@@ -357,3 +357,30 @@ def test_io_callback_inside_cond_and_scan(partitioner, mesh2x4):
   x3 = x.reshape(2, 8, 2)
   np.testing.assert_array_equal(jax.jit(in_scan)(put(x3, mesh2x4, P(None, "b"))), 2 * x3)
   assert rec.rows() == sorted(list(range(8)) * 2)   # each step's 8 rows once
+
+
+@pytest.mark.timeout(240)
+def test_callables_are_freed_with_their_programs_on_8_devices(partitioner, mesh8):
+  import functools
+  import gc
+  import weakref
+  refs = []
+  xs = put(np.ones((16, 3), np.float32), mesh8, P("x"))
+  for i in range(100):
+    fn = functools.partial(np.add, np.float32(i))
+    refs.append(weakref.ref(fn))
+    kind = bp.pure_callback if i % 2 else bp.io_callback
+    g = jax.jit(functools.partial(kind, fn, S((16, 3), np.float32), num_batch_dims=1))
+    assert float(g(xs)[5, 0]) == 1 + i
+    del fn, g
+  gc.collect()
+  assert sum(r() is not None for r in refs) == 0
+
+
+@pytest.mark.timeout(120)
+def test_eager_call_on_a_sharded_array(partitioner, mesh8):
+  rec = Recorder(lambda x: x * 3)
+  xs = put(np.arange(16, dtype=np.float32), mesh8, P("x"))
+  y = bp.pure_callback(rec, S((16,), np.float32), xs, num_batch_dims=1, with_index=True)
+  np.testing.assert_array_equal(y, 3 * np.arange(16))
+  assert rec.rows() == list(range(16)) and len(rec.calls) == 8
