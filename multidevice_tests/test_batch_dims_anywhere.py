@@ -279,3 +279,19 @@ def test_decorator(partitioner, mesh8):
   assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
   assert collective_kinds(text) == set()
   assert_close(f(xs, y), mid_reference(x, y))
+
+
+@pytest.mark.timeout(120)
+def test_explain_reads_the_batch_dims_behind_the_leading_core_dims(partitioner, mesh8):
+  x, y = operands(10)
+  report = bp.explain(mid, put(x, mesh8, P(None, None, "x")), y)
+  (call,) = report.calls
+  assert call.num_batch_dims == 2
+  assert call.leading_core_dims == ((2, 1), (2,))
+  assert call.device_result_shapes == ((2, 3, 2, 4),)
+  assert call.replication == 1     # read on dims 2 and 3, not the core dims 0 and 1
+  assert "after leading core dims (signature '...'): operands (2, 1), results (2)" in str(
+      report)
+  # Replicated input: every device computes everything.
+  (call,) = bp.explain(mid, put(x, mesh8, P()), y).calls
+  assert call.replication == 8

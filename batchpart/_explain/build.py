@@ -10,7 +10,12 @@ import jax
 
 from batchpart import _dtypes, _hlo
 from batchpart._explain import collectives, matching, replication
-from batchpart._explain.lowered import LoweredCall, batch_dims, lowered_calls
+from batchpart._explain.lowered import (
+  LoweredCall,
+  batch_dims,
+  leading_core_dims,
+  lowered_calls,
+)
 from batchpart._explain.report import CallReport, ExplainReport
 
 
@@ -84,10 +89,11 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
     result_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.result_types)
     global_operands = global_results = None
   shared_by = None
+  leads = leading_core_dims(low.derived_name if low is not None else inst.derived_name)
   if (low is not None and inst is not None and not low.in_shard_map):
     shared_by = replication.replication(
         num_devices, global_operands, global_results, device_operands,
-        device_results, low.num_batch_dims)
+        device_results, low.num_batch_dims, leads)
   frames = low.frames if low is not None and low.frames else (
       module.stack(inst.stack_frame_id) if inst is not None else ())
   if low is not None:
@@ -109,7 +115,8 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       op_name=inst.op_name if inst is not None else "",
       in_shard_map=low.in_shard_map if low is not None else False,
       removed=inst is None,
-      callback=inst.frontend_attribute("batchpart.callback") if inst is not None else None)
+      callback=inst.frontend_attribute("batchpart.callback") if inst is not None else None,
+      leading_core_dims=leads)
 
 
 # batchpart's own package directory: frames inside it are not the user's.

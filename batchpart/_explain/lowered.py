@@ -46,6 +46,22 @@ def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | No
   return max(d.operand_batch_ranks + d.result_batch_ranks, default=0)
 
 
+def leading_core_dims(derived_name: str | None
+                      ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+  """The operands' and results' core dims before their batch dims (a
+  signature's ``...`` not in front), from a derived name; None where every
+  array's batch dims lead, or for a plain call."""
+  if derived_name is None:
+    return None
+  try:
+    d = derived_names.decode(derived_name)
+  except ValueError:
+    return None
+  if not (d.operand_lead_ranks or d.result_lead_ranks):
+    return None
+  return d.operand_leads, d.result_leads
+
+
 def _derived_name(op, target: str) -> str | None:
   if derived_names.is_derived(target):
     return target

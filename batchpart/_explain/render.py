@@ -84,8 +84,12 @@ def render(report: Any) -> str:
                    f"{_collective_text(call.collectives_after, own)}")
     if call.num_batch_dims is None:
       batch = "none declared (replication judged over all dims)"
-    else:
+    elif call.leading_core_dims is None:
       batch = f"{call.num_batch_dims} leading (num_batch_dims)"
+    else:
+      ins, outs = call.leading_core_dims
+      batch = (f"{call.num_batch_dims}, after leading core dims (signature '...'): "
+               f"operands {_counts(ins)}, results {_counts(outs)}")
     lines.append(f"    batch dims:  {batch}")
     if call.in_shard_map:
       rep = "n/a (inside shard_map: each device runs the body on its own block)"
@@ -97,3 +101,7 @@ def render(report: Any) -> str:
              + ("; no redundant work)" if call.replication == 1 else ")"))
     lines.append(f"    replication: {rep}")
   return "\n".join(lines)
+
+
+def _counts(values) -> str:
+  return "(" + ", ".join(str(v) for v in values) + ")"

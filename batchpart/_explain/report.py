@@ -63,6 +63,10 @@ class CallReport:
     callback: for a host callback, who calls it
       (``"batchpart.pure_callback(fn)"``); its operand 0 is the block
       vector. None for an FFI call.
+    leading_core_dims: for a call whose signature puts batch dims after some
+      core dims (``"(a,...,n)->(...)"``), the operands' and the results'
+      number of core dims before their batch dims, e.g. ``((1,), (0,))``;
+      None where every array's batch dims lead.
   """
   target: str
   num_batch_dims: int | None
@@ -82,6 +86,7 @@ class CallReport:
   in_shard_map: bool = False
   removed: bool = False
   callback: str | None = None
+  leading_core_dims: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
