@@ -295,3 +295,22 @@ def test_explain_reads_the_batch_dims_behind_the_leading_core_dims(partitioner, 
   # Replicated input: every device computes everything.
   (call,) = bp.explain(mid, put(x, mesh8, P()), y).calls
   assert call.replication == 8
+
+
+@pytest.mark.timeout(120)
+def test_partition_ffi_target(partitioner, mesh8):
+  """A package's plain jax.ffi.ffi_call with batch dims in the middle."""
+  def package(x, y):
+    return jax.ffi.ffi_call(CORE_SUM, S(OUT_SHAPE, x.dtype))(x, y, **ATTRS)
+
+  x, y = operands(11)
+  xs = put(x, mesh8, P(None, None, "x"))
+  bp.partition_ffi_target(CORE_SUM, signature=SIG)
+  try:
+    f = jax.jit(package)
+    text = f.lower(xs, y).compile().as_text()
+    assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
+    assert collective_kinds(text) == set()
+    assert_close(f(xs, y), mid_reference(x, y))
+  finally:
+    bp.unpartition(CORE_SUM)
