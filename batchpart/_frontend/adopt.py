@@ -66,7 +66,9 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
       and result of each emitted custom call: an int, or a callable
       ``(operand_shapes, result_shapes) -> int`` evaluated on each emitted
       call's shapes.
-    signature: alternatively, a gufunc signature of the emitted custom call.
+    signature: alternatively, a gufunc signature of the emitted custom call
+      (a ``...`` in a group puts that array's batch dims there instead of in
+      front, e.g. ``"(a,...,n)->(...)"``).
     shard_attributes: None, or a callable ``(attributes, batch_shape) ->
       dict`` called for each per-device call with the FFI attributes (NumPy
       scalars/arrays, strings) and that device's local batch shape; the
