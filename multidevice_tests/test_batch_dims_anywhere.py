@@ -70,7 +70,7 @@ def assert_close(actual, expected):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("spec, local_x, collectives", [
     (P(None, None, "x"), (2, 3, 2, 4, 5), set()),              # batch dim 0 (in the middle)
-    (P(None, None, None, ("x",)), (2, 3, 16, 4, 5), None),     # 8 does not divide 4: replicated
+    (P(), (2, 3, 16, 4, 5), set()),                             # replicated: no batch sharding
     (P("x"), (2, 3, 2, 4, 5), {"all-to-all"}),                  # a leading core dim
     (P(None, None, None, None, "x"), (2, 3, 2, 4, 5), {"all-to-all"}),  # a trailing one
 ])
@@ -81,8 +81,6 @@ def test_batch_dims_in_the_middle(partitioner, spec, local_x, collectives):
     x = np.concatenate([x] * 4)[:8]   # a leading core dim of 8, shardable 8 ways
   elif spec == P(None, None, None, None, "x"):
     x = np.concatenate([x] * 2, axis=-1)[..., :8]
-  if spec == P(None, None, None, ("x",)):
-    spec = P()
   xs = put(x, mesh, spec)
   f = jax.jit(mid)
   text = f.lower(xs, y).compile().as_text()
@@ -90,12 +88,14 @@ def test_batch_dims_in_the_middle(partitioner, spec, local_x, collectives):
   want_x = (x.shape[0], 3, 2, 4, x.shape[-1]) if local_x != X_SHAPE else x.shape
   assert local_shapes(call)[0] == want_x
   assert local_shapes(call)[1] == Y_SHAPE
-  if collectives is not None:
+  if collectives:
     assert collective_kinds(text) - {"all-gather"} >= collectives
-  if collectives == set():
+  else:
     assert collective_kinds(text) == set()
-  assert "all-gather" not in collective_kinds(text) or spec in (P("x"),
-                                                               P(None, None, None, None, "x"))
+  # A core-sharded x is re-batched, never gathered in front of the call.
+  (report,) = bp.explain(f, xs, y).calls
+  assert "all-gather" not in {c.kind for c in report.collectives_before}
+  assert report.replication == (8 if spec == P() else 1)
   assert_close(f(xs, y), mid_reference(x, y))
 
 
