@@ -390,3 +390,12 @@ def test_cuda_callback_runs():
   y = jax.jit(lambda x: bp.pure_callback(np.sin, S((8,), np.float32), x,
                                          num_batch_dims=1))(jax.device_put(x, jax.devices()[0]))
   np.testing.assert_allclose(y, np.sin(x), rtol=1e-6)
+
+
+def test_core_dims_before_the_batch_are_refused_by_name():
+  def my_cb(x):
+    return x
+
+  with pytest.raises(NotImplementedError, match=r"pure_callback\(.*my_cb\).*before '\.\.\.'"):
+    bp.pure_callback(my_cb, S((3, 4), np.float32), np.ones((3, 4), np.float32),
+                     signature="(n,...)->(n,...)")
