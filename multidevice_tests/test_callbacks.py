@@ -384,3 +384,27 @@ def test_eager_call_on_a_sharded_array(partitioner, mesh8):
   y = bp.pure_callback(rec, S((16,), np.float32), xs, num_batch_dims=1, with_index=True)
   np.testing.assert_array_equal(y, 3 * np.arange(16))
   assert rec.rows() == list(range(16)) and len(rec.calls) == 8
+
+
+@pytest.mark.timeout(120)
+def test_batch_dims_in_the_middle_one_block_per_device(partitioner, mesh8):
+  """'(a,...,n)->(...,a)' with the middle (batch) dim sharded: each device's
+  callback gets its own (a, 2, n) block in the user's layout, io_callback
+  sees every element once, no collectives."""
+  x = rng(7).standard_normal((3, 16, 5)).astype(np.float32)
+
+  def per_antenna_sum(x):
+    return np.moveaxis(x.sum(-1), 0, -1)
+
+  for kind in ("pure_callback", "io_callback"):
+    rec = Recorder(per_antenna_sum)
+    call = getattr(bp, kind)
+    f = jax.jit(lambda x: call(rec, S((16, 3), np.float32), x,
+                               signature="(a,...,n)->(...,a)", with_index=True))
+    xs = put(x, mesh8, P(None, "x"))
+    text = f.lower(xs).compile().as_text()
+    assert collective_kinds(text) == set()
+    np.testing.assert_allclose(f(xs), np.moveaxis(x.sum(-1), 0, -1), rtol=1e-5)
+    jax.effects_barrier()
+    assert sorted(shapes[0] for shapes, _ in rec.calls) == [(3, 2, 5)] * 8
+    assert rec.rows() == list(range(16))

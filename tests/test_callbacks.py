@@ -392,10 +392,27 @@ def test_cuda_callback_runs():
   np.testing.assert_allclose(y, np.sin(x), rtol=1e-6)
 
 
-def test_core_dims_before_the_batch_are_refused_by_name():
-  def my_cb(x):
-    return x
+def test_batch_dims_in_the_middle_reach_the_callback_in_its_layout():
+  """'(a,...,n)->(...,a)': the callback gets (a, block, n) blocks and returns
+  (block, a); the call's arrays keep the user's layout."""
+  seen = []
 
-  with pytest.raises(NotImplementedError, match=r"pure_callback\(.*my_cb\).*before '\.\.\.'"):
-    bp.pure_callback(my_cb, S((3, 4), np.float32), np.ones((3, 4), np.float32),
-                     signature="(n,...)->(n,...)")
+  def per_antenna_sum(x, y):   # x: (a, batch..., n), y: (n,) shared
+    seen.append(x.shape)
+    return np.moveaxis((x * y).sum(-1), 0, -1)
+
+  x = np.random.default_rng(0).standard_normal((3, 5, 4, 6)).astype(np.float32)
+  y = np.arange(6, dtype=np.float32)
+  f = jax.jit(lambda x, y: bp.pure_callback(per_antenna_sum, S((5, 4, 3), np.float32), x, y,
+                                            signature="(a,...,n),(n)->(...,a)"))
+  np.testing.assert_allclose(f(x, y), np.moveaxis((x * y).sum(-1), 0, -1), rtol=1e-5)
+  assert seen == [(3, 5, 4, 6)]
+  # vmap: the new dim joins the batch dims at '...'
+  seen.clear()
+  xs = np.stack([x, 2 * x])
+  got = jax.jit(jax.vmap(lambda x: bp.pure_callback(
+      per_antenna_sum, S((5, 4, 3), np.float32), x, y,
+      signature="(a,...,n),(n)->(...,a)")))(xs)
+  np.testing.assert_allclose(got, np.stack([np.moveaxis((v * y).sum(-1), 0, -1)
+                                            for v in xs]), rtol=1e-5)
+  assert seen == [(3, 2, 5, 4, 6)]

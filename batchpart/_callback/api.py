@@ -17,7 +17,7 @@ import jax
 
 from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
-from batchpart._callback.host import FlatCallback, callback_name
+from batchpart._callback.host import FlatCallback, Layouts as _Layouts, callback_name
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import (
   parse_signature,
@@ -157,16 +157,51 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
   else:
     spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
-  if getattr(spec, "operand_lead_ranks", ()) or getattr(spec, "result_lead_ranks", ()):
-    raise NotImplementedError(
-        f"{owner}: signature {signature!r} puts core dims before '...'; host callbacks "
-        "take their batch dims in front. Move them there (jnp.moveaxis) first.")
+  # Core dims before a signature's '...': the primitive takes batch dims in
+  # front (transposes XLA runs on each device's block), and the user's
+  # function gets and returns its own layout (FlatCallback moves them back).
+  op_leads, res_leads = spec.operand_leads, spec.result_leads
+  flat_args = [_batch_first(x, lead, core)
+               for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
+  result_avals = [a.update(shape=_batch_first_shape(a.shape, lead, core))
+                  for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
   flat_args = compat.auto_insert_reshard(*flat_args) if flat_args else ()
+  flat = FlatCallback(callback, in_tree, out_tree, with_index=with_index, kind=kind,
+                      layouts=_Layouts(op_leads, spec.operand_core_ranks, res_leads,
+                                       spec.result_core_ranks) if any(
+                                           op_leads + res_leads) else None)
   outs = bind(*flat_args,
-              callback=FlatCallback(callback, in_tree, out_tree, with_index=with_index,
-                                    kind=kind),
+              callback=flat,
               result_avals=tuple(result_avals),
-              operand_core_ranks=spec.operand_core_ranks,
-              result_core_ranks=spec.result_core_ranks,
+              operand_core_ranks=tuple(lead + core for lead, core in
+                                       zip(op_leads, spec.operand_core_ranks)),
+              result_core_ranks=tuple(lead + core for lead, core in
+                                      zip(res_leads, spec.result_core_ranks)),
               broadcast_batch=parsed is not None, io=io)
+  outs = [_batch_back(y, lead, core)
+          for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+
+def _batch_first_order(rank: int, lead: int, core: int) -> list[int]:
+  """The dim order that puts an array's batch dims (between ``lead`` leading
+  and ``core`` trailing core dims) in front."""
+  batch = list(range(lead, rank - core))
+  return batch + list(range(lead)) + list(range(rank - core, rank))
+
+
+def _batch_first_shape(shape, lead: int, core: int) -> tuple[int, ...]:
+  return tuple(shape[i] for i in _batch_first_order(len(shape), lead, core))
+
+
+def _batch_first(x, lead: int, core: int):
+  if not lead:
+    return x
+  return jax.numpy.transpose(x, _batch_first_order(len(jax.numpy.shape(x)), lead, core))
+
+
+def _batch_back(y, lead: int, core: int):
+  if not lead:
+    return y
+  order = _batch_first_order(y.ndim, lead, core)
+  return jax.numpy.transpose(y, [order.index(i) for i in range(y.ndim)])

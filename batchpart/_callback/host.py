@@ -39,18 +39,53 @@ class CallbackError(RuntimeError):
   the block; the message names the callback."""
 
 
+class Layouts(tuple):
+  """Where a signature's '...' puts the batch dims of each flat operand and
+  result in the user's layout: (operand leads, operand trailing core ranks,
+  result leads, result trailing core ranks). The primitive sees them in
+  front; the user's function sees its own layout."""
+
+  def __new__(cls, op_leads, op_cores, res_leads, res_cores):
+    return super().__new__(cls, (tuple(op_leads), tuple(op_cores), tuple(res_leads),
+                                 tuple(res_cores)))
+
+  def to_user(self, args):
+    """Blocks with batch dims in front -> the user's layout."""
+    return [_move_batch(x, lead, core, to_front=False)
+            for x, lead, core in zip(args, self[0], self[1])]
+
+  def from_user(self, results):
+    """The user's results -> batch dims in front (left as they are where the
+    rank is wrong: the shape check reports them)."""
+    return [_move_batch(r, lead, core, to_front=True)
+            for r, lead, core in zip(results, self[2], self[3])]
+
+
+def _move_batch(x, lead: int, core: int, *, to_front: bool):
+  x = np.asarray(x)
+  batch = x.ndim - lead - core
+  if not lead or batch <= 0:
+    return x
+  if to_front:
+    return np.moveaxis(x, list(range(lead, lead + batch)), list(range(batch)))
+  return np.moveaxis(x, list(range(batch)), list(range(lead, lead + batch)))
+
+
 class FlatCallback:
   """The user's function with flat operands and results: the primitive's
   ``callback`` parameter. Equal for the same function, pytrees and options."""
 
-  __slots__ = ("fn", "in_tree", "out_tree", "with_index", "kind", "__weakref__")
+  __slots__ = ("fn", "in_tree", "out_tree", "with_index", "kind", "layouts",
+               "__weakref__")
 
-  def __init__(self, fn, in_tree, out_tree, *, with_index: bool, kind: str):
+  def __init__(self, fn, in_tree, out_tree, *, with_index: bool, kind: str,
+               layouts: Layouts | None = None):
     self.fn, self.in_tree, self.out_tree = fn, in_tree, out_tree
-    self.with_index, self.kind = bool(with_index), kind
+    self.with_index, self.kind, self.layouts = bool(with_index), kind, layouts
 
   def _key(self):
-    return (self.fn, self.in_tree, self.out_tree, self.with_index, self.kind)
+    return (self.fn, self.in_tree, self.out_tree, self.with_index, self.kind,
+            self.layouts)
 
   def __eq__(self, other):
     return isinstance(other, FlatCallback) and self._key() == other._key()
@@ -67,6 +102,8 @@ class FlatCallback:
 
   def __call__(self, *flat_args, index=None):
     import jax
+    if self.layouts is not None:
+      flat_args = self.layouts.to_user(flat_args)
     args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, list(flat_args))
     if self.with_index:
       kwargs = {**kwargs, "index": index}
@@ -76,7 +113,7 @@ class FlatCallback:
       raise CallbackError(
           f"{self.owner} returned a result with structure {tree}, but "
           f"result_shape_dtypes has structure {self.out_tree}.")
-    return leaves
+    return leaves if self.layouts is None else self.layouts.from_user(leaves)
 
 
 class HostCall:
