@@ -231,7 +231,8 @@ def run_anywhere(quick: bool) -> list[dict]:
 
 def write(rows, quick: bool) -> None:
   lines = [
-      "# Adoption benchmark: existing primitives and targets, stock vs `bp.partition_primitive` / `bp.partition_ffi_target`",
+      "# Adoption benchmark: existing primitives and targets, stock vs "
+      "`bp.partition_primitive` / `bp.partition_ffi_target`",
       "",
       "8 simulated CPU devices on a 2-core machine; stock and partitioned executables of",
       "the same function timed interleaved in one process (`benchmarks/adopt.py`"

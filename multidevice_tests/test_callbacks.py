@@ -399,8 +399,8 @@ def test_batch_dims_in_the_middle_one_block_per_device(partitioner, mesh8):
   for kind in ("pure_callback", "io_callback"):
     rec = Recorder(per_antenna_sum)
     call = getattr(bp, kind)
-    f = jax.jit(lambda x: call(rec, S((16, 3), np.float32), x,
-                               signature="(a,...,n)->(...,a)", with_index=True))
+    f = jax.jit(lambda x, call=call, rec=rec: call(
+        rec, S((16, 3), np.float32), x, signature="(a,...,n)->(...,a)", with_index=True))
     xs = put(x, mesh8, P(None, "x"))
     text = f.lower(xs).compile().as_text()
     assert collective_kinds(text) == set()
