@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterator
 
 from batchpart import _compat as compat, _dtypes
+from batchpart._partition import derived_names
 
 ir = compat.ir
 
@@ -56,6 +57,16 @@ def frontend_attribute(op, name: str) -> str | None:
     return string_attribute(ir.DictAttr(attrs["mhlo.frontend_attributes"]), name)
   except (ValueError, TypeError):
     return None
+
+
+def derived_name(op) -> str | None:
+  """The derived target name of a batchpart custom call: its target where
+  XLA partitions it, else its ``batchpart.derived_name`` frontend attribute;
+  None for any other op."""
+  target = string_attribute(op.attributes, "call_target_name") or ""
+  if derived_names.is_derived(target):
+    return target
+  return frontend_attribute(op, derived_names.FRONTEND_ATTRIBUTE)
 
 
 def custom_call_targets(module) -> list[str]:

@@ -24,7 +24,7 @@ from batchpart._frontend.signature import (
   spec_from_num_batch_dims,
   spec_from_signature,
 )
-from batchpart._primitive.batch_spec import BatchSpec, require_static_shapes
+from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
 
 _VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
                  "broadcast_all", "legacy_vectorized")
@@ -138,10 +138,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                       f"dtype, got {type(r).__name__}.")
     compat.check_result_shape_dtype(r)
   result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
-  for i, x in enumerate(flat_args):
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")) and not isinstance(
-        x, (int, float, complex, bool)):
-      raise TypeError(f"{owner}: operand {i} must be an array, got {type(x).__name__}.")
+  require_arrays(owner, flat_args)
   in_avals = [compat.typeof(x) for x in flat_args]
   operand_shapes = [tuple(a.shape) for a in in_avals]
   result_shapes = [tuple(a.shape) for a in result_avals]

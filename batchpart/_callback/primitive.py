@@ -14,10 +14,9 @@ transpose, as for jax's callbacks: wrap the function in ``jax.custom_jvp`` /
 
 from __future__ import annotations
 
-from jax import lax
-
 from batchpart import _compat as compat
 from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
+from batchpart._primitive.batching import align_operands
 from batchpart._primitive.primitive import _result_sharder
 
 batchpart_callback_p = compat.Primitive("batchpart_callback")
@@ -58,19 +57,10 @@ compat.primitive_transposes[batchpart_callback_p] = _not_differentiable
 def _batching_rule(args, dims, *, result_avals, operand_core_ranks, broadcast_batch,
                    **params):
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-  unmapped_batch_ranks = [len(a.shape) - c - (d is not None)
-                          for a, c, d in zip(args, operand_core_ranks, dims)]
-  rank = max(unmapped_batch_ranks, default=0)
-  args = [a if d is None else compat.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-  out = []
-  for a, d, b in zip(args, dims, unmapped_batch_ranks):
-    if d is None:
-      # num_batch_dims: every operand has the full batch shape. signature: a
-      # missing leading dim broadcasts.
-      out.append(a if broadcast_batch else lax.broadcast(a, (size,)))
-      continue
-    pad = rank - b   # line the mapped dim up with the new leading batch dim
-    out.append(lax.expand_dims(a, tuple(range(1, pad + 1))) if pad else a)
+  # num_batch_dims: every operand has the full batch shape. signature: a
+  # missing leading dim broadcasts.
+  out, _ = align_operands(args, dims, operand_core_ranks, (0,) * len(args), size,
+                          () if broadcast_batch else range(len(args)))
   result_avals = tuple(r.update(shape=(size, *r.shape)) for r in result_avals)
   outs = batchpart_callback_p.bind(
       *out, result_avals=result_avals, operand_core_ranks=operand_core_ranks,

@@ -28,6 +28,17 @@ class LoweredCall:
   derived_name: str | None = None
 
 
+def _description(derived_name: str | None):
+  """The description a derived name carries; None for no name or one this
+  version did not write."""
+  if derived_name is None:
+    return None
+  try:
+    return derived_names.decode(derived_name)
+  except ValueError:
+    return None
+
+
 def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | None:
   """A call's batch dims: its ``num_batch_dims`` frontend attribute, else
   the most batch dims an array has in its derived name's description; None
@@ -37,13 +48,9 @@ def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | No
       return int(num_batch_dims)
   except ValueError:
     pass
-  if derived_name is None:
-    return None
-  try:
-    d = derived_names.decode(derived_name)
-  except ValueError:
-    return None
-  return max(d.operand_batch_ranks + d.result_batch_ranks, default=0)
+  d = _description(derived_name)
+  return None if d is None else max(d.operand_batch_ranks + d.result_batch_ranks,
+                                    default=0)
 
 
 def leading_core_dims(derived_name: str | None
@@ -51,21 +58,10 @@ def leading_core_dims(derived_name: str | None
   """The operands' and results' core dims before their batch dims (a
   signature's ``...`` not in front), from a derived name; None where every
   array's batch dims lead, or for a plain call."""
-  if derived_name is None:
-    return None
-  try:
-    d = derived_names.decode(derived_name)
-  except ValueError:
-    return None
-  if not (d.operand_lead_ranks or d.result_lead_ranks):
+  d = _description(derived_name)
+  if d is None or not (d.operand_lead_ranks or d.result_lead_ranks):
     return None
   return d.operand_leads, d.result_leads
-
-
-def _derived_name(op, target: str) -> str | None:
-  if derived_names.is_derived(target):
-    return target
-  return _stablehlo.frontend_attribute(op, derived_names.FRONTEND_ATTRIBUTE)
 
 
 def _mlir_unescape(text: str) -> str:
@@ -94,7 +90,7 @@ def lowered_calls(module) -> list[LoweredCall]:
     if not _stablehlo.is_ffi_call(op):
       continue
     target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
-    derived = _derived_name(op, target)
+    derived = _stablehlo.derived_name(op)
     out.append(LoweredCall(
         target=derived_names.user_target(target),
         operands=tuple(_stablehlo.array_type(v) for v in op.operands),

@@ -11,7 +11,7 @@ from batchpart._frontend.signature import (
   spec_from_num_batch_dims,
   spec_from_signature,
 )
-from batchpart._primitive.batch_spec import BatchSpec, require_static_shapes
+from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
 
 
 def ffi_call(
@@ -101,12 +101,7 @@ def ffi_call(
     out_layouts = None
 
   def call(*args, **attributes):
-    for i, x in enumerate(args):
-      if not (hasattr(x, "shape") and hasattr(x, "dtype")) and not isinstance(
-          x, (int, float, complex, bool)):
-        raise TypeError(
-            f"batchpart.ffi_call('{target_name}'): operand {i} must be an array, got "
-            f"{type(x).__name__}. Pass attributes as keyword arguments.")
+    require_arrays(owner, args, " Pass attributes as keyword arguments.")
     in_avals = [compat.typeof(x) for x in args]
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]

@@ -58,14 +58,13 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
   exported artifact) calls of the caller's kind; returns their derived
   names."""
   partitioned = compat.xla_partitions(ctx)
+  wanted = {compat.xla_platform_name(p) for p in compat.lowering_platforms(ctx)}
   names = []
   for top in ops:
     for op in [top, *_stablehlo.walk(top.operation)]:
       if op.operation.name != "stablehlo.custom_call":
         continue
-      target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
-      name = target if derived_names.is_derived(target) else _stablehlo.frontend_attribute(
-          op, derived_names.FRONTEND_ATTRIBUTE)
+      name = _stablehlo.derived_name(op)
       if name is None:
         continue
       names.append(name)
@@ -73,12 +72,11 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
       local = compat.platforms_with_handler(d.target)
-      wanted = {compat.xla_platform_name(p) for p in compat.lowering_platforms(ctx)}
       local = [p for p in local if p in wanted] or local
       if not local:
         continue   # XLA's compile error names the target
       targets.ensure_derived_name(name, local)
-      if target != name:
+      if _stablehlo.string_attribute(op.attributes, "call_target_name") != name:
         op.attributes["call_target_name"] = ir.StringAttr.get(name)
         _drop_frontend_attribute(op, derived_names.FRONTEND_ATTRIBUTE)
       if compat.use_shardy() and "sdy.sharding_rule" not in op.attributes:

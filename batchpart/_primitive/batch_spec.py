@@ -79,6 +79,16 @@ def fmt(shape) -> str:
   return str(tuple(int(d) for d in shape))
 
 
+def require_arrays(owner: str, operands, hint: str = "") -> None:
+  """Every operand is an array (or a Python scalar); ``hint`` follows the
+  message."""
+  for i, x in enumerate(operands):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")) and not isinstance(
+        x, (int, float, complex, bool)):
+      raise TypeError(f"{owner}: operand {i} must be an array, got "
+                      f"{type(x).__name__}.{hint}")
+
+
 def require_static_shapes(owner: str, operand_shapes, result_shapes) -> None:
   """batchpart plans on concrete shapes; a symbolic (shape-polymorphic) dim
   is refused by name rather than failing deep inside jax."""

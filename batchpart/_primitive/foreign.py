@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from batchpart import _compat as compat, _stablehlo
-from batchpart._partition import attributes, derived_names
+from batchpart._partition import attributes
 from batchpart._partition.description import describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
 from batchpart._primitive.lowering import place
@@ -74,10 +74,7 @@ def _shapes(values) -> list[tuple[int, ...]]:
 
 def _is_typed_ffi_call(op) -> bool:
   """A typed-FFI custom call batchpart has not retargeted yet."""
-  target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
-  return (_stablehlo.is_ffi_call(op.operation) and not derived_names.is_derived(target)
-          and _stablehlo.frontend_attribute(
-              op, derived_names.FRONTEND_ATTRIBUTE) is None)
+  return _stablehlo.is_ffi_call(op.operation) and _stablehlo.derived_name(op) is None
 
 
 def retarget(ctx, op, declaration: BatchDeclaration) -> None:
