@@ -1,7 +1,15 @@
 """Compile-and-inspect helpers for the multi-device tests."""
 
+import math
+import os
+import socket
+import subprocess
+import sys
+
 import jax
 import numpy as np
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
 
 from batchpart import _hlo
 
@@ -30,3 +38,48 @@ def put(x, mesh, spec):
 
 def rng(seed=0):
   return np.random.default_rng(seed)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_two_processes(worker: str, out: str, timeout: float = 240) -> None:
+  """Runs ``worker PORT PROCESS_ID OUT`` as a two-process jax.distributed
+  job on this machine (the worker sets its own device count) and asserts
+  both exit cleanly, showing their output otherwise."""
+  port = str(_free_port())
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen([sys.executable, worker, port, str(i), out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
+
+
+def random_spec(data, mesh, rank: int, label: str, *, shuffle: bool = False) -> P:
+  """A drawn PartitionSpec: each mesh axis tiles one random dim, or none;
+  axes on one dim stack (in drawn order too, with ``shuffle``)."""
+  entries: list[list[str]] = [[] for _ in range(rank)]
+  for name in mesh.axis_names:
+    dim = data.draw(st.integers(-1, rank - 1), label=f"{label}: dim for axis {name}")
+    if dim >= 0:
+      entries[dim].append(name)
+  if shuffle and rank and data.draw(st.booleans(), label=f"{label}: shuffle stacked axes"):
+    entries = [list(reversed(e)) for e in entries]
+  return P(*(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries))
+
+
+def divides(mesh, spec: P, shape) -> bool:
+  """Whether ``spec`` tiles every dim of ``shape`` evenly on ``mesh``."""
+  for size, entry in zip(shape, spec):
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    if size % math.prod(mesh.shape[a] for a in axes):
+      return False
+  return True

@@ -92,20 +92,24 @@ def test_uneven_batch_never_passes_padding(partitioner, mesh8, kind):
   assert sorted(s[0][0] for s, _ in rec.calls) == [1] + [2] * 6
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["pure", "io"])
-def test_replicated_batch_is_split_not_computed_eight_times(partitioner, mesh8, kind):
-  x = _sym(16, seed=2)
+def _assert_eight_blocks_of_two_rows(kind, xs):
+  """eigvalsh of 16 matrices through the callback ``kind``: 8 calls of 2
+  rows each, every row once, values right."""
   rec = Recorder(np.linalg.eigvalsh)
   call = bp.pure_callback if kind == "pure" else bp.io_callback
   f = lambda x: call(rec, S((16, 4), np.float32), x, num_batch_dims=1,  # noqa: E731
                      with_index=True)
-  xs = put(x, mesh8, P())
   text = compiled_text(f, xs)
   assert local_shapes(_the_callback(text)) == [(2,), (2, 4, 4)]
   y = jax.jit(f)(xs)
-  np.testing.assert_allclose(y, np.linalg.eigvalsh(x), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(y, np.linalg.eigvalsh(np.asarray(xs)), rtol=1e-4, atol=1e-4)
   assert rec.rows() == list(range(16)) and len(rec.calls) == 8
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["pure", "io"])
+def test_replicated_batch_is_split_not_computed_eight_times(partitioner, mesh8, kind):
+  _assert_eight_blocks_of_two_rows(kind, put(_sym(16, seed=2), mesh8, P()))
 
 
 @pytest.mark.timeout(120)
@@ -113,17 +117,7 @@ def test_replicated_batch_is_split_not_computed_eight_times(partitioner, mesh8, 
 def test_mesh_2x4_batch_over_one_axis_each_element_once(partitioner, mesh2x4, kind):
   """The batch is sharded over 'b' only: the plan would replicate each block
   over 'a'; the callback splits it instead, so 8 calls of 2 rows."""
-  x = _sym(16, seed=3)
-  rec = Recorder(np.linalg.eigvalsh)
-  call = bp.pure_callback if kind == "pure" else bp.io_callback
-  f = lambda x: call(rec, S((16, 4), np.float32), x, num_batch_dims=1,  # noqa: E731
-                     with_index=True)
-  xs = put(x, mesh2x4, P("b"))
-  text = compiled_text(f, xs)
-  assert local_shapes(_the_callback(text)) == [(2,), (2, 4, 4)]
-  y = jax.jit(f)(xs)
-  np.testing.assert_allclose(y, np.linalg.eigvalsh(x), rtol=1e-4, atol=1e-4)
-  assert rec.rows() == list(range(16)) and len(rec.calls) == 8
+  _assert_eight_blocks_of_two_rows(kind, put(_sym(16, seed=3), mesh2x4, P("b")))
 
 
 @pytest.mark.timeout(120)

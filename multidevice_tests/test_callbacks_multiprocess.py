@@ -3,38 +3,21 @@ each process's host callbacks get that process's batch shards only, and
 the results are ordinary sharded arrays."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from batchpart import _hlo
 
+from helpers import run_two_processes
+
 WORKER = os.path.join(os.path.dirname(__file__), "callbacks_multiprocess_worker.py")
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)
 def test_each_process_calls_back_for_its_own_shards(tmp_path):
   out = str(tmp_path / "results")
-  port = str(_free_port())
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen([sys.executable, WORKER, port, str(i), out], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  try:
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
+  run_two_processes(WORKER, out)
   m = np.random.default_rng(1).standard_normal((32, 6, 6))
   x = (m + np.swapaxes(m, -1, -2)).astype(np.float32)
   want = np.linalg.eigvalsh(x)

@@ -2,38 +2,21 @@
 CPU devices per process) gives the single-process results."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from batchpart import _hlo, testing as kernels
 
+from helpers import run_two_processes
+
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)
 def test_two_processes_match_one(tmp_path):
   out = str(tmp_path / "results.npz")
-  port = str(_free_port())
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen([sys.executable, WORKER, port, str(i), out], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  try:
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
+  run_two_processes(WORKER, out)
   r = np.load(out)
   x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
   want_y, want_lse = kernels.softmax_reference(x)

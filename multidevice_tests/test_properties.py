@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 from collections.abc import Callable
 
@@ -42,6 +41,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import testing as kernels
 from batchpart.testing import conj_transpose, hermitian_pd, random_array
+
+from helpers import divides, random_spec
 
 EXAMPLES = int(os.environ.get("BATCHPART_PROPERTY_EXAMPLES", "500"))
 SEED = os.environ.get("BATCHPART_PROPERTY_SEED")
@@ -368,26 +369,6 @@ CALLS = {
 
 # ---- meshes and shardings -----------------------------------------------------------
 
-def _spec(data, mesh, rank: int, label: str) -> P:
-  """Each mesh axis tiles one random dim, or none; axes on one dim stack."""
-  entries: list[list[str]] = [[] for _ in range(rank)]
-  for name in mesh.axis_names:
-    dim = data.draw(st.integers(-1, rank - 1), label=f"{label}: dim for axis {name}")
-    if dim >= 0:
-      entries[dim].append(name)
-  if rank and data.draw(st.booleans(), label=f"{label}: shuffle stacked axes"):
-    entries = [list(reversed(e)) for e in entries]
-  return P(*(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries))
-
-
-def _divides(mesh, spec: P, shape) -> bool:
-  for size, entry in zip(shape, spec):
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-    if size % math.prod(mesh.shape[a] for a in axes):
-      return False
-  return True
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report_known_bug_hits():
   yield
@@ -408,11 +389,13 @@ def test_sharded_call_equals_numpy(data):
                        axis_types=(AxisType.Auto,) * len(mesh_shape))
   kind = data.draw(st.sampled_from(sorted(CALLS)), label="call")
   call = CALLS[kind](data, _rng(data))
-  specs = [_spec(data, mesh, x.ndim, f"operand {i}") for i, x in enumerate(call.operands)]
+  specs = [random_spec(data, mesh, x.ndim, f"operand {i}", shuffle=True)
+           for i, x in enumerate(call.operands)]
   result_spec = None
   if data.draw(st.booleans(), label="constrain result 0"):
     shapes = jax.eval_shape(call.fn, *call.operands)
-    result_spec = _spec(data, mesh, jax.tree.leaves(shapes)[0].ndim, "result 0")
+    result_spec = random_spec(data, mesh, jax.tree.leaves(shapes)[0].ndim, "result 0",
+                              shuffle=True)
 
   def program(*operands):
     operands = [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, s))
@@ -429,7 +412,7 @@ def test_sharded_call_equals_numpy(data):
   # uncommitted NumPy argument would get the parameter sharding XLA infers
   # from the constraint, which may split a mesh axis and which jax then
   # cannot express); the constraint inside shards them.
-  args = [jax.device_put(x, NamedSharding(mesh, s if _divides(mesh, s, x.shape) else P()))
+  args = [jax.device_put(x, NamedSharding(mesh, s if divides(mesh, s, x.shape) else P()))
           for x, s in zip(call.operands, specs)]
   previous = jax.config.jax_use_shardy_partitioner
   jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
@@ -442,7 +425,7 @@ def test_sharded_call_equals_numpy(data):
       # batchpart's GSPMD re-batching
       # (test_gspmd_rebatched_result_sharding_fits_the_mesh). Count it, then
       # check the values with the outputs' sharding given.
-      uneven = any(not _divides(mesh, s, x.shape) for x, s in zip(call.operands, specs))
+      uneven = any(not divides(mesh, s, x.shape) for x, s in zip(call.operands, specs))
       KNOWN_BUG_HITS[f"{partitioner}: output sharding splits a mesh axis "
                      f"({'uneven' if uneven else 'even'} operand shardings)"] += 1
       out = jax.jit(program, out_shardings=NamedSharding(mesh, P()))(*args)

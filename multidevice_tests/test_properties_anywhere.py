@@ -20,7 +20,6 @@ Examples: 300 by default (``BATCHPART_ANYWHERE_EXAMPLES``).
 from __future__ import annotations
 
 import collections
-import math
 import os
 
 import jax
@@ -31,6 +30,8 @@ from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import batchpart as bp
+
+from helpers import divides, random_spec
 
 EXAMPLES = int(os.environ.get("BATCHPART_ANYWHERE_EXAMPLES", "300"))
 CORE_SUM = "batchpart_test_core_sum"
@@ -64,24 +65,6 @@ def _operand_batch(data, batch, label):
 def _group(prefix, lead, trail):
   names = [f"{prefix}{i}" for i in range(len(lead) + len(trail))]
   return "(" + ",".join([*names[:len(lead)], "...", *names[len(lead):]]) + ")"
-
-
-def _spec(data, mesh, rank: int, label: str) -> P:
-  """Each mesh axis tiles one random dim, or none; axes on one dim stack."""
-  entries: list[list[str]] = [[] for _ in range(rank)]
-  for name in mesh.axis_names:
-    dim = data.draw(st.integers(-1, rank - 1), label=f"{label}: dim for axis {name}")
-    if dim >= 0:
-      entries[dim].append(name)
-  return P(*(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries))
-
-
-def _divides(mesh, spec: P, shape) -> bool:
-  for size, entry in zip(shape, spec):
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-    if size % math.prod(mesh.shape[a] for a in axes):
-      return False
-  return True
 
 
 def _per_batch(a, lead, trail):
@@ -149,10 +132,10 @@ def test_signatures_with_ellipsis_equal_numpy(data):
     fn = jax.vmap(call, in_axes=(axis, None))
     ref = np.stack([reference(s * np.take(x, 0, axis=axis)) for s in scale])
   operands = [x, y]
-  specs = [_spec(data, mesh, a.ndim, f"operand {i}") for i, a in enumerate(operands)]
+  specs = [random_spec(data, mesh, a.ndim, f"operand {i}") for i, a in enumerate(operands)]
   result_spec = None
   if data.draw(st.booleans(), label="constrain the result"):
-    result_spec = _spec(data, mesh, ref.ndim, "result")
+    result_spec = random_spec(data, mesh, ref.ndim, "result")
 
   def program(*operands):
     operands = [jax.lax.with_sharding_constraint(a, NamedSharding(mesh, s))
@@ -162,7 +145,7 @@ def test_signatures_with_ellipsis_equal_numpy(data):
       out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, result_spec))
     return out
 
-  args = [jax.device_put(a, NamedSharding(mesh, s if _divides(mesh, s, a.shape) else P()))
+  args = [jax.device_put(a, NamedSharding(mesh, s if divides(mesh, s, a.shape) else P()))
           for a, s in zip(operands, specs)]
   previous = jax.config.jax_use_shardy_partitioner
   jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
