@@ -24,7 +24,13 @@ from batchpart._frontend.signature import (
   spec_from_num_batch_dims,
   spec_from_signature,
 )
-from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
+from batchpart._primitive.batch_spec import (
+  BatchSpec,
+  batch_first,
+  inverse,
+  require_arrays,
+  require_static_shapes,
+)
 
 _VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
                  "broadcast_all", "legacy_vectorized")
@@ -183,8 +189,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
 def _batch_first_order(rank: int, lead: int, core: int) -> list[int]:
   """The dim order that puts an array's batch dims (between ``lead`` leading
   and ``core`` trailing core dims) in front."""
-  batch = list(range(lead, rank - core))
-  return batch + list(range(lead)) + list(range(rank - core, rank))
+  return batch_first(rank, lead, rank - lead - core)
 
 
 def _batch_first_shape(shape, lead: int, core: int) -> tuple[int, ...]:
@@ -200,5 +205,4 @@ def _batch_first(x, lead: int, core: int):
 def _batch_back(y, lead: int, core: int):
   if not lead:
     return y
-  order = _batch_first_order(y.ndim, lead, core)
-  return jax.numpy.transpose(y, [order.index(i) for i in range(y.ndim)])
+  return jax.numpy.transpose(y, inverse(_batch_first_order(y.ndim, lead, core)))

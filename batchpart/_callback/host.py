@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import fmt
+from batchpart._primitive.batch_spec import batch_first, fmt, inverse
 
 
 def callback_name(fn) -> str:
@@ -66,9 +66,8 @@ def _move_batch(x, lead: int, core: int, *, to_front: bool):
   batch = x.ndim - lead - core
   if not lead or batch <= 0:
     return x
-  if to_front:
-    return np.moveaxis(x, list(range(lead, lead + batch)), list(range(batch)))
-  return np.moveaxis(x, list(range(batch)), list(range(lead, lead + batch)))
+  order = batch_first(x.ndim, lead, batch)
+  return np.transpose(x, order if to_front else inverse(order))
 
 
 class FlatCallback:

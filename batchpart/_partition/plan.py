@@ -17,6 +17,7 @@ import numpy as np
 from batchpart import _core
 from batchpart._partition import shardings as sh
 from batchpart._partition.description import CallDescription
+from batchpart._primitive.batch_spec import batch_first, inverse
 
 _Kind = _core.Sharding.Kind
 
@@ -60,7 +61,7 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
   plan = _core.make_plan(problem)
   if not (d.operand_lead_ranks or d.result_lead_ranks):
     return plan
-  back = lambda perms: [_inverse(p) for p in perms]
+  back = lambda perms: [inverse(p) for p in perms]
   return RelabeledPlan(
       operand_shardings=[permute(s, p) for s, p in
                          zip(plan.operand_shardings, back(operand_perms))],
@@ -72,16 +73,6 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
                            zip(plan.result_local_shapes, back(result_perms))],
       batch_shape=list(plan.batch_shape), batch_tiles=list(plan.batch_tiles),
       replication=plan.replication, passthrough=plan.passthrough)
-
-
-def batch_first(rank: int, lead: int, batch_rank: int) -> list[int]:
-  """The dim order that puts an array's batch dims [lead, lead + batch_rank)
-  first, then its leading core dims, then its trailing ones."""
-  return [*range(lead, lead + batch_rank), *range(lead), *range(lead + batch_rank, rank)]
-
-
-def _inverse(perm: list[int]) -> list[int]:
-  return [int(i) for i in np.argsort(perm)]
 
 
 def _take(shape, perm: list[int]) -> list[int]:

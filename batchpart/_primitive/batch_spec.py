@@ -75,6 +75,20 @@ def batch_slice(shape, lead: int, core: int) -> tuple[int, ...]:
   return tuple(shape[lead:len(shape) - core])
 
 
+def batch_first(rank: int, lead: int, batch_rank: int) -> list[int]:
+  """The dim order that puts an array's batch dims [lead, lead + batch_rank)
+  first, then its leading core dims, then its trailing ones."""
+  return [*range(lead, lead + batch_rank), *range(lead), *range(lead + batch_rank, rank)]
+
+
+def inverse(perm) -> list[int]:
+  """The permutation that undoes ``perm``."""
+  out = [0] * len(perm)
+  for i, p in enumerate(perm):
+    out[p] = i
+  return out
+
+
 def fmt(shape) -> str:
   return str(tuple(int(d) for d in shape))
 
