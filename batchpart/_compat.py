@@ -183,6 +183,10 @@ dtype_to_ir_type = mlir.dtype_to_ir_type
 make_ir_context = mlir.make_ir_context
 module_to_bytecode = mlir.module_to_bytecode
 module_to_string = mlir.module_to_string
+# The channel a collective inside an SPMD program carries (jax's psum uses
+# the same), with global device ids in its replica groups.
+COLLECTIVE_CHANNEL_ID = mlir.COLLECTIVE_CHANNEL_ID
+DEVICE_TO_DEVICE_TYPE = mlir.DEVICE_TO_DEVICE_TYPE
 
 # Partitioning.
 HloSharding = xla_client.HloSharding
@@ -219,13 +223,15 @@ def xla_partitions(ctx) -> bool:
 
 
 def sdy_sharding_rule(operand_factors, result_factors, operand_types, result_types,
-                      need_replication_factors: tuple[str, ...]) -> ir.Attribute:
+                      need_replication_factors: tuple[str, ...],
+                      reduction_factors: tuple[str, ...] = ()) -> ir.Attribute:
   """jax's Shardy rule attribute from one factor name per dim of each operand
   and result (built from mappings, not text: zero results and scalars too)."""
   rule = SdyShardingRule(
       tuple(ArrayMapping(*names) for names in operand_factors),
       tuple(ArrayMapping(*names) for names in result_factors),
-      need_replication_factors=tuple(need_replication_factors))
+      need_replication_factors=tuple(need_replication_factors),
+      reduction_factors=tuple(reduction_factors))
   return sdy_sharding_rule_to_mlir(rule, list(operand_types), list(result_types))
 
 

@@ -24,7 +24,12 @@ TARGETS = {
     # core elements at each batch element, everywhere in the result's core
     # dims; attrs x_lead, x_trail, y_lead, y_trail, out_lead, out_trail: int64
     "batchpart_test_core_sum": "core_sum",
+    # (n,k),(n) -> (k): out[j] = op over i of w[i] * x[i, j]; attrs op (0 sum,
+    # 1 max, 2 min) and rows (the n the call must see, -1 any): int64. Counts
+    # batch x n rows. Reducible over n (reduce={"n": ...}).
+    "batchpart_test_reduce_rows": "reduce_rows",
 }
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
 
 
@@ -96,6 +101,21 @@ def matvec(a, x, *, alpha: float = 1.0):
       "batchpart_test_matvec",
       jax.ShapeDtypeStruct((*batch, a.shape[-2]), a.dtype),
       signature="(m,n),(n)->(m)")(a, x, alpha=np.float64(alpha))
+
+
+def reduce_rows(x, w, op: str = "sum", *, rows: int = -1, reduce: bool = True):
+  """``op`` over n of ``w[..., n, None] * x[..., n, k]`` through
+  ``batchpart_test_reduce_rows``, with n declared reduced (or not)."""
+  out = jax.ShapeDtypeStruct((*x.shape[:-2], x.shape[-1]), x.dtype)
+  return batchpart.ffi_call(
+      "batchpart_test_reduce_rows", out, signature="(n,k),(n)->(k)",
+      reduce={"n": op} if reduce else None)(
+          x, w, op=np.int64(REDUCE_OPS[op]), rows=np.int64(rows))
+
+
+def reduce_rows_reference(x, w, op: str = "sum"):
+  v = np.asarray(w)[..., :, None] * np.asarray(x)
+  return {"sum": np.sum, "max": np.max, "min": np.min}[op](v, axis=-2)
 
 
 def softmax_reference(x):

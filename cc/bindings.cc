@@ -43,7 +43,8 @@ void BindPlanner(nb::module_& m) {
       .def_rw("result_batch_ranks", &bp::Problem::result_batch_ranks)
       .def_rw("result_shardings", &bp::Problem::result_shardings)
       .def_rw("rebatch", &bp::Problem::rebatch)
-      .def_rw("split_axes", &bp::Problem::split_axes);
+      .def_rw("split_axes", &bp::Problem::split_axes)
+      .def_rw("operand_reduced_dims", &bp::Problem::operand_reduced_dims);
 
   nb::class_<bp::Plan>(m, "Plan")
       .def_ro("operand_shardings", &bp::Plan::operand_shardings)
@@ -53,7 +54,10 @@ void BindPlanner(nb::module_& m) {
       .def_ro("batch_shape", &bp::Plan::batch_shape)
       .def_ro("batch_tiles", &bp::Plan::batch_tiles)
       .def_ro("replication", &bp::Plan::replication)
-      .def_ro("passthrough", &bp::Plan::passthrough);
+      .def_ro("passthrough", &bp::Plan::passthrough)
+      .def_ro("reduce_groups", &bp::Plan::reduce_groups)
+      .def_ro("reduce_tiles", &bp::Plan::reduce_tiles)
+      .def_ro("uneven_reductions", &bp::Plan::uneven_reductions);
 
   // std::invalid_argument becomes ValueError.
   m.def("make_plan", &bp::MakePlan, nb::arg("problem"),

@@ -88,7 +88,7 @@ def test_lowering_carries_frontend_attribute_and_sharding_rule():
   assert "sdy.sharding_rule" not in text
   # batch dims share factors across operand and results; the result's core dim
   # shares the operand's (same size): a core-sharded input keeps its layout
-  lhs, rhs, replicated = sharding_rule.factors([(4, 3, 8)], [1], [(4, 3, 8), (4, 3)],
+  lhs, rhs, replicated, _ = sharding_rule.factors([(4, 3, 8)], [1], [(4, 3, 8), (4, 3)],
                                                [1, 0], (4, 3))
   assert sharding_rule.text(lhs, rhs) == "b0 b1 o0_2 -> b0 b1 o0_2, b0 b1"
   assert replicated == ()
@@ -115,7 +115,7 @@ def test_broadcast_operand_rule_gives_size_one_dims_their_own_factor():
   v = np.ones((2, 5), np.float32)
   text = jax.jit(kernels.matvec).lower(a, v).as_text()
   assert 'num_batch_dims = "2"' in text
-  lhs, rhs, replicated = sharding_rule.factors([(4, 1, 3, 5), (2, 5)], [2, 1],
+  lhs, rhs, replicated, _ = sharding_rule.factors([(4, 1, 3, 5), (2, 5)], [2, 1],
                                                [(4, 2, 3)], [1], (4, 2))
   # the size-1 batch dim of a is a factor of its own that needs replication;
   # the result's core dim shares a's (same size)

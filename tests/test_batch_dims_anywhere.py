@@ -58,7 +58,7 @@ def test_lead_ranks_all_zero_equal_none():
 
 
 def test_sharding_rule_puts_batch_factors_after_leading_core_dims():
-  lhs, rhs, replicated = sharding_rule.factors(
+  lhs, rhs, replicated, _ = sharding_rule.factors(
       [(2, 3, 16, 4, 5), (3, 4)], [1, 0], [(2, 3, 16, 4)], [0], (16, 4),
       operand_lead_ranks=(2, 1), result_lead_ranks=(2,))
   assert sharding_rule.text(lhs, rhs) == (

@@ -8,10 +8,12 @@ from typing import Any
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import (
   parse_signature,
+  reductions_for,
   spec_from_num_batch_dims,
   spec_from_signature,
 )
 from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
+from batchpart._primitive.reductions import check_result_dtypes
 
 
 def ffi_call(
@@ -20,6 +22,7 @@ def ffi_call(
     *,
     num_batch_dims: int | None = None,
     signature: str | None = None,
+    reduce: dict[str, str] | None = None,
     has_side_effect: bool = False,
     input_layouts: Sequence | None = None,
     output_layouts=None,
@@ -51,6 +54,13 @@ def ffi_call(
       ``"(a,f,...,r),(a,f,...,r)->(p,f,...)"`` has batch dims after two core
       dims in each operand and after two in the result. Exactly one of
       ``num_batch_dims`` and ``signature`` is required.
+    reduce: ``{core dim name: op}`` with op ``"sum"``, ``"max"`` or ``"min"``
+      (one op for all): core dims of the signature's operands, in no result,
+      that every result combines over. The contract: each result equals the
+      op, over any split of that dim into parts, of the results the kernel
+      computes on the parts. Where the dim is sharded, each device runs the
+      kernel on its own part and one all-reduce over the devices holding the
+      parts combines the results (docs/reductions.md).
     has_side_effect: keep the call even when its results are unused.
     input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
       order, as in :func:`jax.ffi.ffi_call`.
@@ -75,8 +85,10 @@ def ffi_call(
 
   Raises:
     ValueError: if both or neither of ``num_batch_dims`` and ``signature`` are
-      given, or (when called) if the operands and results do not fit them. The
-      message names the target and the offending argument.
+      given, if ``reduce`` names a dim that is not an operand core dim of the
+      signature, is in a result, or has an unknown op, or (when called) if the
+      operands and results do not fit them. The message names the target and
+      the offending argument.
   """
   if not isinstance(target_name, str) or not target_name:
     raise TypeError(f"batchpart.ffi_call: target_name must be a non-empty str, got "
@@ -90,9 +102,12 @@ def ffi_call(
         f"and signature (got num_batch_dims={num_batch_dims!r}, "
         f"signature={signature!r}).")
   parsed = None if signature is None else parse_signature(signature, owner=owner)
+  reductions = reductions_for(owner, parsed, reduce)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals = compat.result_avals_from_shape_dtypes(results)
+  check_result_dtypes(owner, reductions, [r.dtype for r in result_avals
+                                          if r is not compat.abstract_token])
   if any(r is compat.abstract_token for r in result_avals):
     raise ValueError(f"batchpart.ffi_call('{target_name}'): token results are not "
                      "supported; use jax.ffi.ffi_call for ordered effects.")
@@ -113,7 +128,7 @@ def ffi_call(
       spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes,
                                       result_shapes)
     else:
-      spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+      spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
     static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
@@ -125,7 +140,7 @@ def ffi_call(
         result_avals=tuple(result_avals),
         operand_core_ranks=spec.operand_core_ranks,
         result_core_ranks=spec.result_core_ranks,
-        **spec.lead_params(),
+        **spec.extra_params(),
         has_side_effect=bool(has_side_effect),
         input_layouts=static_in,
         output_layouts=static_out,

@@ -14,11 +14,14 @@ import re
 import numpy as np
 
 from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
+from batchpart._primitive.reductions import DimName, Reduction, check_reduce_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"
 _CORES = rf"{_CORE}(?:\s*,\s*{_CORE})*"
 _SIGNATURE = re.compile(rf"^\s*(?P<ins>(?:{_CORES})?)\s*->\s*(?P<outs>(?:{_CORES})?)\s*$")
+
+ELLIPSIS = "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +30,60 @@ class Signature:
   inputs: tuple[tuple[str, ...], ...]
   outputs: tuple[tuple[str, ...], ...]
 
-  def spec(self) -> BatchSpec:
+  def spec(self, reductions: tuple[Reduction, ...] = (), named: bool = False
+           ) -> BatchSpec:
     """The core dims before (lead) and after each group's ``...``; without
-    one, every core dim trails and the batch dims lead."""
+    one, every core dim trails and the batch dims lead. With ``reductions``
+    (from ``reductions``), or ``named`` (a per-shard attribute rule that
+    reads core sizes), the spec also says where each named core dim is."""
     place = lambda groups: [_split(g) for g in groups]
     ins, outs = place(self.inputs), place(self.outputs)
     return BatchSpec(tuple(len(t) for _, t in ins), tuple(len(t) for _, t in outs),
                      tuple(len(lead) for lead, _ in ins),
-                     tuple(len(lead) for lead, _ in outs))
+                     tuple(len(lead) for lead, _ in outs),
+                     reductions=tuple(reductions),
+                     dim_names=self.dim_names() if reductions or named else ())
 
+  def dim_names(self) -> tuple[DimName, ...]:
+    """Each named (not numeric) core dim where it first appears, operands
+    first."""
+    seen: dict[str, DimName] = {}
+    for kind, groups in (("o", self.inputs), ("r", self.outputs)):
+      for i, group in enumerate(groups):
+        for name, axis in _core_axes(group):
+          if not name.isdigit():
+            seen.setdefault(name, DimName(name, kind, i, axis))
+    return tuple(seen.values())
 
-ELLIPSIS = "..."
+  def reductions(self, reduce, *, owner: str) -> tuple[Reduction, ...]:
+    """The checked ``reduce={name: op}`` of a call with this signature: each
+    name a core dim of at least one operand, at most once per operand, and of
+    no result."""
+    if reduce is None:
+      return ()
+    reduce = check_reduce_mapping(owner, reduce)
+    out = []
+    for name, op in reduce.items():
+      where = [(i, axis) for i, group in enumerate(self.inputs)
+               for n, axis in _core_axes(group) if n == name]
+      problem = None
+      if name.isdigit() or name == ELLIPSIS:
+        problem = "is not a named core dim"
+      elif any(n == name for group in self.outputs for n, _ in _core_axes(group)):
+        problem = "appears in a result; a reduced dim is combined away, so no result has it"
+      elif not where:
+        problem = "is not a core dim of any operand"
+      elif len({i for i, _ in where}) != len(where):
+        problem = "appears twice in one operand"
+      if problem:
+        raise ValueError(f"{owner}: reduce names the dim '{name}', which {problem} "
+                         f"(signature '{self}').")
+      out.append(Reduction(name, op, tuple(where)))
+    return tuple(out)
+
+  def __str__(self):
+    fmt = lambda cores: ",".join("(" + ",".join(c) + ")" for c in cores)
+    return f"{fmt(self.inputs)}->{fmt(self.outputs)}"
 
 
 def _split(group: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -47,9 +93,13 @@ def _split(group: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
   i = group.index(ELLIPSIS)
   return group[:i], group[i + 1:]
 
-  def __str__(self):
-    fmt = lambda cores: ",".join("(" + ",".join(c) + ")" for c in cores)
-    return f"{fmt(self.inputs)}->{fmt(self.outputs)}"
+
+def _core_axes(group: tuple[str, ...]) -> list[tuple[str, int]]:
+  """Each core dim of a group with its core axis: ``>= 0`` before the
+  ``...``, negative (from the end) after it."""
+  lead, trail = _split(group)
+  return ([(n, j) for j, n in enumerate(lead)] +
+          [(n, j - len(trail)) for j, n in enumerate(trail)])
 
 
 def parse_signature(signature: str, *, owner: str) -> Signature:
@@ -106,8 +156,23 @@ def spec_from_num_batch_dims(owner: str, num_batch_dims, operand_shapes,
                    tuple(len(s) - k for s in result_shapes))
 
 
+def reductions_for(owner: str, signature: Signature | None, reduce
+                   ) -> tuple[Reduction, ...]:
+  """The checked ``reduce=`` of a declaration. It names core dims, which only
+  a signature declares."""
+  if reduce is None:
+    return ()
+  if signature is None:
+    raise ValueError(
+        f"{owner}: reduce={reduce!r} names core dims, which only a signature declares; "
+        "pass signature=... (e.g. signature='(n),(n)->()', reduce={'n': 'sum'}) instead "
+        "of num_batch_dims.")
+  return signature.reductions(reduce, owner=owner)
+
+
 def spec_from_signature(owner: str, signature: Signature, operand_shapes,
-                        result_shapes) -> BatchSpec:
+                        result_shapes, reductions: tuple[Reduction, ...] = ()
+                        ) -> BatchSpec:
   if len(signature.inputs) != len(operand_shapes):
     raise ValueError(
         f"{owner}: signature '{signature}' names "
@@ -150,4 +215,4 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
           f"{owner}: result {i} has shape {_fmt(shape)}; "
           f"its batch dims {_fmt(result_batch)} must equal the operands' broadcast "
           f"batch shape {_fmt(batch)} (signature '{signature}').")
-  return signature.spec()
+  return signature.spec(reductions)

@@ -4,6 +4,8 @@ text of a typed-FFI call), and per-shard attribute rules."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import threading
 from collections.abc import Callable
 
@@ -25,10 +27,35 @@ _by_digest: dict[str, Callable] = {}
 @dataclasses.dataclass(frozen=True, eq=False)
 class AttributeRule:
   """A per-shard attribute rule ``fn(attributes, local_batch_shape) ->
-  {name: new value}`` and the digest of what it computes (its identity in
-  derived target names)."""
+  {name: new value}`` (or ``fn(attributes, local_batch_shape, core_sizes)``,
+  ``core_sizes`` the local size of each named core dim) and the digest of
+  what it computes (its identity in derived target names)."""
   fn: Callable
   digest: str
+
+  @functools.cached_property
+  def takes_core_sizes(self) -> bool:
+    """Whether ``fn`` accepts a third positional argument."""
+    return takes_core_sizes(self.fn)
+
+  def call(self, values: dict, batch_shape: tuple, core_sizes: dict):
+    if self.takes_core_sizes:
+      return self.fn(values, batch_shape, dict(core_sizes))
+    return self.fn(values, batch_shape)
+
+
+def takes_core_sizes(fn: Callable) -> bool:
+  """Whether a rule accepts ``(attributes, batch_shape, core_sizes)``: three
+  positional parameters, or ``*args``. Two-parameter rules keep their call."""
+  try:
+    params = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):   # builtins without a signature: the old call
+    return False
+  kinds = [p.kind for p in params]
+  if inspect.Parameter.VAR_POSITIONAL in kinds:
+    return True
+  positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  return sum(k in positional for k in kinds) >= 3
 
 
 def make_rule(fn: Callable, *, owner: str) -> AttributeRule:

@@ -16,6 +16,7 @@ from batchpart._callback import blocks
 from batchpart._partition import shard_module, shardings as sh
 from batchpart._partition.description import CallDescription
 from batchpart._partition.plan import make_plan
+from batchpart._primitive.reductions import absolute_dim
 
 _CACHE_SIZE = 256
 _cache_lock = threading.Lock()
@@ -70,11 +71,20 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
       backend_config=backend_config,
       batch_shape=local_batch,
       rule=rule,
+      reduce_groups=plan.reduce_groups,
+      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes),
   )
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
           sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings]))
+
+
+def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, int]:
+  """The size of each named core dim in these (local) shapes."""
+  shapes = {"o": operand_shapes, "r": result_shapes}
+  return {n.name: int(shapes[n.kind][n.index][absolute_dim(n.axis, len(
+      shapes[n.kind][n.index]))]) for n in d.dim_names}
 
 
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):

@@ -24,6 +24,11 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 - ``$s``: the call has a side effect
 - ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
   its block vector, filled in per partition (``batchpart/_callback/blocks``)
+- ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
+  combines the results over its parts, and its core axis in each operand
+  that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
+- ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
+  (for a per-shard attribute rule's core sizes), one field per name
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
   (``rule_digest``): a changed rule gives a new name, hence a new partition
   cache entry and a new persistent-compilation-cache key
@@ -37,11 +42,14 @@ from __future__ import annotations
 import re
 
 from batchpart._partition.description import CallDescription, default_layout
+from batchpart._primitive.reductions import OPS, DimName, Reduction
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"
 _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_REDUCTION = re.compile(r"^:(\w+)=(\w+):(-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*)$")
+_DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 
 def _ints(values, sep=",") -> str:
@@ -64,6 +72,9 @@ def encode(d: CallDescription) -> str:
   if d.result_lead_ranks:
     fields.append(f"$pr{_ints(d.result_lead_ranks)}")
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
+  fields += [f"$x:{r.name}={r.op}:" + ",".join(f"{k}.{axis}" for k, axis in r.dims)
+             for r in d.reductions]
+  fields += [f"$k:{n.name}={n.kind}{n.index}.{n.axis}" for n in d.dim_names]
   if d.has_side_effect:
     fields.append("$s")
   if d.callback_partitions:
@@ -111,6 +122,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   values: dict[str, str] = {}
   layouts = {"o": {}, "r": {}}
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
+  reductions, dim_names = [], []
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
     if tag in ("o", "r", "no", "nr", "po", "pr"):
@@ -129,6 +141,11 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
+    elif tag == "x" and (m := _REDUCTION.match(value)) and m.group(2) in OPS:
+      dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in m.group(3).split(","))
+      reductions.append(Reduction(m.group(1), m.group(2), dims))
+    elif tag == "k" and (m := _DIM_NAME.match(value)):
+      dim_names.append(DimName(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))))
     else:
       raise ValueError(f"unknown field ${tag}{value}")
   for tag in ("o", "r", "no", "nr"):
@@ -168,4 +185,6 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions=callback_partitions,
       operand_lead_ranks=operand_leads,
       result_lead_ranks=result_leads,
+      reductions=tuple(reductions),
+      dim_names=tuple(dim_names),
   )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from batchpart._primitive.reductions import DimName, Reduction
+
 
 def default_layout(rank: int) -> tuple[int, ...]:
   """Row-major, minor-to-major: what a call gets when no layout is given."""
@@ -44,6 +46,8 @@ class CallDescription:
   callback_partitions: int = 0
   operand_lead_ranks: tuple[int, ...] = ()
   result_lead_ranks: tuple[int, ...] = ()
+  reductions: tuple[Reduction, ...] = ()
+  dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
     for field, n in (("operand_lead_ranks", len(self.operand_batch_ranks)),
@@ -68,6 +72,25 @@ class CallDescription:
       if not (0 <= i < len(self.operand_batch_ranks) and
               0 <= o < len(self.result_batch_ranks)):
         raise ValueError(f"{self.target}: alias {i}->{o} is out of range")
+    for r in self.reductions:
+      if len({r.op for r in self.reductions}) > 1 or not r.dims:
+        raise ValueError(f"{self.target}: reductions {self.reductions} do not share one op")
+      for k, axis in r.dims:
+        self._check_core_axis("operand", k, axis, self.operand_batch_ranks,
+                              self.operand_leads, self.operand_ranks)
+    for n in self.dim_names:
+      batch, leads, ranks = ((self.operand_batch_ranks, self.operand_leads, self.operand_ranks)
+                             if n.kind == "o" else
+                             (self.result_batch_ranks, self.result_leads, self.result_ranks))
+      self._check_core_axis(n.kind, n.index, n.axis, batch, leads, ranks)
+
+  def _check_core_axis(self, what, k, axis, batch_ranks, leads, ranks) -> None:
+    """Raises unless ``axis`` is a core axis of array ``k``."""
+    ok = 0 <= k < len(ranks) and (
+        0 <= axis < leads[k] or
+        -(ranks[k] - leads[k] - batch_ranks[k]) <= axis < 0)
+    if not ok:
+      raise ValueError(f"{self.target}: {what} {k} has no core axis {axis}")
 
   @property
   def operand_leads(self) -> tuple[int, ...]:
@@ -90,7 +113,7 @@ class CallDescription:
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
              has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
-             result_lead_ranks=()) -> CallDescription:
+             result_lead_ranks=(), reductions=(), dim_names=()) -> CallDescription:
   """The description of a call with these shapes and (trailing, leading)
   core ranks."""
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
@@ -108,4 +131,6 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
       aliases=tuple(sorted(map(tuple, input_output_aliases))),
       has_side_effect=bool(has_side_effect),
       attribute_rule=attribute_rule,
+      reductions=tuple(reductions),
+      dim_names=tuple(dim_names),
   )

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from batchpart import _compat as compat
 from batchpart._partition.description import CallDescription
+
+ir, hlo = compat.ir, compat.hlo
+_COMBINERS = {"sum": hlo.add, "max": hlo.maximum, "min": hlo.minimum}
 
 
 def custom_call(name: str, d: CallDescription, operands, result_types, backend_config,
@@ -23,3 +28,21 @@ def custom_call(name: str, d: CallDescription, operands, result_types, backend_c
       operand_output_aliases=dict(d.aliases) or None,
       extra_attributes=extra_attributes,
   ).results
+
+
+def all_reduce(value, op: str, groups) -> ir.Value:
+  """``value`` combined with ``op`` ("sum", "max", "min") over each group of
+  devices (logical ids, as in the call's shardings): the form jax's own psum
+  takes in an SPMD program (a channel and global device ids; without them
+  XLA reads the groups as replica ids and fails at run time)."""
+  op_ = hlo.AllReduceOp(
+      [value.type], [value],
+      replica_groups=ir.DenseIntElementsAttr.get(np.asarray(groups, dtype=np.int64)),
+      channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
+                                           compat.DEVICE_TO_DEVICE_TYPE),
+      use_global_device_ids=ir.BoolAttr.get(True))
+  scalar = ir.RankedTensorType.get([], ir.RankedTensorType(value.type).element_type)
+  block = op_.regions[0].blocks.append(scalar, scalar)
+  with ir.InsertionPoint(block):
+    hlo.return_([_COMBINERS[op](*block.arguments)])
+  return op_.result

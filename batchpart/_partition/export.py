@@ -44,7 +44,8 @@ def _add_sharding_rule(op, d) -> None:
   op.attributes["sdy.sharding_rule"] = sharding_rule.attribute_for_types(
       operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
       batch_shape, [v.type for v in op.operands], [r.type for r in op.results],
-      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
+      reductions=d.reductions)
 
 
 def _drop_frontend_attribute(op, name: str) -> None:

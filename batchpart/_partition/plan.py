@@ -18,6 +18,7 @@ from batchpart import _core
 from batchpart._partition import shardings as sh
 from batchpart._partition.description import CallDescription
 from batchpart._primitive.batch_spec import batch_first, inverse
+from batchpart._primitive.reductions import reduced_dims_table
 
 _Kind = _core.Sharding.Kind
 
@@ -33,6 +34,9 @@ class RelabeledPlan:
   batch_tiles: list
   replication: int
   passthrough: bool
+  reduce_groups: list
+  reduce_tiles: int
+  uneven_reductions: list
 
 
 def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shapes,
@@ -58,6 +62,8 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
         permute(sh.to_planner(h, len(s)), p)
         for h, s, p in zip(result_shardings, result_shapes, result_perms)]
   problem.split_axes = split_axes
+  table = reduced_dims_table(d.reductions, [len(s) for s in operand_shapes])
+  problem.operand_reduced_dims = [_take(row, p) for row, p in zip(table, operand_perms)]
   plan = _core.make_plan(problem)
   if not (d.operand_lead_ranks or d.result_lead_ranks):
     return plan
@@ -72,7 +78,9 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
       result_local_shapes=[_take(s, p) for s, p in
                            zip(plan.result_local_shapes, back(result_perms))],
       batch_shape=list(plan.batch_shape), batch_tiles=list(plan.batch_tiles),
-      replication=plan.replication, passthrough=plan.passthrough)
+      replication=plan.replication, passthrough=plan.passthrough,
+      reduce_groups=[list(g) for g in plan.reduce_groups], reduce_tiles=plan.reduce_tiles,
+      uneven_reductions=list(plan.uneven_reductions))
 
 
 def _take(shape, perm: list[int]) -> list[int]:

@@ -7,6 +7,7 @@ import numpy as np
 from batchpart import _compat as compat
 from batchpart._partition import attributes, emit
 from batchpart._partition.description import CallDescription
+from batchpart._primitive.reductions import combining_op
 
 ir = compat.ir
 
@@ -17,12 +18,15 @@ def _tensor_type(shape, dtype) -> ir.Type:
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           result_dtypes, backend_config: bytes, batch_shape, rule=None,
-          block_table=None) -> bytes:
+          block_table=None, reduce_groups=(), core_sizes=None) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
   needs no partitioner), restating everything the description holds, its FFI
-  attributes rewritten by the per-shard attribute ``rule`` if any. With a
-  ``block_table`` (host callbacks), operand 0 is replaced by the table's row
-  for this device's ``partition_id``."""
+  attributes rewritten by the per-shard attribute ``rule`` if any (given
+  ``core_sizes``, the local size of each named core dim, where it takes
+  them). With a ``block_table`` (host callbacks), operand 0 is replaced by
+  the table's row for this device's ``partition_id``. With
+  ``reduce_groups``, each result is combined over those device groups by the
+  description's reduction op."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
@@ -30,7 +34,7 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
     config = attributes.parse(backend_config)
     if rule is not None:
       values = {k: attributes.to_python(v) for k, v in config.items()}
-      new = rule.fn(values, tuple(int(b) for b in batch_shape))
+      new = rule.call(values, tuple(int(b) for b in batch_shape), core_sizes or {})
       config.update({k: compat.ir_attribute(v) for k, v in (new or {}).items()})
     with ir.InsertionPoint(module.body):
       main = compat.func_dialect.FuncOp("main", ir.FunctionType.get(arg_types, res_types))
@@ -41,6 +45,9 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
         if block_table is not None:
           operands[0] = _table_row(block_table)
         results = emit.custom_call(d.target, d, operands, res_types, config)
+        if len(reduce_groups):
+          op = combining_op(d.reductions)
+          results = [emit.all_reduce(r, op, reduce_groups) for r in results]
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)
 

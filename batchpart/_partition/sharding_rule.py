@@ -8,23 +8,29 @@ for an elementwise op), so a core-sharded input gives a result sharded the
 same way instead of a replicated one; batchpart's partitioner still runs the
 kernel on batch shards. Every other core dim, and every broadcast size-1
 batch dim, is a factor of its own that needs replication, so Shardy never
-pushes a sharding onto it.
+pushes a sharding onto it. A reduced core dim (``reduce=``) is one factor
+shared by every operand that has it, a reduction factor: Shardy keeps it
+sharded, no result has it, and batchpart's partitioner adds the all-reduce.
 """
 
 from __future__ import annotations
 
 from batchpart import _compat as compat
+from batchpart._primitive.reductions import absolute_dim
 
 
 def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
-            batch_shape, operand_lead_ranks=(), result_lead_ranks=()
-            ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...]]:
-  """Each operand's and result's factor per dim, and the factors that need
-  replication (in the order they first appear, as Shardy wants). An array's
-  core dims are its ``*_lead_ranks`` leading dims (none if empty) and its
-  ``*_core_ranks`` trailing ones, in that order; its batch dims lie between."""
+            batch_shape, operand_lead_ranks=(), result_lead_ranks=(), reductions=()
+            ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...], tuple[str, ...]]:
+  """Each operand's and result's factor per dim, the factors that need
+  replication (in the order they first appear, as Shardy wants) and the
+  reduction factors. An array's core dims are its ``*_lead_ranks`` leading
+  dims (none if empty) and its ``*_core_ranks`` trailing ones, in that
+  order; its batch dims lie between."""
   rank = len(batch_shape)
   replicated: list[str] = []
+  reduced = {(k, absolute_dim(axis, len(operand_shapes[k]))): f"x{i}"
+             for i, r in enumerate(reductions) for k, axis in r.dims}
   operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
@@ -42,7 +48,7 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
 
   def operand(k, shape, lead, core_rank):
     names, core_dims = batch_names("o", k, shape, lead, core_rank)
-    cores = [f"o{k}_{dim}" for dim in core_dims]
+    cores = [reduced.get((k, dim), f"o{k}_{dim}") for dim in core_dims]
     operand_cores.append((cores, tuple(shape[dim] for dim in core_dims)))
     return cores[:lead] + names + cores[lead:]
 
@@ -52,7 +58,7 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
     for j, dim in enumerate(core_dims):
       size = shape[dim]
       shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
-      if shared is None or shared in cores:
+      if shared is None or shared in cores or shared in reduced.values():
         shared = f"r{k}_{dim}"
         replicated.append(shared)
       cores.append(shared)
@@ -63,9 +69,11 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
   rhs = [result(k, s, lead, c) for k, (s, c, lead) in
          enumerate(zip(result_shapes, result_core_ranks, result_leads))]
   shared_names = {n for names in rhs for n in names}
-  replicated += [n for cores, _ in operand_cores for n in cores if n not in shared_names]
+  replicated += [n for cores, _ in operand_cores for n in cores
+                 if n not in shared_names and n not in reduced.values()]
   order = list(dict.fromkeys(n for names in lhs + rhs for n in names))
-  return lhs, rhs, tuple(sorted(set(replicated), key=order.index))
+  return (lhs, rhs, tuple(sorted(set(replicated), key=order.index)),
+          tuple(sorted(set(reduced.values()), key=order.index)))
 
 
 def text(lhs, rhs) -> str:
@@ -76,7 +84,7 @@ def text(lhs, rhs) -> str:
 
 def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
               batch_shape, operand_types, result_types, *, operand_lead_ranks=(),
-              result_lead_ranks=()):
+              result_lead_ranks=(), reductions=()):
   """The ``sdy.sharding_rule`` attribute of a call XLA partitions, or None
   where none belongs (GSPMD, no operands, a region XLA does not partition) or
   none can be (Shardy's rules need a result)."""
@@ -86,14 +94,15 @@ def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_cor
   return attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
                              result_core_ranks, batch_shape, operand_types, result_types,
                              operand_lead_ranks=operand_lead_ranks,
-                             result_lead_ranks=result_lead_ranks)
+                             result_lead_ranks=result_lead_ranks, reductions=reductions)
 
 
 def attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
                         result_core_ranks, batch_shape, operand_types, result_types, *,
-                        operand_lead_ranks=(), result_lead_ranks=()):
+                        operand_lead_ranks=(), result_lead_ranks=(), reductions=()):
   """The ``sdy.sharding_rule`` attribute, unconditionally (zero results too)."""
-  lhs, rhs, replicated = factors(operand_shapes, operand_core_ranks, result_shapes,
-                                 result_core_ranks, batch_shape, operand_lead_ranks,
-                                 result_lead_ranks)
-  return compat.sdy_sharding_rule(lhs, rhs, operand_types, result_types, replicated)
+  lhs, rhs, replicated, reduced = factors(
+      operand_shapes, operand_core_ranks, result_shapes, result_core_ranks, batch_shape,
+      operand_lead_ranks, result_lead_ranks, reductions)
+  return compat.sdy_sharding_rule(lhs, rhs, operand_types, result_types, replicated,
+                                  reduced)

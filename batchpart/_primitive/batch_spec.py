@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batchpart._primitive.reductions import DimName, Reduction
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchSpec:
@@ -26,11 +28,16 @@ class BatchSpec:
 
   Lead ranks that are all zero (batch dims leading, as without ``...``) are
   stored as ``()``, so such a spec equals one built without them.
+  ``reductions``: the reduced core dims (``_primitive/reductions``);
+  ``dim_names``: where each named core dim is, where a reduction or a
+  per-shard attribute rule needs it.
   """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
   operand_lead_ranks: tuple[int, ...] = ()
   result_lead_ranks: tuple[int, ...] = ()
+  reductions: tuple[Reduction, ...] = ()
+  dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
     for field, n in (("operand_lead_ranks", len(self.operand_core_ranks)),
@@ -46,13 +53,19 @@ class BatchSpec:
   def result_leads(self) -> tuple[int, ...]:
     return full_leads(self.result_lead_ranks, len(self.result_core_ranks))
 
-  def lead_params(self) -> dict:
-    """The primitive parameters for the lead ranks: none where batch dims
-    lead, so such calls keep the parameters they always had."""
-    if not (self.operand_lead_ranks or self.result_lead_ranks):
-      return {}
-    return {"operand_lead_ranks": self.operand_leads,
-            "result_lead_ranks": self.result_leads}
+  def extra_params(self) -> dict:
+    """The primitive parameters for the lead ranks, reductions and dim names:
+    none where batch dims lead and nothing is reduced or named, so such calls
+    keep the parameters they always had."""
+    params = {}
+    if self.operand_lead_ranks or self.result_lead_ranks:
+      params.update(operand_lead_ranks=self.operand_leads,
+                    result_lead_ranks=self.result_leads)
+    if self.reductions:
+      params["reductions"] = self.reductions
+    if self.dim_names:
+      params["dim_names"] = self.dim_names
+    return params
 
 
 def normalize_leads(leads, n: int, what: str = "lead ranks") -> tuple[int, ...]:

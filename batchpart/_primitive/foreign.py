@@ -94,7 +94,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
       has_side_effect=("has_side_effect" in attrs and
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
       attribute_rule=rule.digest if rule is not None else "",
-      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
+      reductions=spec.reductions, dim_names=spec.dim_names)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],

@@ -33,7 +33,8 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
                                       result_shapes, spec.result_core_ranks, batch_shape,
                                       operand_types, result_types,
                                       operand_lead_ranks=spec.operand_lead_ranks,
-                                      result_lead_ranks=spec.result_lead_ranks)
+                                      result_lead_ranks=spec.result_lead_ranks,
+                                      reductions=spec.reductions)
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
@@ -45,19 +46,21 @@ def _ir_types(ctx, avals):
 
 def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
               has_side_effect, input_layouts, output_layouts, input_output_aliases,
-              attributes, operand_lead_ranks=(), result_lead_ranks=(), **_):
+              attributes, operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
+              dim_names=(), **_):
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
   caller = f"batchpart.ffi_call('{target_name}')"
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks)
+                   result_lead_ranks, reductions, dim_names)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   description = describe(
       target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
       input_layouts=input_layouts, output_layouts=output_layouts,
       input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
-      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks)
+      operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
+      reductions=spec.reductions, dim_names=spec.dim_names)
   result_types = _ir_types(ctx, avals_out)
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

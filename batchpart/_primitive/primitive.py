@@ -11,7 +11,9 @@ Parameters: ``target_name``, ``result_avals``, ``operand_core_ranks``,
 ``result_core_ranks``, optionally ``operand_lead_ranks`` /
 ``result_lead_ranks`` (leading core dims; absent: none), ``has_side_effect``, ``input_layouts`` /
 ``output_layouts`` (minor-to-major), ``input_output_aliases`` (pairs),
-``attributes`` (typed, hashable), ``broadcast_batch`` (whether operands'
+``attributes`` (typed, hashable), optionally ``reductions`` / ``dim_names``
+(reduced core dims and where named core dims are; absent: none),
+``broadcast_batch`` (whether operands'
 batch dims may broadcast, as under a signature, or must be equal, as under
 ``num_batch_dims``).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from batchpart import _compat as compat
 from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
+from batchpart._primitive.reductions import reduced_dims_table
 
 batchpart_ffi_call_p = compat.Primitive("batchpart_ffi_call")
 batchpart_ffi_call_p.multiple_results = True
@@ -61,25 +64,30 @@ def _check_reduced(owner: str, avals_in) -> None:
 
 
 def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
-                            operand_lead_ranks=()):
+                            operand_lead_ranks=(), reductions=()):
   """Per batch dim, the mesh axes the results are typed with in Explicit
   mode: the operands' batch sharding, plus each axis that shards an
   operand's core dim moved onto the first batch dim it divides (whole axes:
   a type must be expressible on the mesh), as the partitioner moves the
-  work. Returns (entries, mesh); mesh is None without Explicit operands."""
+  work. Axes on a reduced dim stay there: the results are combined over
+  them and typed replicated, as ``jnp.sum`` over a sharded dim is.
+  Returns (entries, mesh); mesh is None without Explicit operands."""
+  table = reduced_dims_table(reductions, [len(a.shape) for a in avals_in])
   rank = len(batch_shape)
   entries: list[tuple] = [()] * rank
   used: set = set()
   mesh = None
   specs = []
   leads = operand_lead_ranks or (0,) * len(operand_core_ranks)
-  for aval, c, lead in zip(avals_in, operand_core_ranks, leads):
+  for k, (aval, c, lead) in enumerate(zip(avals_in, operand_core_ranks, leads)):
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is None or sharding.mesh.empty:
       continue
     mesh = sharding.mesh
     spec = _partitions(spec, len(aval.shape))
+    if table:
+      spec = tuple(None if r >= 0 else e for e, r in zip(spec, table[k]))
     specs.append((aval.shape, lead, len(aval.shape) - c - lead, spec))
   for shape, lead, b, spec in specs:   # batch dims first: they stay where they are
     for m in range(b):
@@ -108,12 +116,13 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
   return [_entry(e) for e in entries], mesh
 
 
-def _result_sharder(avals_in, operand_core_ranks, batch_shape, operand_lead_ranks=()):
+def _result_sharder(avals_in, operand_core_ranks, batch_shape, operand_lead_ranks=(),
+                    reductions=()):
   """A function of a result's core rank (and leading core rank) giving its
   sharding in Explicit mode (batch dims as _explicit_batch_entries, core dims
   whole)."""
   entries, mesh = _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
-                                          operand_lead_ranks)
+                                          operand_lead_ranks, reductions)
   if mesh is None or all(e is None for e in entries):
     return lambda core_rank, lead=0: compat.get_cur_mesh_sharding()
   from jax.sharding import NamedSharding, PartitionSpec
@@ -144,7 +153,7 @@ def reshard_core_to_batch(x, core_rank: int):
 
 def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
                    result_core_ranks, has_side_effect, operand_lead_ranks=(),
-                   result_lead_ranks=(), **_):
+                   result_lead_ranks=(), reductions=(), **_):
   owner = f"batchpart.ffi_call('{target_name}')"
   require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
@@ -156,7 +165,7 @@ def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
   _check_reduced(owner, avals_in)
   sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape,
-                             spec.operand_lead_ranks)
+                             spec.operand_lead_ranks, reductions)
   return tuple(r.update(sharding=sharding(c, lead))
                for r, c, lead in zip(result_avals, result_core_ranks,
                                      spec.result_leads)), effects

@@ -149,4 +149,29 @@ Sharding DeviceAxes::ToSharding(int rank, const std::function<int(const Axis&)>&
   return out;
 }
 
+std::vector<std::vector<int64_t>> DeviceAxes::Groups(
+    const std::function<bool(const Axis&)>& in_group) const {
+  // Selected axes last, so each group is a contiguous run of the transpose.
+  std::vector<int> perm, selected;
+  int64_t group_size = 1;
+  for (int i = 0; i < static_cast<int>(axes_.size()); ++i) {
+    if (in_group(axes_[i])) {
+      selected.push_back(i);
+      group_size *= axes_[i].size;
+    } else {
+      perm.push_back(i);
+    }
+  }
+  if (selected.empty()) return {};
+  perm.insert(perm.end(), selected.begin(), selected.end());
+  std::vector<int64_t> dims;
+  for (const Axis& axis : axes_) dims.push_back(axis.size);
+  const std::vector<int64_t> ordered = Transpose(devices_, dims, perm);
+  std::vector<std::vector<int64_t>> groups;
+  for (size_t start = 0; start < ordered.size(); start += group_size) {
+    groups.emplace_back(ordered.begin() + start, ordered.begin() + start + group_size);
+  }
+  return groups;
+}
+
 }  // namespace batchpart::partition

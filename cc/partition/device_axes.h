@@ -13,9 +13,9 @@
 namespace batchpart::partition {
 
 struct Axis {
-  enum class Tag { kBatch, kCore, kReplicated, kManual };
+  enum class Tag { kBatch, kCore, kReplicated, kManual, kReduced };
   Tag tag;
-  int index;  // batch dim (of the broadcast batch shape) or core dim
+  int index;  // batch dim (of the broadcast batch shape), core dim or reduction
   int64_t size;
 };
 
@@ -39,6 +39,11 @@ class DeviceAxes {
   static constexpr int kToReplicated = -1;
   static constexpr int kToManual = -2;
   Sharding ToSharding(int rank, const std::function<int(const Axis&)>& slot) const;
+
+  // The devices grouped by the axes `in_group` selects: one group per
+  // combination of the other axes, each listing the devices that differ only
+  // in the selected axes (row-major over them). Empty if none is selected.
+  std::vector<std::vector<int64_t>> Groups(const std::function<bool(const Axis&)>& in_group) const;
 
  private:
   void Move(int from, int to);

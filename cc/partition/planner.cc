@@ -73,6 +73,36 @@ void ValidateArrays(const std::vector<Shape>& shapes, const std::vector<int>& ba
   }
 }
 
+// The reduced-dim table of one operand (empty: none), checked against its
+// shape: one entry per dim, -1 on batch dims.
+const std::vector<int>& ReducedDims(const Problem& problem, size_t k) {
+  static const std::vector<int> kNone;
+  if (problem.operand_reduced_dims.empty() || problem.operand_reduced_dims[k].empty()) {
+    return kNone;
+  }
+  return problem.operand_reduced_dims[k];
+}
+
+void ValidateReducedDims(const Problem& problem) {
+  const auto& table = problem.operand_reduced_dims;
+  if (table.empty()) return;
+  if (table.size() != problem.operand_shapes.size()) {
+    throw std::invalid_argument("one reduced-dim list per operand is required");
+  }
+  for (size_t k = 0; k < table.size(); ++k) {
+    if (table[k].empty()) continue;
+    if (table[k].size() != problem.operand_shapes[k].size()) {
+      Invalid("operand", k, "reduced-dim list does not have one entry per dim");
+    }
+    for (size_t d = 0; d < table[k].size(); ++d) {
+      const bool batch = static_cast<int>(d) < problem.operand_batch_ranks[k];
+      if (table[k][d] < -1 || (batch && table[k][d] != -1)) {
+        Invalid("operand", k, "dim " + std::to_string(d) + " cannot be a reduced dim");
+      }
+    }
+  }
+}
+
 // Whether batch dim `i` of the batch shape is a real (not broadcast) dim of
 // an array with `batch_rank` batch dims.
 bool HasBatchDim(const Shape& shape, int batch_rank, const Shape& batch_shape, int i) {
@@ -85,7 +115,10 @@ bool HasBatchDim(const Shape& shape, int batch_rank, const Shape& batch_shape, i
 struct Candidate {
   DeviceAxes axes;
   int64_t batch_tiles = 1;
+  int64_t reduce_tiles = 1;
+  std::vector<int> uneven_reductions;
 };
+
 
 // Position of the first axis satisfying `pred`, or -1.
 template <typename Pred>
@@ -140,27 +173,66 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank, const Shape& 
   }
 }
 
+// Tags the axes that tile a reduced core dim of this array as that
+// reduction's, where the dim splits evenly (padding would be summed in);
+// returns the reductions left out for an uneven split.
+std::vector<int> KeepReducedAxes(DeviceAxes& axes, const Shape& shape, int batch_rank,
+                                 const std::vector<int>& reduced) {
+  std::vector<int> uneven;
+  if (reduced.empty()) return uneven;
+  for (int j = 0; j + batch_rank < static_cast<int>(shape.size()); ++j) {
+    const int r = reduced[batch_rank + j];
+    const int64_t tiles = axes.TagProduct(Tag::kCore, j);
+    if (r < 0 || tiles == 1) continue;
+    if (shape[batch_rank + j] % tiles != 0) {
+      uneven.push_back(r);
+      continue;
+    }
+    for (int pos; (pos = FindAxis(axes, [&](const Axis& a) {
+                     return a.tag == Tag::kCore && a.index == j;
+                   })) >= 0;) {
+      axes.Retag(pos, Tag::kReduced, r);
+    }
+  }
+  return uneven;
+}
+
 std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape, int batch_rank,
-                                       const Shape& batch_shape, bool rebatch, bool split_axes) {
+                                       const Shape& batch_shape, const std::vector<int>& reduced,
+                                       bool rebatch, bool split_axes) {
   if (sharding.kind != Sharding::Kind::kTiled) return std::nullopt;
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
   Candidate candidate{DeviceAxes::FromSharding(sharding, batch_rank, offset)};
+  candidate.uneven_reductions = KeepReducedAxes(candidate.axes, shape, batch_rank, reduced);
   Rebatch(candidate.axes, shape, batch_rank, batch_shape, rebatch, split_axes);
   for (const Axis& axis : candidate.axes.axes()) {
     if (axis.tag == Tag::kBatch) candidate.batch_tiles *= axis.size;
+    if (axis.tag == Tag::kReduced) candidate.reduce_tiles *= axis.size;
   }
   return candidate;
 }
 
+// Devices that share the work of one batch element.
+int64_t Parallelism(const Candidate& candidate) {
+  return candidate.batch_tiles * candidate.reduce_tiles;
+}
+
 // The plan's sharding for one array, read off the chosen batch sharding.
+// An array without reduced dims (a result) is replicated over the reduction's
+// axes: the all-reduce leaves every device of a group the whole result.
 Sharding ShardingFor(const DeviceAxes& plan, const Shape& shape, int batch_rank,
-                     const Shape& batch_shape) {
+                     const Shape& batch_shape, const std::vector<int>& reduced) {
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
   return plan.ToSharding(static_cast<int>(shape.size()), [&](const Axis& axis) {
     switch (axis.tag) {
       case Tag::kBatch:
         return HasBatchDim(shape, batch_rank, batch_shape, axis.index) ? axis.index - offset
                                                                        : DeviceAxes::kToReplicated;
+      case Tag::kReduced: {
+        const auto it = std::find(reduced.begin(), reduced.end(), axis.index);
+        return it == reduced.end() ? DeviceAxes::kToReplicated
+                                   : static_cast<int>(it - reduced.begin());
+      }
       case Tag::kManual:
         return DeviceAxes::kToManual;
       default:
@@ -267,6 +339,7 @@ Plan MakePlan(const Problem& problem) {
                  false, "operand");
   ValidateArrays(problem.result_shapes, problem.result_batch_ranks, problem.result_shardings, true,
                  "result");
+  ValidateReducedDims(problem);
   const Shape batch_shape =
       BroadcastBatchShape(problem.operand_shapes, problem.operand_batch_ranks);
   const int rank_b = static_cast<int>(batch_shape.size());
@@ -288,7 +361,9 @@ Plan MakePlan(const Problem& problem) {
   // Operands first, so that a tie keeps the operands where they are.
   std::optional<Candidate> best;
   int64_t num_devices = -1;
-  auto consider = [&](const Sharding& sharding, const Shape& shape, int batch_rank) {
+  static const std::vector<int> kNoReducedDims;
+  auto consider = [&](const Sharding& sharding, const Shape& shape, int batch_rank,
+                      const std::vector<int>& reduced) {
     if (sharding.kind == Sharding::Kind::kTiled) {
       if (num_devices >= 0 && num_devices != sharding.NumTiles()) {
         throw std::invalid_argument(
@@ -297,18 +372,19 @@ Plan MakePlan(const Problem& problem) {
       }
       num_devices = sharding.NumTiles();
     }
-    auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, problem.rebatch,
-                                   problem.split_axes);
-    if (candidate && (!best || candidate->batch_tiles > best->batch_tiles)) {
+    auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, reduced,
+                                   problem.rebatch, problem.split_axes);
+    if (candidate && (!best || Parallelism(*candidate) > Parallelism(*best))) {
       best = std::move(candidate);
     }
   };
   for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
     consider(problem.operand_shardings[k], problem.operand_shapes[k],
-             problem.operand_batch_ranks[k]);
+             problem.operand_batch_ranks[k], ReducedDims(problem, k));
   }
   for (size_t r = 0; r < problem.result_shardings.size(); ++r) {
-    consider(problem.result_shardings[r], problem.result_shapes[r], problem.result_batch_ranks[r]);
+    consider(problem.result_shardings[r], problem.result_shapes[r], problem.result_batch_ranks[r],
+             kNoReducedDims);
   }
 
   Plan plan;
@@ -327,18 +403,22 @@ Plan MakePlan(const Problem& problem) {
     plan.batch_tiles[i] = best->axes.TagProduct(Tag::kBatch, i);
   }
   plan.replication = best->axes.TagProduct(Tag::kReplicated, 0);
-  auto shard = [&](const Shape& shape, int batch_rank, std::vector<Sharding>& shardings,
-                   std::vector<Shape>& local_shapes) {
-    shardings.push_back(ShardingFor(best->axes, shape, batch_rank, batch_shape));
+  plan.reduce_tiles = best->reduce_tiles;
+  plan.uneven_reductions = best->uneven_reductions;
+  plan.reduce_groups =
+      best->axes.Groups([](const Axis& axis) { return axis.tag == Tag::kReduced; });
+  auto shard = [&](const Shape& shape, int batch_rank, const std::vector<int>& reduced,
+                   std::vector<Sharding>& shardings, std::vector<Shape>& local_shapes) {
+    shardings.push_back(ShardingFor(best->axes, shape, batch_rank, batch_shape, reduced));
     local_shapes.push_back(LocalShape(shape, shardings.back()));
   };
   for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
-    shard(problem.operand_shapes[k], problem.operand_batch_ranks[k], plan.operand_shardings,
-          plan.operand_local_shapes);
+    shard(problem.operand_shapes[k], problem.operand_batch_ranks[k], ReducedDims(problem, k),
+          plan.operand_shardings, plan.operand_local_shapes);
   }
   for (size_t r = 0; r < problem.result_shapes.size(); ++r) {
-    shard(problem.result_shapes[r], problem.result_batch_ranks[r], plan.result_shardings,
-          plan.result_local_shapes);
+    shard(problem.result_shapes[r], problem.result_batch_ranks[r], kNoReducedDims,
+          plan.result_shardings, plan.result_local_shapes);
   }
   return plan;
 }

@@ -50,6 +50,12 @@ struct Problem {
   // split axis is fine inside a program but cannot be expressed on jax's
   // mesh, so sharding propagation (which may fix a jit output) turns it off.
   bool split_axes = true;
+  // Per operand, per dim: the reduction (an index into the call's declared
+  // reductions) that dim is summed over, or -1. Empty, or an empty entry for
+  // an operand: no reduced dims. A mesh axis that evenly tiles a reduced dim
+  // stays there: each device computes a partial result over its part and
+  // the results are combined over `Plan::reduce_groups`.
+  std::vector<std::vector<int>> operand_reduced_dims;
 };
 
 struct Plan {
@@ -63,6 +69,16 @@ struct Plan {
   int64_t replication = 1;
   // Manual sharding: shardings and shapes pass through untouched.
   bool passthrough = false;
+  // The device groups whose partial results one all-reduce combines (each
+  // group: the devices that differ only in the parts of the reduced dims);
+  // empty when no reduced dim stays sharded.
+  std::vector<std::vector<int64_t>> reduce_groups;
+  // Parts each reduced dim's devices split it into (product over reductions).
+  int64_t reduce_tiles = 1;
+  // Reductions whose dim was sharded unevenly in the chosen sharding: padding
+  // would enter the result, so that dim is handled as any core dim instead
+  // (re-batched or gathered).
+  std::vector<int> uneven_reductions;
 };
 
 // Broadcast (NumPy rules, right-aligned) of the operands' batch shapes.

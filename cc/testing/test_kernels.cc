@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <complex>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "common/batch_broadcast.h"
 #include "common/dims_string.h"
@@ -238,6 +241,113 @@ ffi::Error CoreSumImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 
+// ---- reduce_rows: (n,k),(n) -> (k), a reduction over n --------------------
+// out[b, j] = op over i of w[b, i] * x[b, i, j], op 0 sum, 1 max, 2 min: the
+// result on any split of n combines by the same op, so n may be reduced
+// (reduce={"n": ...}). Attribute `rows`: the n this call must see (-1: any),
+// how a kernel that carries its size as an attribute fails if a per-shard
+// attribute rule does not restate it. Counts batch x n rows processed.
+
+template <typename T>
+bool Greater(T a, T b) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return a > b;
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+void ReduceRows(const T* x, const T* w, T* out, int64_t batch, int64_t n, int64_t k, int op) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < k; ++j) {
+      T acc{};
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = w[b * n + i] * x[(b * n + i) * k + j];
+        if (i == 0 || op == 0) {
+          acc = op == 0 ? T(acc + v) : v;
+        } else if (op == 1 ? Greater(v, acc) : Greater(acc, v)) {
+          acc = v;
+        }
+      }
+      if (n == 0 && op != 0) {
+        acc = op == 1 ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+      }
+      out[b * k + j] = acc;
+    }
+  }
+}
+
+template <typename T>
+void ReduceRowsComplex(const T* x, const T* w, T* out, int64_t batch, int64_t n, int64_t k) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < k; ++j) {
+      T acc{};
+      for (int64_t i = 0; i < n; ++i) acc += w[b * n + i] * x[(b * n + i) * k + j];
+      out[b * k + j] = acc;
+    }
+  }
+}
+
+ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t op, int64_t rows) {
+  const auto x_dims = x.dimensions(), w_dims = w.dimensions(), o_dims = out->dimensions();
+  if (x_dims.size() < 2 || w_dims.size() != x_dims.size() - 1 ||
+      o_dims.size() != x_dims.size() - 1 ||
+      !SameDims(w_dims, x_dims.first(x_dims.size() - 1)) ||
+      !SameDims(o_dims.first(o_dims.size() - 1), x_dims.first(x_dims.size() - 2)) ||
+      o_dims.back() != x_dims.back()) {
+    return ShapeError("reduce_rows", "shapes must be x (...,n,k), w (...,n), out (...,k); got " +
+                                         DimsToString(x_dims) + ", " + DimsToString(w_dims) +
+                                         ", " + DimsToString(o_dims));
+  }
+  if (x.element_type() != w.element_type() || x.element_type() != out->element_type()) {
+    return ShapeError("reduce_rows", "operands and result must share one dtype");
+  }
+  if (op < 0 || op > 2) return ShapeError("reduce_rows", "op must be 0 (sum), 1 (max) or 2 (min)");
+  const int64_t n = x_dims[x_dims.size() - 2], k = x_dims.back();
+  if (rows >= 0 && rows != n) {
+    return ShapeError("reduce_rows", "attribute rows=" + std::to_string(rows) +
+                                         " but the call has " + std::to_string(n) + " rows");
+  }
+  const int64_t batch = Product(x_dims, 0, x_dims.size() - 2);
+  const int o = static_cast<int>(op);
+  switch (x.element_type()) {
+    case ffi::F32:
+      ReduceRows(x.typed_data<float>(), w.typed_data<float>(), out->typed_data<float>(), batch, n,
+                 k, o);
+      break;
+    case ffi::F64:
+      ReduceRows(x.typed_data<double>(), w.typed_data<double>(), out->typed_data<double>(), batch,
+                 n, k, o);
+      break;
+    case ffi::S32:
+      ReduceRows(x.typed_data<int32_t>(), w.typed_data<int32_t>(), out->typed_data<int32_t>(),
+                 batch, n, k, o);
+      break;
+    case ffi::S64:
+      ReduceRows(x.typed_data<int64_t>(), w.typed_data<int64_t>(), out->typed_data<int64_t>(),
+                 batch, n, k, o);
+      break;
+    case ffi::C64:
+    case ffi::C128:
+      if (o != 0) return ShapeError("reduce_rows", "complex inputs take op 0 (sum) only");
+      if (x.element_type() == ffi::C64) {
+        ReduceRowsComplex(x.typed_data<std::complex<float>>(), w.typed_data<std::complex<float>>(),
+                          out->typed_data<std::complex<float>>(), batch, n, k);
+      } else {
+        ReduceRowsComplex(x.typed_data<std::complex<double>>(),
+                          w.typed_data<std::complex<double>>(),
+                          out->typed_data<std::complex<double>>(), batch, n, k);
+      }
+      break;
+    default:
+      return ShapeError("reduce_rows", "unsupported dtype (f32, f64, s32, s64, c64, c128)");
+  }
+  g_batch_elements += batch * n;
+  return ffi::Error::Success();
+}
+
 // ---- copy_bytes: (m,n) -> (m,n), copies memory as laid out -----------------
 // With a column-major operand layout and a row-major result layout the
 // result is the transpose: a test that layouts survive partitioning.
@@ -367,6 +477,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCoreSum, CoreSumImpl,
                                   .Attr<int64_t>("out_lead")
                                   .Attr<int64_t>("out_trail"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceRows, ReduceRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("op")
+                                  .Attr<int64_t>("rows"));
+
 HandlerTable Handlers() {
   return {
       {"softmax", reinterpret_cast<void*>(kSoftmax)},
@@ -374,6 +492,7 @@ HandlerTable Handlers() {
       {"axpy", reinterpret_cast<void*>(kAxpy)},
       {"copy_bytes", reinterpret_cast<void*>(kCopyBytes)},
       {"core_sum", reinterpret_cast<void*>(kCoreSum)},
+      {"reduce_rows", reinterpret_cast<void*>(kReduceRows)},
       {"count", reinterpret_cast<void*>(kCount)},
       {"stateful_instantiate", reinterpret_cast<void*>(kStatefulInstantiate)},
       {"stateful_execute", reinterpret_cast<void*>(kStatefulExecute)},
