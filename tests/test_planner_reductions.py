@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from test_planner import problem, replicated, tiled
 
 from batchpart import _core
-from test_planner import problem, replicated, tiled
 
 
 def reduced_problem(operands, results, reduced, **kwargs):
