@@ -10,12 +10,12 @@ from collections.abc import Callable
 import jax
 
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, parse_signature
+from batchpart._frontend.signature import batch_rank, parse_signature, reductions_for
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
 
-def _declaration(owner: str, num_batch_dims, signature, shard_attributes
+def _declaration(owner: str, num_batch_dims, signature, shard_attributes, reduce=None
                  ) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
@@ -28,12 +28,12 @@ def _declaration(owner: str, num_batch_dims, signature, shard_attributes
     raise TypeError(f"{owner}: shard_attributes must be None or a callable "
                     "(attributes, batch_shape) -> dict, got "
                     f"{type(shard_attributes).__name__}.")
-  core_ranks = None
-  if signature is not None:
-    parsed = parse_signature(signature, owner=owner)
-    core_ranks = parsed.spec()
   rule = (None if shard_attributes is None else
           attributes.make_rule(shard_attributes, owner=owner))
+  parsed = None if signature is None else parse_signature(signature, owner=owner)
+  reductions = reductions_for(owner, parsed, reduce)
+  core_ranks = None if parsed is None else parsed.spec(
+      reductions, named=rule is not None and rule.takes_core_sizes)
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,
                                   core_ranks=core_ranks, signature=signature or "",
                                   attribute_rule=rule)
@@ -49,7 +49,8 @@ def _same_declaration(a: foreign.BatchDeclaration, b: foreign.BatchDeclaration) 
 
 
 def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None = None,
-                        shard_attributes: Callable | None = None):
+                        shard_attributes: Callable | None = None,
+                        reduce: dict[str, str] | None = None):
   """Makes every FFI custom call ``primitive``'s lowering rules emit batch
   partitionable.
 
@@ -69,11 +70,17 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
     signature: alternatively, a gufunc signature of the emitted custom call
       (a ``...`` in a group puts that array's batch dims there instead of in
       front, e.g. ``"(a,...,n)->(...)"``).
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``),
+      with a signature: dims every result combines over, as for
+      :func:`batchpart.ffi_call` (docs/reductions.md).
     shard_attributes: None, or a callable ``(attributes, batch_shape) ->
       dict`` called for each per-device call with the FFI attributes (NumPy
       scalars/arrays, strings) and that device's local batch shape; the
       entries it returns replace those attributes in the per-device call
-      (e.g. a batch size passed as an attribute). A rule is identified by
+      (e.g. a batch size passed as an attribute). A rule that takes a third
+      argument gets ``core_sizes``, the local size of each named core dim of
+      the signature (e.g. the number of points of a reduced dim). A rule is
+      identified by
       what it computes: a digest of its code, defaults, captured values and
       the globals it reads. A changed rule (a fix, another closure of one
       factory) gives new derived target names, so neither batchpart's
@@ -98,14 +105,15 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
   if not hasattr(primitive, "bind") or not hasattr(primitive, "name"):
     raise TypeError(f"batchpart.partition_primitive: expected a JAX primitive, got "
                     f"{type(primitive).__name__}.")
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
   declarations.declare_primitive(primitive, declaration, _same_declaration)
   return primitive
 
 
 def partition_ffi_target(target_name: str, *, num_batch_dims=None,
                          signature: str | None = None,
-                         shard_attributes: Callable | None = None) -> None:
+                         shard_attributes: Callable | None = None,
+                         reduce: dict[str, str] | None = None) -> None:
   """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
 
   From now on every ``jax.ffi.ffi_call`` to ``target_name`` lowered in this
@@ -118,7 +126,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
   Args:
     target_name: the FFI target, as the package passes it to
       ``jax.ffi.ffi_call``.
-    num_batch_dims, signature, shard_attributes: as for
+    num_batch_dims, signature, shard_attributes, reduce: as for
       :func:`batchpart.partition_primitive`, describing the custom call as
       emitted (its shapes are what ``bp.explain`` of the stock program shows).
 
@@ -135,7 +143,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
     raise TypeError(f"batchpart.partition_ffi_target: target_name must be a non-empty "
                     f"str, got {target_name!r}.")
   owner = f"batchpart.partition_ffi_target('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
   declarations.declare_target(target_name, declaration, _same_declaration)
 
 
@@ -154,18 +162,20 @@ def unpartition(primitive_or_target_name) -> None:
 
 
 def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None = None,
-                 shard_attributes: Callable | None = None, operand_layouts=None,
+                 shard_attributes: Callable | None = None,
+                 reduce: dict[str, str] | None = None, operand_layouts=None,
                  result_layouts=None, **lowering_args):
   """A drop-in for :func:`jax.ffi.ffi_lowering` whose custom call is batch
   partitionable.
 
   Takes ``jax.ffi.ffi_lowering``'s arguments plus exactly one of
-  ``num_batch_dims`` and ``signature`` and an optional ``shard_attributes``,
-  as :func:`batchpart.partition_primitive` does. Register the returned rule
+  ``num_batch_dims`` and ``signature``, an optional ``shard_attributes`` and
+  an optional ``reduce``, as :func:`batchpart.partition_primitive` does.
+  Register the returned rule
   with ``jax.interpreters.mlir.register_lowering`` as usual.
   """
   owner = f"batchpart.ffi_lowering('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
   rule = jax.ffi.ffi_lowering(target_name, operand_layouts=operand_layouts,
                               result_layouts=result_layouts, **lowering_args)
   return foreign.wrap_rule(rule, lambda params: declaration)

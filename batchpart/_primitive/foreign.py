@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from batchpart import _compat as compat, _stablehlo
+from batchpart import _compat as compat, _dtypes, _stablehlo
 from batchpart._partition import attributes
 from batchpart._partition.description import describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
 from batchpart._primitive.lowering import place
+from batchpart._primitive.reductions import check_result_dtypes
 
 ir = compat.ir
 
@@ -85,6 +86,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   spec = declaration.spec(target, operand_shapes, result_shapes)
   caller = f"{declaration.owner} (its call to '{target}')"
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
+  check_result_dtypes(caller, spec.reductions, [
+      _dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type)) for r in op.results])
   rule = declaration.attribute_rule
   description = describe(
       target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
