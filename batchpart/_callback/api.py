@@ -21,6 +21,7 @@ from batchpart._callback.host import FlatCallback, Layouts as _Layouts, callback
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import (
   parse_signature,
+  reductions_for,
   spec_from_num_batch_dims,
   spec_from_signature,
 )
@@ -31,6 +32,7 @@ from batchpart._primitive.batch_spec import (
   require_arrays,
   require_static_shapes,
 )
+from batchpart._primitive.reductions import Reduction, check_result_dtypes
 
 _VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
                  "broadcast_all", "legacy_vectorized")
@@ -38,6 +40,7 @@ _VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                   num_batch_dims: int | None = None, signature: str | None = None,
+                  reduce: dict[str, str] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
                   **kwargs: Any):
   """Calls a pure Python function on blocks of the batch, where they are.
@@ -64,6 +67,13 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
       per flattened operand and result; operands' batch dims broadcast
       NumPy-style (a size-1 or missing batch dim is passed whole to every
       call). Exactly one of ``num_batch_dims`` and ``signature``.
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``,
+      one for all), with a signature: core dims of the operands, in no
+      result, that the results combine over. ``callback`` may then be called
+      on a part of each such dim and must return the results of that part;
+      where the dim is sharded, each device calls it on its own part and one
+      all-reduce combines the results (docs/reductions.md). ``with_index``
+      locates the block in the batch only.
     vmap_method: accepted for compatibility with :func:`jax.pure_callback`
       and validated; not needed: a vmapped call is one call with one more
       leading batch dim (no loop), whatever the value.
@@ -85,12 +95,13 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
         "values; batchpart's declared batch dims define vmap either way).")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=False)
+               io=False, reduce=reduce)
 
 
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
-                ordered: bool = False, with_index: bool = False, **kwargs: Any):
+                ordered: bool = False, with_index: bool = False,
+                reduce: dict[str, str] | None = None, **kwargs: Any):
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -110,10 +121,19 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
       ``jax.experimental.io_callback(..., ordered=True)``, which runs once,
       on one device, on the whole batch.
 
+  ``reduce=`` is refused: a callback with side effects would have them once
+  per part, and a part's calls cannot be told from the whole's.
+
   Raises:
-    ValueError: for ``ordered=True``, or a batch declaration that does not
-      fit.
+    ValueError: for ``ordered=True``, ``reduce=...``, or a batch declaration
+      that does not fit.
   """
+  if reduce is not None:
+    raise ValueError(
+        f"batchpart.io_callback({callback_name(callback)}): reduce= is not supported: its "
+        "side effects would happen once per part of the reduced dim. Use "
+        "batchpart.pure_callback(..., reduce=...) for a pure function, or reduce the "
+        "io_callback's per-row results with jnp.sum.")
   if ordered:
     raise ValueError(
         f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "
@@ -126,7 +146,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
 
 
 def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
-          signature, with_index, io):
+          signature, with_index, io, reduce=None):
   owner = f"batchpart.{kind}({callback_name(callback)})"
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
@@ -136,6 +156,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
         f"{owner}: pass exactly one of num_batch_dims and signature (got "
         f"num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
   parsed = None if signature is None else parse_signature(signature, owner=owner)
+  reductions = reductions_for(owner, parsed, reduce)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   for i, r in enumerate(flat_results):
@@ -144,6 +165,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                       f"dtype, got {type(r).__name__}.")
     compat.check_result_shape_dtype(r)
   result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
+  check_result_dtypes(owner, reductions, [a.dtype for a in result_avals])
   require_arrays(owner, flat_args)
   in_avals = [compat.typeof(x) for x in flat_args]
   operand_shapes = [tuple(a.shape) for a in in_avals]
@@ -159,7 +181,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   elif parsed is None:
     spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
   else:
-    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
   # Core dims before a signature's '...': the primitive takes batch dims in
   # front (transposes XLA runs on each device's block), and the user's
   # function gets and returns its own layout (FlatCallback moves them back).
@@ -180,10 +202,22 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                                        zip(op_leads, spec.operand_core_ranks)),
               result_core_ranks=tuple(lead + core for lead, core in
                                       zip(res_leads, spec.result_core_ranks)),
-              broadcast_batch=parsed is not None, io=io)
+              broadcast_batch=parsed is not None, io=io,
+              **_reduction_params(spec))
   outs = [_batch_back(y, lead, core)
           for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+
+def _reduction_params(spec: BatchSpec) -> dict:
+  """The primitive's ``reductions``: with batch dims moved in front, every
+  core dim trails, so each reduced dim is named by its trailing core axis."""
+  if not spec.reductions:
+    return {}
+  cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
+  return {"reductions": tuple(
+      Reduction(r.name, r.op, tuple((k, a - cores[k] if a >= 0 else a) for k, a in r.dims))
+      for r in spec.reductions)}
 
 
 def _batch_first_order(rank: int, lead: int, core: int) -> list[int]:

@@ -16,6 +16,10 @@ sharding), with two differences that make its contract hold:
   ``partition_id``, so the host side knows where its block lies and how
   much of it is padding; an all-padding block is never passed to the user.
 
+A reduced dim (``reduce=``) the plan keeps sharded is one more axis of the
+device grid: the devices along it share a batch block, each gets its own part
+of that dim, and the groups along it are the all-reduce's.
+
 Everything is a function of the plan and the description, as for FFI calls.
 """
 
@@ -29,6 +33,7 @@ import numpy as np
 from batchpart import _compat as compat, _core
 from batchpart._partition import shardings as sh
 from batchpart._partition.description import CallDescription
+from batchpart._primitive.reductions import absolute_dim
 
 _Kind = _core.Sharding.Kind
 _Subgroup = _core.Sharding.Subgroup
@@ -43,6 +48,7 @@ class Blocks:
   operand_local_shapes: list
   result_local_shapes: list
   table: np.ndarray
+  reduce_groups: list
 
 
 def _batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int, ...]:
@@ -58,11 +64,15 @@ def _batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int
 
 def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partitions):
   """The device grid: an int array with one axis per batch dim, then one
-  replicated axis, then the manual axes; and the manual axes' count."""
+  replicated axis, then the manual axes; and the manual axes' count. With
+  reductions, the results' (whose replicated devices include the reduced
+  dims' parts)."""
   rank = len(batch)
+  operands = ([] if d.reductions else
+              list(zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks)))
   candidates = [(s, sharding, b) for s, sharding, b in
                 [*zip(result_shapes, plan.result_shardings, d.result_batch_ranks),
-                 *zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks)]
+                 *operands]
                 if b == rank]
   tiled = [c for c in candidates if c[1].kind == _Kind.TILED]
   if not tiled:
@@ -80,6 +90,52 @@ def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partit
   rep_size = math.prod(devices.shape[rank:rank + len(rep)])
   man_dims = list(devices.shape[rank + len(rep):])
   return devices.reshape(batch_dims + [rep_size] + man_dims), len(man_dims)
+
+
+def _reduction_coords(plan, d: CallDescription, operand_shapes
+                      ) -> tuple[dict[int, tuple[int, ...]], list[int]]:
+  """Each device's part of every reduced dim the plan keeps sharded, and the
+  parts per reduced dim (1 where it is whole), read off the first operand
+  that has that dim."""
+  coords: dict[int, list[int]] = {}
+  tiles = []
+  for r in d.reductions:
+    k, axis = r.dims[0]
+    dim = absolute_dim(axis, len(operand_shapes[k]))
+    sharding = plan.operand_shardings[k]
+    n = sharding.tile_dims[dim] if sharding.kind == _Kind.TILED else 1
+    tiles.append(n)
+    if n == 1:
+      continue
+    shape = list(sharding.tile_dims) + list(sharding.subgroup_dims)
+    devices = np.asarray(sharding.devices, dtype=np.int64).reshape(shape)
+    for index, device in np.ndenumerate(devices):
+      coords.setdefault(int(device), [0] * len(d.reductions))[len(tiles) - 1] = index[dim]
+  return {k: tuple(v) for k, v in coords.items()}, tiles
+
+
+def _split_reductions(grid, rank, n_manual, coords, tiles):
+  """The grid with the reduced dims' parts taken out of its replicated axis
+  into axes of their own, after the manual axes: devices that share a batch
+  block and every other coordinate, one per part."""
+  if math.prod(tiles) == 1:
+    return grid.reshape(grid.shape + (1,) * len(tiles))
+  rep = grid.shape[rank] // math.prod(tiles)
+  moved = np.moveaxis(grid, rank, -1)   # batch..., manual..., replicated
+  out = np.empty(moved.shape[:-1] + (rep, *tiles), dtype=np.int64)
+  zero = (0,) * len(tiles)
+  for cell in np.ndindex(*moved.shape[:-1]):
+    seen: dict[tuple, int] = {}
+    for device in moved[cell]:
+      part = coords.get(int(device), zero)
+      out[cell + (seen.get(part, 0),) + part] = device
+      seen[part] = seen.get(part, 0) + 1
+    if any(v != rep for v in seen.values()) or len(seen) != math.prod(tiles):
+      raise ValueError("the reduced dims' parts do not split the replicated devices evenly")
+  # batch..., rep, manual..., reduced...
+  n = moved.ndim - 1
+  order = list(range(rank)) + [n] + list(range(rank, n)) + list(range(n + 1, n + 1 + len(tiles)))
+  return out.transpose(order)
 
 
 def _fold(grid, rank, batch):
@@ -101,9 +157,11 @@ def _fold(grid, rank, batch):
   return folded.reshape(shape)
 
 
-def _sharding(grid, rank, n_manual, shape, batch_rank, batch):
+def _sharding(grid, rank, n_manual, shape, batch_rank, batch, reduced=None):
   """The HloSharding of one array (batch dims right-aligned) on ``grid``,
-  and its local shape."""
+  and its local shape. ``reduced``: the array's dims cut by the grid's
+  reduced-dim axes (dim -> grid axis)."""
+  reduced = reduced or {}
   tiles, tiled_axes = [], []
   for m in range(batch_rank):
     k = rank - batch_rank + m
@@ -112,10 +170,17 @@ def _sharding(grid, rank, n_manual, shape, batch_rank, batch):
       tiled_axes.append(k)
     else:
       tiles.append(1)
-  tiles += [1] * (len(shape) - batch_rank)
+  for dim in range(batch_rank, len(shape)):
+    axis = reduced.get(dim)
+    if axis is not None and grid.shape[axis] > 1:
+      tiles.append(grid.shape[axis])
+      tiled_axes.append(axis)
+    else:
+      tiles.append(1)
   local = [-(-int(s) // t) for s, t in zip(shape, tiles)]
-  replicated_axes = [k for k in range(rank + 1) if k not in tiled_axes]
   manual_axes = list(range(rank + 1, rank + 1 + n_manual))
+  replicated_axes = [k for k in range(grid.ndim)
+                     if k not in tiled_axes and k not in manual_axes]
   devices = grid.transpose(tiled_axes + replicated_axes + manual_axes)
   rep = math.prod(grid.shape[k] for k in replicated_axes)
   manual_dims = [grid.shape[k] for k in manual_axes]
@@ -139,7 +204,15 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   batch = _batch_shape(d, operand_shapes, result_shapes)
   rank = len(batch)
   grid, n_manual = _grid(plan, d, operand_shapes, result_shapes, batch, partitions)
+  coords, reduce_tiles = _reduction_coords(plan, d, operand_shapes)
+  grid = _split_reductions(grid, rank, n_manual, coords, reduce_tiles)
   grid = _fold(grid, rank, batch)
+  first_reduced = rank + 1 + n_manual
+  reduced_axes = {}   # operand -> {dim: grid axis}
+  for i, r in enumerate(d.reductions):
+    for k, axis in r.dims:
+      reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
+          first_reduced + i)
   tiles = grid.shape[:rank]
   local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
   table = np.zeros((partitions, 2 * rank), np.int64)
@@ -151,9 +224,18 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
       raise ValueError(f"device {device} outside the {partitions} partitions "
                        f"of '{d.target}'")
     table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
-  ops = [_sharding(grid, rank, n_manual, s, b, batch)
-         for s, b in zip(operand_shapes, d.operand_batch_ranks)]
+  ops = [_sharding(grid, rank, n_manual, s, b, batch, reduced_axes.get(k))
+         for k, (s, b) in enumerate(zip(operand_shapes, d.operand_batch_ranks))]
   res = [_sharding(grid, rank, n_manual, s, b, batch)
          for s, b in zip(result_shapes, d.result_batch_ranks)]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
-                [r[1] for r in res], table)
+                [r[1] for r in res], table, _groups(grid, first_reduced))
+
+
+def _groups(grid, first_reduced: int) -> list:
+  """The devices along the reduced-dim axes (the grid's last), one group per
+  position on the other axes; none without a reduced dim cut in parts."""
+  size = math.prod(grid.shape[first_reduced:])
+  if size == 1:
+    return []
+  return np.asarray(grid).reshape(-1, size).tolist()

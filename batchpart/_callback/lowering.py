@@ -16,6 +16,8 @@ left in an executable (as for every batchpart call).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from batchpart import _compat as compat
@@ -39,7 +41,7 @@ def _with_unit_dim(values, avals, ctx):
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              **_):
+              reductions=(), **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
@@ -76,12 +78,15 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   core = (1, *operand_core_ranks)
+  # Operand 0 of the custom call is the block vector.
+  reductions = tuple(dataclasses.replace(r, dims=tuple((k + 1, a) for k, a in r.dims))
+                     for r in reductions)
   d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
                result_core_ranks,
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
-               input_output_aliases=(), has_side_effect=io)
+               input_output_aliases=(), has_side_effect=io, reductions=reductions)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   extra = {}
@@ -92,7 +97,7 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,
-        batch, operand_types, result_types)
+        batch, operand_types, result_types, reductions=reductions)
     if rule is not None:
       extra["sdy.sharding_rule"] = rule
   else:

@@ -3,7 +3,8 @@ dims (``bp.pure_callback`` and ``bp.io_callback``).
 
 Parameters: ``callback`` (a ``host.FlatCallback``), ``result_avals``,
 ``operand_core_ranks``, ``result_core_ranks`` (everything before the core
-dims is batch), ``broadcast_batch`` (operands' batch dims broadcast, as under
+dims is batch), optionally ``reductions`` (reduced core dims, as trailing
+core axes; absent: none), ``broadcast_batch`` (operands' batch dims broadcast, as under
 a signature) and ``io`` (``io_callback``: jax's unordered IO effect, so the
 call is kept and never deduplicated).
 
@@ -26,7 +27,7 @@ compat.require_devices_during_lowering(batchpart_callback_p)
 
 
 def _abstract_eval(*avals_in, callback, result_avals, operand_core_ranks,
-                   result_core_ranks, io, **_):
+                   result_core_ranks, io, reductions=(), **_):
   owner = callback.owner
   require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
@@ -34,7 +35,8 @@ def _abstract_eval(*avals_in, callback, result_avals, operand_core_ranks,
                            [a.shape for a in avals_in], [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_callback", *avals_in)
   effects = {compat.io_effect()} if io else compat.no_effects
-  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape)
+  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape,
+                             reductions=reductions)
   return tuple(r.update(sharding=sharding(c))
                for r, c in zip(result_avals, result_core_ranks)), effects
 

@@ -101,6 +101,7 @@ def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
       backend_config=backend_config,
       batch_shape=(),
       block_table=b.table,
+      reduce_groups=b.reduce_groups,
   )
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
