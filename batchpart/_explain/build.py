@@ -3,6 +3,8 @@ report on each FFI call."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -15,8 +17,10 @@ from batchpart._explain.lowered import (
   batch_dims,
   leading_core_dims,
   lowered_calls,
+  reductions,
 )
-from batchpart._explain.report import CallReport, ExplainReport
+from batchpart._explain.report import CallReport, ExplainReport, ReducedDim
+from batchpart._primitive.reductions import absolute_dim
 
 
 def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
@@ -89,11 +93,18 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
     result_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.result_types)
     global_operands = global_results = None
   shared_by = None
-  leads = leading_core_dims(low.derived_name if low is not None else inst.derived_name)
+  derived = low.derived_name if low is not None else inst.derived_name
+  leads = leading_core_dims(derived)
+  reduced = _reduced_dims(reductions(derived), global_operands, device_operands)
+  if reduced and inst is not None:
+    after = _mark_declared(module, inst, after)
   if (low is not None and inst is not None and not low.in_shard_map):
     shared_by = replication.replication(
         num_devices, global_operands, global_results, device_operands,
         device_results, low.num_batch_dims, leads)
+    parts = math.prod(r.parts or 1 for r in reduced)
+    if shared_by is not None and shared_by % parts == 0:
+      shared_by //= parts
   frames = low.frames if low is not None and low.frames else (
       module.stack(inst.stack_frame_id) if inst is not None else ())
   if low is not None:
@@ -116,7 +127,39 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       in_shard_map=low.in_shard_map if low is not None else False,
       removed=inst is None,
       callback=inst.frontend_attribute("batchpart.callback") if inst is not None else None,
-      leading_core_dims=leads)
+      leading_core_dims=leads, reduced_dims=reduced)
+
+
+def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDim, ...]:
+  """Each declared reduced dim with its global size and how many parts the
+  devices split it into, read off the first operand that has it."""
+  out = []
+  for r in declared:
+    k, axis = r.dims[0]
+    size = parts = None
+    if global_operands is not None and k < len(global_operands):
+      dim = absolute_dim(axis, len(global_operands[k]))
+      size = global_operands[k][dim]
+      if device_operands is not None and k < len(device_operands):
+        local = device_operands[k][dim]
+        parts = size // local if local and size % local == 0 else None
+    out.append(ReducedDim(r.name, r.op, size, parts))
+  return tuple(out)
+
+
+def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after):
+  """``after`` with the all-reduces that take the call's results directly
+  (batchpart's own, combining the parts of its reduced dims) marked."""
+  direct = set()
+  todo = list(module.users_of(call))
+  while todo:
+    inst = todo.pop()
+    if inst.opcode == "get-tuple-element":
+      todo.extend(module.users_of(inst))
+    elif _hlo.collective_kind(inst) == "all-reduce":
+      direct.add(inst.name)
+  return tuple(dataclasses.replace(c, declared_reduction=True) if c.name in direct else c
+               for c in after)
 
 
 # batchpart's own package directory: frames inside it are not the user's.

@@ -64,6 +64,13 @@ def leading_core_dims(derived_name: str | None
   return d.operand_leads, d.result_leads
 
 
+def reductions(derived_name: str | None) -> tuple:
+  """The reduced core dims a derived name declares (``_primitive/reductions``
+  ``Reduction``s); () for none or a plain call."""
+  d = _description(derived_name)
+  return () if d is None else d.reductions
+
+
 def _mlir_unescape(text: str) -> str:
   if "\\" not in text:
     return text

@@ -38,7 +38,9 @@ def _collective_text(cs: Sequence[Any], call_op_names: set[str]) -> str:
   parts = []
   for c in cs:
     text = f"{c.kind} {_bytes(c.bytes)}"
-    if c.op_name and c.op_name not in call_op_names:
+    if getattr(c, "declared_reduction", False):
+      text += " (the declared reduction)"
+    elif c.op_name and c.op_name not in call_op_names:
       text += f" (for {c.op_name})"
     parts.append(text)
   return ", ".join(parts)
@@ -91,6 +93,8 @@ def render(report: Any) -> str:
       batch = (f"{call.num_batch_dims}, after leading core dims (signature '...'): "
                f"operands {_counts(ins)}, results {_counts(outs)}")
     lines.append(f"    batch dims:  {batch}")
+    if call.reduced_dims:
+      lines.append(f"    reduced:     {_reduced_text(call)}")
     if call.in_shard_map:
       rep = "n/a (inside shard_map: each device runs the body on its own block)"
     elif call.replication is None:
@@ -101,6 +105,24 @@ def render(report: Any) -> str:
              + ("; no redundant work)" if call.replication == 1 else ")"))
     lines.append(f"    replication: {rep}")
   return "\n".join(lines)
+
+
+def _reduced_text(call: Any) -> str:
+  """The declared reduced dims and what became of them."""
+  parts = []
+  for r in call.reduced_dims:
+    size = f" (size {r.size})" if r.size is not None else ""
+    if r.parts is None:
+      where = "split unknown"
+    elif r.parts > 1:
+      where = f"in {r.parts} parts, one per device of each all-reduce group"
+    elif call.collectives_before:
+      where = ("whole on every device, resharded by the collectives before the call "
+               "(a reduced dim stays split only where it splits evenly)")
+    else:
+      where = "whole on every device"
+    parts.append(f"{r.name}{size} by {r.op}, {where}")
+  return "; ".join(parts)
 
 
 def _counts(values) -> str:

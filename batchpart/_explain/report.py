@@ -29,6 +29,9 @@ class Collective:
   bytes: int
   name: str = ""
   op_name: str = ""
+  #: an all-reduce that combines the partial results of a call's declared
+  #: reduced dims (``reduce=``): the reduction as declared, not a surprise
+  declared_reduction: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,8 @@ class CallReport:
       core dims (``"(a,...,n)->(...)"``), the operands' and the results'
       number of core dims before their batch dims, e.g. ``((1,), (0,))``;
       None where every array's batch dims lead.
+    reduced_dims: the call's reduced core dims (``reduce=``), each as
+      ``ReducedDim``; () for none.
   """
   target: str
   num_batch_dims: int | None
@@ -87,6 +92,24 @@ class CallReport:
   removed: bool = False
   callback: str | None = None
   leading_core_dims: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+  reduced_dims: tuple[ReducedDim, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedDim:
+  """A declared reduced core dim of one call.
+
+  Attributes:
+    name: its name in the signature.
+    op: ``"sum"``, ``"max"`` or ``"min"``.
+    size: its global size (None where unknown).
+    parts: how many parts the devices split it into (1: whole on every
+      device, so nothing to combine; None where unknown).
+  """
+  name: str
+  op: str
+  size: int | None
+  parts: int | None
 
 
 @dataclasses.dataclass(frozen=True)
