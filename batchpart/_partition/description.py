@@ -72,17 +72,34 @@ class CallDescription:
       if not (0 <= i < len(self.operand_batch_ranks) and
               0 <= o < len(self.result_batch_ranks)):
         raise ValueError(f"{self.target}: alias {i}->{o} is out of range")
+    if len({r.op for r in self.reductions}) > 1:
+      raise ValueError(f"{self.target}: reductions {self.reductions} do not share one op")
+    if len({r.name for r in self.reductions}) != len(self.reductions):
+      raise ValueError(f"{self.target}: reductions {self.reductions} name a dim twice")
+    reduced_axes: set[tuple[int, int]] = set()
     for r in self.reductions:
-      if len({r.op for r in self.reductions}) > 1 or not r.dims:
-        raise ValueError(f"{self.target}: reductions {self.reductions} do not share one op")
+      if not r.dims or len({k for k, _ in r.dims}) != len(r.dims):
+        raise ValueError(f"{self.target}: reduction {r} must name at most one core axis "
+                         "of each operand, and at least one")
       for k, axis in r.dims:
         self._check_core_axis("operand", k, axis, self.operand_batch_ranks,
                               self.operand_leads, self.operand_ranks)
+        if (k, axis) in reduced_axes:
+          raise ValueError(f"{self.target}: operand {k} core axis {axis} is in two reductions")
+        reduced_axes.add((k, axis))
+    if len({n.name for n in self.dim_names}) != len(self.dim_names):
+      raise ValueError(f"{self.target}: dim names {self.dim_names} name a dim twice")
     for n in self.dim_names:
-      batch, leads, ranks = ((self.operand_batch_ranks, self.operand_leads, self.operand_ranks)
-                             if n.kind == "o" else
-                             (self.result_batch_ranks, self.result_leads, self.result_ranks))
-      self._check_core_axis(n.kind, n.index, n.axis, batch, leads, ranks)
+      if n.kind == "o":
+        what, batch, leads, ranks = ("operand", self.operand_batch_ranks, self.operand_leads,
+                                     self.operand_ranks)
+      elif n.kind == "r":
+        what, batch, leads, ranks = ("result", self.result_batch_ranks, self.result_leads,
+                                     self.result_ranks)
+      else:
+        raise ValueError(f"{self.target}: dim name {n} is neither an operand's nor a "
+                         "result's")
+      self._check_core_axis(what, n.index, n.axis, batch, leads, ranks)
 
   def _check_core_axis(self, what, k, axis, batch_ranks, leads, ranks) -> None:
     """Raises unless ``axis`` is a core axis of array ``k``."""
