@@ -24,6 +24,8 @@ What is used, and why:
 - ``jax._src.callback`` and ``mlir.ModuleContext.add_host_callback``: jax's
   IO effect, its result dtype check and its host-callback custom-call
   targets, for ``bp.pure_callback`` / ``bp.io_callback``.
+- ``jax.make_user_context``: the declarations snapshot as part of jax's jit
+  and trace-cache keys (public, but set globally with ``set_global``).
 - ``jax._src.export._export``: ``call_exported_p``'s lowering (the calls an
   artifact brings are made partitionable in the caller), ``_check_module``
   and the stable target list, so ``DisabledSafetyCheck.custom_call(name)``
@@ -316,39 +318,28 @@ def wrap_abstract_eval(primitive, retype: Callable) -> None:
   primitive.abstract_eval = abstract_eval
 
 
-# Part of jax's jit and trace-cache keys: the batchpart declarations in force
-# (partition_primitive / partition_ffi_target). Changing it makes jit retrace
-# and lower again instead of clearing jax's caches; setting it back finds the
-# executables compiled under the earlier set.
-_declarations_key = jax_config.string_or_object_state(
-    "batchpart_declarations", default=(),
-    help="batchpart's declarations in force (set by batchpart, not by users)",
-    include_in_jit_key=True, include_in_trace_context=True)
+# ---------------------------------------------------------------------------
+# The declarations in force as part of jax's cache keys
+# ---------------------------------------------------------------------------
+
+# A jax user context, not a config option: jax makes every option an absl
+# flag and a JAX_* environment variable, which hold strings, and this value
+# is an object. It is part of jax's jit and trace-cache keys.
+_declarations_key = jax.make_user_context(default_value=None)
 
 
-def set_declarations_key(value: tuple) -> None:
-  """Sets the declarations part of jax's cache keys (a hashable tuple)."""
-  _declarations_key.set_global(value)
+def set_declarations_key(snapshot) -> None:
+  """Puts ``snapshot`` (an immutable object, or None) in force as the
+  declarations part of jax's cache keys, for every thread."""
+  _declarations_key.set_global(snapshot)
 
 
-def explicit_spec(aval) -> tuple | None:
-  """The PartitionSpec entries of an aval typed with an Explicit-mode
-  sharding, padded to its rank; None otherwise."""
-  sharding = getattr(aval, "sharding", None)
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty or not mesh.explicit_axes:
-    return None
-  spec = tuple(sharding.spec)
-  return spec + (None,) * (len(aval.shape) - len(spec))
-
-
-def with_leading_spec(aval, entries):
-  """``aval`` typed with ``entries`` on its leading dims, the rest whole."""
-  from jax.sharding import NamedSharding, PartitionSpec
-  mesh = aval.sharding.mesh if getattr(aval, "sharding", None) is not None else None
-  mesh = mesh if mesh is not None and not mesh.empty else get_cur_mesh_sharding().mesh
-  spec = PartitionSpec(*entries, *([None] * (len(aval.shape) - len(entries))))
-  return aval.update(sharding=NamedSharding(mesh, spec))
+def declarations_key():
+  """The declarations snapshot in force for this thread (None until set)."""
+  # jax's jit reads this value into its key when a call starts (C++, thread
+  # override else global) and reads it again for each cache it consults, but
+  # never pins it: a global change in between is seen here (jax 0.10.2, 0.12).
+  return _declarations_key.value
 
 
 # ---------------------------------------------------------------------------
