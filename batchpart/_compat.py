@@ -24,6 +24,8 @@ What is used, and why:
 - ``jax._src.callback`` and ``mlir.ModuleContext.add_host_callback``: jax's
   IO effect, its result dtype check and its host-callback custom-call
   targets, for ``bp.pure_callback`` / ``bp.io_callback``.
+- ``jax.make_user_context``: the declarations snapshot as part of jax's jit
+  and trace-cache keys (public, but set globally with ``set_global``).
 - ``jax._src.export._export``: ``call_exported_p``'s lowering (the calls an
   artifact brings are made partitionable in the caller), ``_check_module``
   and the stable target list, so ``DisabledSafetyCheck.custom_call(name)``
@@ -108,23 +110,54 @@ def is_custom_derivative_call(eqn) -> bool:
   return eqn.primitive.name in ("custom_vjp_call", "custom_jvp_call")
 
 
-def bind_custom_derivative_call(eqn, invals, in_info, rewrite_closed: Callable,
-                                rewrite_function: Callable):
-  """Binds a ``custom_vjp_call`` / ``custom_jvp_call`` eqn with its primal and
-  forward/JVP jaxprs rewritten by ``rewrite_closed(closed, info)`` (info: the
-  entries of ``in_info``, one per eqn operand, that belong to that jaxpr's
-  inputs; a tangent gets its primal's) and its backward function by
-  ``rewrite_function``."""
+def is_custom_vmap_call(eqn) -> bool:
+  """Whether the eqn is a ``jax.custom_batching.custom_vmap`` call."""
+  return eqn.primitive.name == "custom_vmap_call"
+
+
+def called_jaxpr(eqn):
+  """The closed jaxpr that computes an eqn's results from its operands: the
+  body of a jit or closed_call, the primal of a custom-derivative or
+  custom_vmap call; None for any other eqn."""
+  inner = inlinable_jaxpr(eqn)
+  if inner is not None:
+    return inner
+  if is_custom_derivative_call(eqn):
+    return eqn.params["call_jaxpr"]
+  if is_custom_vmap_call(eqn):
+    return eqn.params["call"]
+  return None
+
+
+def _types(vars_) -> list:
+  """The shapes and dtypes of jaxpr variables (None for tokens)."""
+  return [(getattr(v.aval, "shape", None), getattr(v.aval, "dtype", None)) for v in vars_]
+
+
+def bind_custom_derivative_call(eqn, invals, call_jaxpr, in_info, out_info,
+                                rewrite_closed: Callable, rewrite_function: Callable):
+  """Binds a ``custom_vjp_call`` / ``custom_jvp_call`` eqn with ``call_jaxpr``
+  (its primal, already rewritten), its forward/JVP jaxprs rewritten by
+  ``rewrite_closed(closed, in_info, out_info)`` and its backward function by
+  ``rewrite_function``. ``in_info`` has one entry per eqn operand and
+  ``out_info`` one per result; each jaxpr gets the entries of its own inputs
+  and outputs (a tangent gets its primal's, a residual None)."""
   params = dict(eqn.params)
   num_consts = params["num_consts"]
   primal_info = list(in_info[num_consts:])   # fwd and JVP jaxprs take no consts
-  params["call_jaxpr"] = rewrite_closed(params["call_jaxpr"], list(in_info))
+  params["call_jaxpr"] = call_jaxpr
   if "fwd_jaxpr_thunk" in params:
     fwd = params["fwd_jaxpr_thunk"]
 
     def fwd_thunk(*zeros):
       jaxpr, consts = fwd.call_wrapped(*zeros)
-      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), primal_info)
+      # Its outputs: the residuals, then the primal outputs. Where the tail
+      # does not type as the primal outputs, nothing is said of any output.
+      residuals = len(jaxpr.outvars) - len(out_info)
+      outs = [None] * len(jaxpr.outvars)
+      if residuals >= 0 and _types(jaxpr.outvars[residuals:]) == _types(eqn.outvars):
+        outs[residuals:] = out_info
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), primal_info, outs)
       return closed.jaxpr, closed.consts
 
     params["fwd_jaxpr_thunk"] = lu.wrap_init(fwd_thunk, debug_info=fwd.debug_info)
@@ -136,27 +169,23 @@ def bind_custom_derivative_call(eqn, invals, in_info, rewrite_closed: Callable,
 
     def jvp_fun(*zeros):
       jaxpr, consts, out_zeros = jvp.call_wrapped(*zeros)
-      # Its inputs: the primals, then the tangents that are not symbolic zeros.
+      # Its inputs: the primals, then the tangents that are not symbolic
+      # zeros; its outputs likewise.
       info = primal_info + [i for i, z in zip(primal_info, zeros) if not z]
-      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), info)
+      outs = list(out_info) + [o for o, z in zip(out_info, out_zeros) if not z]
+      closed = rewrite_closed(ClosedJaxpr(jaxpr, consts), info, outs)
       return closed.jaxpr, closed.consts, out_zeros
 
     params["jvp_jaxpr_fun"] = lu.wrap_init(jvp_fun, debug_info=jvp.debug_info)
   return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
 
 
-def is_custom_vmap_call(eqn) -> bool:
-  """Whether the eqn is a ``jax.custom_batching.custom_vmap`` call."""
-  return eqn.primitive.name == "custom_vmap_call"
-
-
-def bind_custom_vmap_call(eqn, invals, in_info, rewrite_closed: Callable,
-                          wrap_rule: Callable):
-  """Binds a ``custom_vmap_call`` eqn with its ``call`` jaxpr (what runs
-  outside vmap, and what it lowers to) rewritten by ``rewrite_closed(closed,
-  in_info)`` and its vmap rule replaced by ``wrap_rule(rule)``."""
+def bind_custom_vmap_call(eqn, invals, call_jaxpr, wrap_rule: Callable):
+  """Binds a ``custom_vmap_call`` eqn with ``call_jaxpr`` (what runs outside
+  vmap, and what it lowers to, already rewritten) and its vmap rule replaced
+  by ``wrap_rule(rule)``."""
   params = dict(eqn.params)
-  params["call"] = rewrite_closed(params["call"], list(in_info))
+  params["call"] = call_jaxpr
   params["rule"] = wrap_rule(params["rule"])
   return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
 
@@ -322,39 +351,28 @@ def wrap_abstract_eval(primitive, retype: Callable) -> None:
   primitive.abstract_eval = abstract_eval
 
 
-# Part of jax's jit and trace-cache keys: the batchpart declarations in force
-# (partition_primitive / partition_ffi_target). Changing it makes jit retrace
-# and lower again instead of clearing jax's caches; setting it back finds the
-# executables compiled under the earlier set.
-_declarations_key = jax_config.string_or_object_state(
-    "batchpart_declarations", default=(),
-    help="batchpart's declarations in force (set by batchpart, not by users)",
-    include_in_jit_key=True, include_in_trace_context=True)
+# ---------------------------------------------------------------------------
+# The declarations in force as part of jax's cache keys
+# ---------------------------------------------------------------------------
+
+# A jax user context, not a config option: jax makes every option an absl
+# flag and a JAX_* environment variable, which hold strings, and this value
+# is an object. It is part of jax's jit and trace-cache keys.
+_declarations_key = jax.make_user_context(default_value=None)
 
 
-def set_declarations_key(value: tuple) -> None:
-  """Sets the declarations part of jax's cache keys (a hashable tuple)."""
-  _declarations_key.set_global(value)
+def set_declarations_key(snapshot) -> None:
+  """Puts ``snapshot`` (an immutable object, or None) in force as the
+  declarations part of jax's cache keys, for every thread."""
+  _declarations_key.set_global(snapshot)
 
 
-def explicit_spec(aval) -> tuple | None:
-  """The PartitionSpec entries of an aval typed with an Explicit-mode
-  sharding, padded to its rank; None otherwise."""
-  sharding = getattr(aval, "sharding", None)
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty or not mesh.explicit_axes:
-    return None
-  spec = tuple(sharding.spec)
-  return spec + (None,) * (len(aval.shape) - len(spec))
-
-
-def with_leading_spec(aval, entries):
-  """``aval`` typed with ``entries`` on its leading dims, the rest whole."""
-  from jax.sharding import NamedSharding, PartitionSpec
-  mesh = aval.sharding.mesh if getattr(aval, "sharding", None) is not None else None
-  mesh = mesh if mesh is not None and not mesh.empty else get_cur_mesh_sharding().mesh
-  spec = PartitionSpec(*entries, *([None] * (len(aval.shape) - len(entries))))
-  return aval.update(sharding=NamedSharding(mesh, spec))
+def declarations_key():
+  """The declarations snapshot in force for this thread (None until set)."""
+  # jax's jit reads this value into its key when a call starts (C++, thread
+  # override else global) and reads it again for each cache it consults, but
+  # never pins it: a global change in between is seen here (jax 0.10.2, 0.12).
+  return _declarations_key.value
 
 
 # ---------------------------------------------------------------------------

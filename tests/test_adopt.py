@@ -1,7 +1,12 @@
 """bp.ffi_lowering and bp.partition_primitive on one device: retargeting,
-argument checks, idempotence."""
+argument checks, idempotence; jax's configuration tools with batchpart
+imported."""
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -87,3 +92,45 @@ def test_num_batch_dims_beyond_the_calls_rank_names_the_target():
   bp.partition_primitive(p, num_batch_dims=3)
   with pytest.raises(ValueError, match="adopt_softmax_5.*batchpart_test_softmax"):
     jax.jit(p.bind).lower(np.ones((4, 6), np.float32))
+
+
+# Every tool jax's configuration supports, in a process that imported
+# batchpart and declared a target (its declarations are part of jax's cache
+# keys): absl flags from argv, JAX_* environment variables, config.update and
+# the context managers.
+_CONFIG_TOOLS = textwrap.dedent("""
+    import sys
+    from absl import flags
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import batchpart as bp
+    from batchpart import testing as kernels
+
+    kernels.register()
+    bp.partition_ffi_target("batchpart_test_softmax", num_batch_dims=1)
+    sys.argv = [sys.argv[0], "--jax_enable_x64=true", "--jax_numpy_rank_promotion=warn"]
+    jax.config.parse_flags_with_absl()
+    assert jax.config.jax_enable_x64 and jax.config.jax_numpy_rank_promotion == "warn"
+    assert flags.FLAGS.jax_enable_x64 and flags.FLAGS.is_parsed()
+    assert jax.config.jax_enable_checks   # JAX_ENABLE_CHECKS, below
+    jax.config.update("jax_numpy_rank_promotion", "raise")
+    with jax.numpy_rank_promotion("allow"):
+      assert jax.config.jax_numpy_rank_promotion == "allow"
+      assert jnp.add(jnp.ones(3), jnp.ones((2, 3))).shape == (2, 3)
+    assert jax.config.jax_numpy_rank_promotion == "raise"
+    x = np.ones((4, 6))
+    y, _ = jax.jit(kernels.softmax)(x)
+    assert y.dtype == np.float64
+    print("ok")
+""")
+
+
+def test_jax_configuration_tools_work_with_batchpart_imported(tmp_path):
+  script = tmp_path / "config_tools.py"
+  script.write_text(_CONFIG_TOOLS)
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+  env["JAX_ENABLE_CHECKS"] = "1"
+  out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                       text=True, timeout=240)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import batchpart as bp
-from batchpart import testing as kernels
+from batchpart import _compat as compat, testing as kernels
 
 S = jax.ShapeDtypeStruct
 SOFTMAX = "batchpart_test_softmax"
@@ -349,3 +349,176 @@ def test_custom_vmap_rule_under_vmap_warns():
   with pytest.warns(UserWarning, match=r"batch_partitionable\(f\).*custom_vmap"):
     out = jax.vmap(g)(x)
   np.testing.assert_allclose(out, kernels.softmax_reference(x)[0], rtol=1e-5, atol=1e-6)
+
+
+# ---- where the batch dims are: the flow of the wrapper's batch dims ----
+
+CORE_SUM = "batchpart_test_core_sum"
+
+
+def _batchpart_calls(f, *args):
+  """The parameters of every batchpart call in ``f``'s jaxpr, at any depth."""
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "batchpart_ffi_call":
+        yield eqn.params
+      for inner in compat.jaxprs_in_eqn(eqn):
+        yield from walk(inner)
+  return list(walk(jax.make_jaxpr(f)(*args).jaxpr))
+
+
+def _places(params):
+  """Each operand's and result's (leading core dims, trailing core dims)."""
+  def of(kind):
+    cores = params[f"{kind}_core_ranks"]
+    return tuple(zip(params.get(f"{kind}_lead_ranks") or (0,) * len(cores), cores))
+  return of("operand"), of("result")
+
+
+def _rows_softmax(signature="(n,...)->(n,...)"):
+  """The defect's wrapper: x is (n, batch), the kernel wants rows in front."""
+  @bp.batch_partitionable(signature=signature)
+  def rows_softmax(x):
+    y, _ = _plain_softmax(x.T)
+    return y.T
+  return rows_softmax
+
+
+@pytest.mark.parametrize("n, batch", [(4, 8), (8, 8), (16, 16)])
+def test_a_core_dim_the_size_of_the_batch_is_not_taken_for_it(n, batch):
+  """The kernel's operand is x.T: its batch dim is dim 0 whatever the sizes,
+  and so is its result's (the wrapper returns its transpose)."""
+  f = _rows_softmax()
+  x = np.random.default_rng(20).standard_normal((n, batch)).astype(np.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", UserWarning)
+    (params,) = _batchpart_calls(f, x)
+    out = f(x)
+  assert _places(params) == (((0, 1),), ((0, 1), (0, 0)))
+  np.testing.assert_allclose(out, kernels.softmax_reference(x.T)[0].T, rtol=1e-5, atol=1e-6)
+
+
+def _sorted_rows_softmax(x):
+  """As the defect's wrapper, through a primitive the flow does not know
+  (a sort along the kernel's core dim)."""
+  y, _ = _plain_softmax(jax.lax.sort(x.T, dimension=1))
+  return y.T
+
+
+def test_where_the_flow_cannot_tell_and_the_shape_fits_twice_the_call_stays_plain():
+  f = bp.batch_partitionable(_sorted_rows_softmax, signature="(n,...)->(n,...)")
+  x = np.random.default_rng(21).standard_normal((8, 8)).astype(np.float32)
+  with pytest.warns(UserWarning) as caught:
+    assert _batchpart_calls(f, x) == []
+  (message,) = [str(w.message) for w in caught if "batchpart" in str(w.message)]
+  assert message.startswith(
+      "batchpart.batch_partitionable(_sorted_rows_softmax): the jax.ffi.ffi_call to "
+      "'batchpart_test_softmax' stays unpartitioned")
+  assert "fits operand 0 (shape (8, 8)) at dim 1 and at dim 0" in message
+  with pytest.warns(UserWarning, match="stays unpartitioned"):
+    out = f(x)
+  np.testing.assert_allclose(out, kernels.softmax_reference(np.sort(x.T, 1))[0].T,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_where_the_flow_cannot_tell_an_unambiguous_shape_decides():
+  f = bp.batch_partitionable(_sorted_rows_softmax, signature="(n,...)->(n,...)")
+  x = np.random.default_rng(22).standard_normal((4, 8)).astype(np.float32)
+  assert _warnings_of(f, x) == []
+  (params,) = _batchpart_calls(f, x)
+  assert _places(params) == (((0, 1),), ((0, 1), (0, 0)))
+  np.testing.assert_allclose(f(x), kernels.softmax_reference(np.sort(x.T, 1))[0].T,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_the_warning_names_the_wrappers_qualified_name():
+  @bp.batch_partitionable(signature="(n,...)->(n,...)")
+  def wrapper(x):
+    return _sorted_rows_softmax(x)
+
+  (message,) = _warnings_of(wrapper, np.ones((8, 8), np.float32))
+  assert f"({wrapper.__qualname__}): the jax.ffi.ffi_call to 'batchpart_test_softmax'" in (
+      message)
+  assert wrapper.__qualname__.endswith("<locals>.wrapper")
+
+
+def test_a_call_that_stays_plain_anyway_does_not_warn_of_unclear_dims():
+  """The shared table's (8, 8) softmax fits the batch shape at both of the
+  rule's positions, but nothing batched goes in: plain, as before."""
+  @bp.batch_partitionable(signature="(n,...),(m,k)->(n,...)")
+  def f(x, table):
+    return _plain_softmax(x.T)[0].T + _plain_softmax(table * 2.0)[0].sum()
+
+  rng = np.random.default_rng(26)
+  x = rng.standard_normal((6, 8)).astype(np.float32)
+  table = rng.standard_normal((8, 8)).astype(np.float32)
+  assert _warnings_of(f, x, table) == []
+  assert len(_batchpart_calls(f, x, table)) == 1
+  want = (kernels.softmax_reference(x.T)[0].T
+          + kernels.softmax_reference(2 * table)[0].sum())
+  np.testing.assert_allclose(f(x, table), want, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_dims_out_of_order_leave_the_call_plain():
+  """Two batch dims swapped before the kernel: not one run in order."""
+  @bp.batch_partitionable(num_batch_dims=2)
+  def swapped(x):
+    return jnp.swapaxes(_plain_softmax(jnp.swapaxes(x, 0, 1))[0], 0, 1)
+
+  x = np.random.default_rng(23).standard_normal((4, 4, 6)).astype(np.float32)
+  (message,) = _warnings_of(swapped, x)
+  assert "operand 0 (shape (4, 4, 6)) carries the wrapper's batch dims out of order" in message
+  with pytest.warns(UserWarning, match="out of order"):
+    assert _batchpart_calls(swapped, x) == []
+    out = swapped(x)
+  np.testing.assert_allclose(out, kernels.softmax_reference(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def _core_sum_attrs(**counts):
+  return {k: np.int64(v) for k, v in counts.items()}
+
+
+@pytest.mark.parametrize("n, batch", [(4, 8), (8, 8)])
+def test_a_results_batch_dims_follow_its_uses(n, batch):
+  """The kernel returns (n, batch): batch dims after a core dim, which the
+  shape rule ("(n),()->(n)": in front) would not find, or would find in the
+  wrong place; the wrapper's transpose of it tells."""
+  @bp.batch_partitionable(signature="(n),(m)->(n)")
+  def f(x, w):
+    r = jax.ffi.ffi_call(CORE_SUM, S((n, batch), x.dtype))(
+        x.T, w, **_core_sum_attrs(x_lead=1, x_trail=0, y_lead=1, y_trail=0, out_lead=1,
+                                  out_trail=0))
+    return r.T
+
+  rng = np.random.default_rng(24)
+  x = rng.standard_normal((batch, n)).astype(np.float32)
+  w = rng.standard_normal((3,)).astype(np.float32)
+  (params,) = _batchpart_calls(f, x, w)
+  assert _places(params) == (((1, 0), (0, 1)), ((1, 0),))   # w: whole
+  want = np.broadcast_to((x.sum(1) + w.sum())[:, None], (batch, n))
+  np.testing.assert_allclose(f(x, w), want, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_wrapper_under_custom_vjp_and_jit():
+  """The flow enters nested jits and the primal and forward rule of a
+  custom_vjp, and walks back from their outputs."""
+  @jax.custom_vjp
+  def rows(x):
+    return jax.jit(lambda x: _plain_softmax(x.T)[0].T)(x)
+
+  def fwd(x):
+    y = _plain_softmax(x.T)[0].T
+    return y, y
+
+  def bwd(y, g):
+    return (y * (g - jnp.sum(g * y, 0, keepdims=True)),)
+
+  rows.defvjp(fwd, bwd)
+  f = bp.batch_partitionable(rows, signature="(n,...)->(n,...)")
+  x = np.random.default_rng(25).standard_normal((8, 8)).astype(np.float32)
+  loss = jax.grad(lambda x: jnp.sum(f(x) * jnp.arange(8.0)[None]))
+  assert _warnings_of(loss, x) == []
+  calls = _batchpart_calls(loss, x)
+  assert calls and all(_places(p) == (((0, 1),), ((0, 1), (0, 0))) for p in calls)
+  want = jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, 0) * jnp.arange(8.0)[None]))(x)
+  np.testing.assert_allclose(loss(x), want, rtol=1e-4, atol=1e-5)

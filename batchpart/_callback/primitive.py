@@ -18,7 +18,7 @@ from __future__ import annotations
 from batchpart import _compat as compat
 from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
 from batchpart._primitive.batching import align_operands
-from batchpart._primitive.primitive import _result_sharder
+from batchpart._primitive.primitive import result_types
 
 batchpart_callback_p = compat.Primitive("batchpart_callback")
 batchpart_callback_p.multiple_results = True
@@ -31,14 +31,12 @@ def _abstract_eval(*avals_in, callback, result_avals, operand_core_ranks,
   owner = callback.owner
   require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
-  batch_shape = check_spec(owner, BatchSpec(operand_core_ranks, result_core_ranks),
-                           [a.shape for a in avals_in], [a.shape for a in result_avals])
+  spec = BatchSpec(operand_core_ranks, result_core_ranks, reductions=reductions)
+  batch_shape = check_spec(owner, spec, [a.shape for a in avals_in],
+                           [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_callback", *avals_in)
   effects = {compat.io_effect()} if io else compat.no_effects
-  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape,
-                             reductions=reductions)
-  return tuple(r.update(sharding=sharding(c))
-               for r, c in zip(result_avals, result_core_ranks)), effects
+  return result_types(avals_in, result_avals, spec, batch_shape), effects
 
 
 batchpart_callback_p.def_effectful_abstract_eval(_abstract_eval)

@@ -94,12 +94,12 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
     one raises ``ValueError`` naming the primitive (``batchpart.unpartition``
     it first). What changes: every program lowered from now on, including a
     ``jax.jit`` function compiled before (its next call traces and compiles
-    again, as the set of declarations is part of jax's cache keys; jax's
+    again, as the declarations in force are part of jax's cache keys; jax's
     caches are not cleared). Compiled objects
     (``jax.jit(f).lower(...).compile()``) never change.
 
-  In Explicit sharding mode the primitive's results are typed with the
-  batch sharding of its first operand's leading batch dims.
+  In Explicit sharding mode the primitive's results are typed as
+  :func:`batchpart.ffi_call` types those of the declared call.
   """
   owner = f"batchpart.partition_primitive({getattr(primitive, 'name', primitive)!r})"
   if not hasattr(primitive, "bind") or not hasattr(primitive, "name"):
@@ -151,9 +151,10 @@ def unpartition(primitive_or_target_name) -> None:
   """Restores the stock lowering of a primitive (``partition_primitive``) or
   of the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``).
 
-  Programs lowered from now on are lowered as without batchpart; a
-  ``jax.jit`` function compiled before the declaration finds its stock
-  executable again. Declaring again afterwards works.
+  Programs lowered from now on are lowered as without batchpart (a
+  ``jax.jit`` function traces and compiles again on its next call, as after
+  every change of the declarations in force). Declaring again afterwards
+  works.
 
   Raises:
     ValueError: naming it, if it is not partitioned by batchpart.

@@ -2,70 +2,84 @@
 which FFI targets (``partition_ffi_target``) batchpart partitions now.
 
 A primitive's lowering rules, and jax's ``ffi_call`` lowering, are hooked
-once, by a dispatcher that reads the declaration in force at lowering time
-and otherwise runs the stock rule untouched: so ``unpartition`` restores the
-stock lowering exactly, and a declaration can be made again after it.
+once, by a dispatcher that reads the declaration in force and otherwise runs
+the stock rule untouched: so ``unpartition`` restores the stock lowering
+exactly, and a declaration can be made again after it.
 
 jax caches traces, lowerings and executables, and a declaration changes no
-jaxpr. Rather than clearing jax's caches, the set of declarations in force is
-part of jax's jit and trace-cache keys (``compat.set_declarations_key``):
-a ``jax.jit`` function called after the set changes is traced and compiled
-again for the new set, and one called when an earlier set is back in force
-finds the executables compiled under it. Compiled objects
+jaxpr. Rather than clearing jax's caches, the declarations in force are one
+immutable ``Snapshot``, which is itself part of jax's jit and trace-cache
+keys (``compat.set_declarations_key``); the dispatchers and the Explicit-mode
+result types read the declarations from the snapshot in force, never from a
+table of their own. Every change puts a new snapshot in force, and snapshots
+compare by identity, because jax reads its key when a call starts and lowers
+later without pinning the value in between: a change made by another thread
+in that window reaches the lowering, and the program it gives is cached under
+a snapshot that no later call finds, rather than under a set of declarations
+that may come back. So a ``jax.jit`` function traces and compiles again after
+every change, even one back to an earlier set; compiled objects
 (``jax.jit(f).lower(...).compile()``) never change.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from batchpart import _compat as compat
 from batchpart._primitive import foreign
+from batchpart._primitive.batch_spec import check_spec
+from batchpart._primitive.primitive import explicit_result_types
 
-_lock = threading.Lock()
-_serials = itertools.count(1)
-_primitives: dict[object, tuple[int, foreign.BatchDeclaration]] = {}
-_targets: dict[str, tuple[int, foreign.BatchDeclaration]] = {}
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Snapshot:
+  """The declarations in force from one change to the next, by primitive and
+  by FFI target name; equal only to itself (see the module docstring)."""
+  primitives: Mapping[object, foreign.BatchDeclaration] = dataclasses.field(
+      default_factory=lambda: MappingProxyType({}))
+  targets: Mapping[str, foreign.BatchDeclaration] = dataclasses.field(
+      default_factory=lambda: MappingProxyType({}))
+
+
+_EMPTY = Snapshot()
+_lock = threading.Lock()     # serialises changes
+_latest = _EMPTY             # the snapshot the last change put in force
 _hooked: set[object] = set()   # primitives whose rules have the dispatcher
 
 
-def _update_key() -> None:
-  compat.set_declarations_key(tuple(sorted(
-      serial for serial, _ in (*_primitives.values(), *_targets.values()))))
+def in_force() -> Snapshot:
+  """The snapshot in force for what this thread traces or lowers now: the
+  value jax puts in its cache keys."""
+  return compat.declarations_key() or _EMPTY
 
 
 def _primitive_declaration(primitive):
-  entry = _primitives.get(primitive)
-  return None if entry is None else entry[1]
+  return in_force().primitives.get(primitive)
 
 
 def _target_declaration(target_name):
-  entry = _targets.get(target_name)
-  return None if entry is None else entry[1]
+  return in_force().targets.get(target_name)
 
 
 def _explicit_retype(declaration_for):
-  """Result types in Explicit mode: the first operand's leading batch
-  sharding on each result's leading dims, for a declared call (under
-  ``num_batch_dims``; a signature's batch dims broadcast, and results keep
-  jax's types)."""
+  """Result types in Explicit mode: those ``bp.ffi_call`` gives the declared
+  call (its batch sharding); jax's types elsewhere."""
   def retype(avals_in, avals_out, params):
     declaration = declaration_for(params)
-    if declaration is None or declaration.core_ranks is not None or not avals_in:
+    if declaration is None:
       return avals_out
-    k = declaration.num_batch_dims
-    if callable(k):
-      try:
-        k = k([tuple(a.shape) for a in avals_in], [tuple(a.shape) for a in avals_out])
-      except Exception:  # noqa: BLE001 - a rule for the emitted call's shapes only
-        return avals_out
-    spec = compat.explicit_spec(avals_in[0])
-    if spec is None or not k or all(e is None for e in spec[:k]):
+    target = params.get("target_name", declaration.owner)
+    in_shapes, out_shapes = [a.shape for a in avals_in], [a.shape for a in avals_out]
+    try:
+      spec = declaration.spec(target, in_shapes, out_shapes)
+      batch_shape = check_spec(declaration.owner, spec, in_shapes, out_shapes)
+    except Exception:  # noqa: BLE001 - the lowering raises for a call that does not fit
       return avals_out
-    return [compat.with_leading_spec(a, spec[:k]) if len(a.shape) >= k and
-            tuple(a.shape[:k]) == tuple(avals_in[0].shape[:k]) else a
-            for a in avals_out]
+    typed = explicit_result_types(avals_in, avals_out, spec, batch_shape)
+    return avals_out if typed is None else list(typed)
   return retype
 
 
@@ -81,30 +95,39 @@ def _hook(primitive, declaration_for, owner: str) -> None:
   _hooked.add(primitive)
 
 
-def _declare(table: dict, key, declaration: foreign.BatchDeclaration, same, hook,
+def _put_in_force(kind: str, table: dict) -> None:
+  """Puts a new snapshot in force: the latest with ``kind`` (``primitives``
+  or ``targets``) replaced by ``table``. Holds _lock."""
+  global _latest
+  _latest = dataclasses.replace(_latest, **{kind: MappingProxyType(table)})
+  compat.set_declarations_key(_latest)
+
+
+def _declare(kind: str, key, declaration: foreign.BatchDeclaration, same, hook,
              undo_hint: str) -> bool:
-  """Puts ``declaration`` in force for ``key`` in ``table`` (installing
+  """Puts ``declaration`` in force for ``key`` among ``kind`` (installing
   ``hook`` first); False if an equal one (``same(old, new)``) already is.
   Raises naming the owner if another is."""
   with _lock:
-    entry = table.get(key)
-    if entry is not None:
-      if same(entry[1], declaration):
+    table = dict(getattr(_latest, kind))
+    old = table.get(key)
+    if old is not None:
+      if same(old, declaration):
         return False
       raise ValueError(
           f"{declaration.owner}: already partitioned by batchpart with another declaration "
           f"(batch dims or shard_attributes rule). Call {undo_hint} first to declare it "
           "again.")
     hook()
-    table[key] = (next(_serials), declaration)
-    _update_key()
+    table[key] = declaration
+    _put_in_force(kind, table)
   return True
 
 
 def declare_primitive(primitive, declaration: foreign.BatchDeclaration, same) -> bool:
   """Puts ``declaration`` in force for ``primitive``'s lowering rules."""
   return _declare(
-      _primitives, primitive, declaration, same,
+      "primitives", primitive, declaration, same,
       lambda: _hook(primitive, lambda params: _primitive_declaration(primitive),
                     declaration.owner),
       "batchpart.unpartition on the primitive")
@@ -114,7 +137,7 @@ def declare_target(target_name: str, declaration: foreign.BatchDeclaration, same
   """Puts ``declaration`` in force for every ``jax.ffi.ffi_call`` to
   ``target_name``."""
   return _declare(
-      _targets, target_name, declaration, same,
+      "targets", target_name, declaration, same,
       lambda: _hook(compat.jax_ffi_call_p,
                     lambda params: _target_declaration(params.get("target_name")),
                     declaration.owner),
@@ -127,14 +150,15 @@ def withdraw(primitive_or_target_name) -> None:
   Raises:
     ValueError: naming it, if none is in force.
   """
+  kind = "targets" if isinstance(primitive_or_target_name, str) else "primitives"
   with _lock:
-    table = _targets if isinstance(primitive_or_target_name, str) else _primitives
+    table = dict(getattr(_latest, kind))
     if primitive_or_target_name not in table:
       what = getattr(primitive_or_target_name, "name", primitive_or_target_name)
-      kind = "FFI target" if table is _targets else "primitive"
+      noun = "FFI target" if kind == "targets" else "primitive"
       raise ValueError(
-          f"batchpart.unpartition: the {kind} {what!r} is not partitioned by batchpart "
+          f"batchpart.unpartition: the {noun} {what!r} is not partitioned by batchpart "
           "(declare it with batchpart.partition_ffi_target or "
           "batchpart.partition_primitive).")
     del table[primitive_or_target_name]
-    _update_key()
+    _put_in_force(kind, table)

@@ -4,9 +4,10 @@ The wrapper is traced to a jaxpr, and the jaxpr is evaluated again with every
 batched ``jax.ffi.ffi_call`` replaced by a ``batchpart_ffi_call``: inside
 nested jits, inside ``jax.custom_vjp`` / ``jax.custom_jvp`` rules (their
 primal, forward and backward functions alike), so derivatives are
-partitioned too, and inside ``custom_vmap`` bodies. A forward dataflow tells
-which operands are shared (computed from non-batched arguments and constants
-only) and so passed whole; calls the rewrite cannot reach are warned about.
+partitioned too, and inside ``custom_vmap`` bodies. A flow of the wrapper's
+batch dims through the jaxpr (``batch_dims``) tells which dims of each
+ffi_call's operands and results are batch dims; calls whose batch dims it
+cannot tell, and calls the rewrite cannot reach, are warned about.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import warnings
 import jax
 
 from batchpart import _compat as compat, _primitive
+from batchpart._frontend import batch_dims
 from batchpart._frontend.signature import (
   parse_signature,
   spec_from_num_batch_dims,
   spec_from_signature,
 )
 from batchpart._partition import declared
-from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes
+from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
 
 
 def batch_partitionable(fn=None, *, signature: str | None = None,
@@ -34,11 +36,13 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
   ``num_batch_dims``) exactly as the operands of :func:`batchpart.ffi_call`
   do; its leading dims are the batch dims. Every typed ``jax.ffi.ffi_call``
   traced inside the wrapper whose results carry that batch shape becomes a
-  batch-partitionable call. Its operands that are the wrapper's own
-  arguments have the batch dims the signature gives them, values computed
-  only from non-batched arguments and constants are shared (passed whole to
-  every shard), and any other operand has batch dims if its leading dims
-  equal the batch shape and is otherwise passed whole. A call with no batched
+  batch-partitionable call. Which dims of its operands and results are batch
+  dims follows the wrapper's batch dims through the computation: forward
+  from the wrapper's arguments (through transposes, reshapes that keep them
+  intact, broadcasts, elementwise ops, slices of core dims, nested jits and
+  custom-derivative functions) and backward from its results. A value that
+  carries no batch dim, such as one computed only from non-batched arguments
+  and constants, is passed whole to every shard. A call with no batched
   operand stays a plain ``jax.ffi.ffi_call``. Calls inside ``jax.custom_vjp``
   / ``jax.custom_jvp`` functions (the JAX FFI tutorial's pattern) are
   rewritten too, including their forward and backward rules, and so are
@@ -57,11 +61,13 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
 
-  With a ``...`` in the signature (batch dims after some core dims, e.g.
-  ``"(a,...,n)->(...,n)"``), the wrapper's arguments have their batch dims
-  where it stands; a value inside the wrapper that is neither an argument nor
-  shared is batched where the batch shape appears in it, at the position of a
-  ``...`` in the signature or else in front.
+  Where the flow cannot tell (a primitive it does not know), a value has
+  batch dims where the batch shape appears in its shape: at the position of a
+  ``...`` in the signature, else in front. Where that fits at more than one
+  position (a core dim the size of the batch), or the flow finds the batch
+  dims out of order, the call stays a plain ``jax.ffi.ffi_call`` (computed
+  whole on every device) and a ``UserWarning`` names the wrapper
+  (``__qualname__``) and the call's target: never a guess.
 
   Returns:
     The decorated wrapper, with the same calling convention.
@@ -70,6 +76,7 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     return functools.partial(batch_partitionable, signature=signature,
                              num_batch_dims=num_batch_dims)
   name = getattr(fn, "__name__", repr(fn))
+  qualname = getattr(fn, "__qualname__", name)
   if not callable(fn):
     raise TypeError(f"batchpart.batch_partitionable: expected a function, got "
                     f"{type(fn).__name__} ({name}).")
@@ -85,10 +92,10 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     closed, out_shapes = jax.make_jaxpr(
         functools.partial(fn, **kwargs), return_shape=True)(*args)
     flat_args = jax.tree.leaves(args)
-    batch_shape, core_ranks, leads = _wrapper_spec(name, parsed, num_batch_dims,
-                                                   flat_args, jax.tree.leaves(out_shapes))
-    rewriter = _Rewriter(name, batch_shape, leads)
-    outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, core_ranks)
+    batch_shape, in_dims, out_dims, leads = _wrapper_spec(
+        name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes))
+    rewriter = _Rewriter(name, qualname, batch_shape, leads)
+    outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, in_dims, out_dims)
     rewriter.finish_trace()
     return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
 
@@ -96,8 +103,8 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
 
 
 def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
-  """The wrapper's broadcast batch shape, its arguments' core ranks and the
-  positions (leading core dims) of the signature's ``...``s."""
+  """The wrapper's broadcast batch shape, the batch dims of its arguments and
+  results, and the positions (leading core dims) of the signature's ``...``s."""
   operand_shapes = [tuple(compat.typeof(a).shape) for a in args]
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
@@ -108,45 +115,21 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
-  core_ranks = tuple(_CoreRank.of(c, lead)
-                     for c, lead in zip(spec.operand_core_ranks, spec.operand_leads))
-  return batch_shape, core_ranks, (*spec.operand_lead_ranks, *spec.result_lead_ranks)
+
+  def dims(shapes, cores, leads):
+    """The batch dims of arrays of these shapes, core ranks and leads."""
+    return [batch_dims.of_array(len(s), lead, c, len(batch_shape))
+            for s, c, lead in zip(shapes, cores, leads)]
+
+  return (batch_shape,
+          dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads),
+          dims(result_shapes, spec.result_core_ranks, spec.result_leads),
+          (*spec.operand_lead_ranks, *spec.result_lead_ranks))
 
 
-class _CoreRank(int):
-  """A known core rank (the trailing core dims) that also says how many core
-  dims lead (``lead``, before the batch dims); plain ints lead with none."""
-  lead: int = 0
-
-  @classmethod
-  def of(cls, core_rank: int, lead: int):
-    if not lead:
-      return int(core_rank)
-    out = cls(core_rank)
-    out.lead = int(lead)
-    return out
-
-
-def _lead(core_rank) -> int:
-  return getattr(core_rank, "lead", 0)
-
-
-def _ndim(var) -> int:
-  """The rank of a jaxpr variable or literal (0 for tokens and other non-arrays)."""
-  return len(getattr(var.aval, "shape", ()))
-
-
-def _all_shared(vars_, ranks) -> bool:
-  """Whether every value is shared: its known core rank is its whole rank."""
-  return all(r is not None and r == _ndim(v) for v, r in zip(vars_, ranks))
-
-
-def _shared_if_inputs_are(eqn, in_ranks):
-  """The core ranks the dataflow gives an eqn's results: a result computed only
-  from shared values is shared (all core dims); otherwise the shape rule decides."""
-  if _all_shared(eqn.invars, in_ranks):
-    return [_ndim(v) for v in eqn.outvars]
-  return [None] * len(eqn.outvars)
+def _shape(var) -> tuple:
+  """The shape of a jaxpr variable or literal (() for tokens and other non-arrays)."""
+  return tuple(getattr(var.aval, "shape", ()))
 
 
 def _count_ffi_calls(jaxprs) -> int:
@@ -159,85 +142,144 @@ def _count_ffi_calls(jaxprs) -> int:
   return count
 
 
+def _trailing_core_ranks(shapes, places) -> tuple:
+  """Each array's core dims after its batch dims, from its ``(lead, rank)``."""
+  return tuple(len(s) - lead - rank for s, (lead, rank) in zip(shapes, places))
+
+
+class _LeftPlain(Exception):
+  """A ``jax.ffi.ffi_call`` stays plain: ``reason`` says why; ``unclear``
+  where its batch dims cannot be told (the user is warned)."""
+
+  def __init__(self, reason: str, unclear: bool = False):
+    super().__init__(reason)
+    self.reason, self.unclear = reason, unclear
+
+
+def _unless_unclear(place, *args):
+  """``place(*args)``, or the ``_LeftPlain`` it raises: whether the call stays
+  plain for another reason is known only once every place is."""
+  try:
+    return place(*args)
+  except _LeftPlain as unclear:
+    return unclear
+
+
 class _Rewriter:
   """Evaluates jaxprs with batched ffi_calls rebound as batchpart calls.
 
-  Alongside the values it runs a forward dataflow over core ranks: a value
-  with a known core rank is either one of the wrapper's arguments (the batch
-  spec gives its rank) or *shared*, computed only from shared arguments and
-  constants (its core rank is its whole rank, so it is passed whole to every
-  shard). Any other value falls back to the shape rule: batched if its leading
-  dims equal the batch shape.
+  Alongside the values it runs the flow of batch dims (``batch_dims``): which
+  dims of each value carry the wrapper's batch dims, forward from the
+  wrapper's arguments and backward from its results. An ffi_call's operands
+  and results have their batch dims where the flow puts them; where it
+  cannot tell, where the batch shape appears in the shape (at a ``...``
+  position of the signature, else in front), and if it appears at more than
+  one the call stays plain, with a warning.
   """
 
-  def __init__(self, name, batch_shape, leads=()):
+  def __init__(self, name, qualname, batch_shape, leads=()):
     self.name = name
+    self.qualname = qualname
     self.batch_shape = tuple(batch_shape)
-    # Where a value of unknown origin may hold the batch shape: at the
-    # signature's '...' positions, else in front.
+    # Where a value the flow knows nothing of may hold the batch shape: at
+    # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
     self.rewritten = 0
     self.left_alone = []   # why calls stayed plain jax.ffi.ffi_calls
+    self.unclear = 0       # calls left plain because their batch dims are unclear
     self.hidden = {}       # primitive name -> ffi_calls inside it, not entered
     self.tracing = True
     self.warned = False
 
-  def _core_rank(self, shape, known_core_rank):
-    """A value's core rank: the known one, else by the shape rule."""
-    if known_core_rank is not None:
-      return known_core_rank
+  def _by_shape(self, shape, what):
+    """``(lead, rank)`` of the batch shape in ``shape``, which the flow knows
+    nothing of; ``(0, 0)`` where it is absent."""
     rank = len(self.batch_shape)
-    for lead in self.leads:
-      if tuple(shape[lead:lead + rank]) == self.batch_shape:
-        return _CoreRank.of(len(shape) - lead - rank, lead)
-    return len(shape)
+    fits = [p for p in self.leads if tuple(shape[p:p + rank]) == self.batch_shape]
+    if len(fits) > 1:
+      raise _LeftPlain(
+          f"the batch shape {fmt(self.batch_shape)} fits {what} (shape {fmt(shape)}) at "
+          f"dim {fits[0]} and at dim {fits[1]}, and the flow of the wrapper's batch dims "
+          f"does not say which", unclear=True)
+    return (fits[0], rank) if fits else (0, 0)
 
-  def _result_core_ranks(self, result_avals) -> tuple:
-    return tuple(self._core_rank(r.shape, None) for r in result_avals)
+  def _operand_place(self, dims, shape, what):
+    """``(lead, rank)`` of an operand's batch dims: where the flow puts them,
+    else by the shape; ``(0, 0)``: passed whole."""
+    if dims is None:
+      return self._by_shape(shape, what)
+    place = batch_dims.block(dims, len(self.batch_shape))
+    if place is None:
+      raise _LeftPlain(f"{what} (shape {fmt(shape)}) carries the wrapper's batch dims "
+                       f"out of order or twice", unclear=True)
+    return place
 
-  def _why_not_batched(self, params, operand_core_ranks, operand_shapes):
-    """Why a ``jax.ffi.ffi_call`` cannot become a batchpart call, or None."""
+  def _result_place(self, want, shape, what):
+    """``(lead, rank)`` of a result's batch dims: where its uses put the whole
+    batch shape, else by the shape; ``(0, 0)``: no batch dims."""
+    rank = len(self.batch_shape)
+    place = None if want is None else batch_dims.block(want, rank)
+    if place is not None and place[1] == rank and tuple(
+        shape[place[0]:place[0] + rank]) == self.batch_shape:
+      return place
+    return self._by_shape(shape, what)
+
+  def _places(self, eqn, in_dims, wants):
+    """Each operand's and result's ``(lead, rank)`` as a batchpart call;
+    raises ``_LeftPlain`` where the call stays a plain ``jax.ffi.ffi_call``."""
+    params = eqn.params
     target, result_avals = params["target_name"], params["result_avals"]
     if params.get("custom_call_api_version", 4) != 4:
-      return f"the call to {target!r} is not a typed FFI call (custom_call_api_version 4)"
+      raise _LeftPlain(f"the call to {target!r} is not a typed FFI call "
+                       f"(custom_call_api_version 4)")
     if any(r is compat.abstract_token for r in result_avals):
-      return f"the call to {target!r} returns a token"
+      raise _LeftPlain(f"the call to {target!r} returns a token")
     if not self.batch_shape:
-      return "the batch shape is () (nothing to partition)"
-    if any(_lead(c) + c == len(r.shape)
-           for c, r in zip(self._result_core_ranks(result_avals), result_avals)):
+      raise _LeftPlain("the batch shape is () (nothing to partition)")
+    results = [_unless_unclear(self._result_place, w, tuple(r.shape), f"result {i}")
+               for i, (w, r) in enumerate(zip(wants, result_avals))]
+    operands = [_unless_unclear(self._operand_place, d, _shape(v), f"operand {i}")
+                for i, (d, v) in enumerate(zip(in_dims, eqn.invars))]
+    # A call that would stay plain anyway needs no warning of unclear dims.
+    if (0, 0) in results:
       shapes = ", ".join(str(tuple(r.shape)) for r in result_avals)
-      return (f"the call to {target!r} has results of shapes {shapes}, without the batch "
-              f"shape (a kernel called once per problem?)")
-    if all(_lead(c) + c == len(s) for c, s in zip(operand_core_ranks, operand_shapes)):
-      return f"the call to {target!r} has no batched operand (it runs whole)"
-    return None
+      raise _LeftPlain(f"the call to {target!r} has results of shapes {shapes}, without "
+                       f"the batch shape (a kernel called once per problem?)")
+    if all(o == (0, 0) for o in operands):
+      raise _LeftPlain(f"the call to {target!r} has no batched operand (it runs whole)")
+    for place in results + operands:
+      if isinstance(place, _LeftPlain):
+        raise place
+    return operands, results
 
-  def _rebind_ffi_call(self, eqn, invals, in_ranks):
-    """A ``jax.ffi.ffi_call`` eqn bound again: as a batchpart call where it is
-    batched, else unchanged."""
+  def _rebind_ffi_call(self, eqn, invals, in_dims, wants):
+    """A ``jax.ffi.ffi_call`` eqn bound again, as a batchpart call where its
+    batch dims are known, else unchanged: its results and their batch dims."""
     params = eqn.params
-    shapes = [tuple(getattr(v.aval, "shape", ())) for v in eqn.invars]
-    core_ranks = tuple(self._core_rank(s, r) for s, r in zip(shapes, in_ranks))
-    why_not = self._why_not_batched(params, core_ranks, shapes)
-    if why_not is not None:
-      # Nothing to partition by: XLA's default for a plain call is right.
-      self.left_alone.append(why_not)
-      return compat.bind_eqn(eqn, invals)
+    try:
+      operands, results = self._places(eqn, in_dims, wants)
+    except _LeftPlain as plain:
+      if plain.unclear:
+        self._warn_unclear(params["target_name"], plain.reason)
+      else:
+        self.left_alone.append(plain.reason)
+      # XLA's default for a plain call is right.
+      outs = compat.bind_eqn(eqn, invals)
+      return outs, batch_dims.forward(eqn, in_dims)
     self.rewritten += 1
     declared.declare(params["target_name"])
     result_avals = tuple(params["result_avals"])
-    result_core_ranks = self._result_core_ranks(result_avals)
+    result_shapes = [tuple(r.shape) for r in result_avals]
     leads = {}
-    if any(map(_lead, core_ranks + result_core_ranks)):
-      leads = {"operand_lead_ranks": tuple(map(_lead, core_ranks)),
-               "result_lead_ranks": tuple(map(_lead, result_core_ranks))}
-    return _primitive.bind(
+    if any(lead for lead, _ in operands + results):
+      leads = {"operand_lead_ranks": tuple(lead for lead, _ in operands),
+               "result_lead_ranks": tuple(lead for lead, _ in results)}
+    outs = _primitive.bind(
         *invals,
         target_name=params["target_name"],
         result_avals=result_avals,
-        operand_core_ranks=tuple(map(int, core_ranks)),
-        result_core_ranks=tuple(map(int, result_core_ranks)),
+        operand_core_ranks=_trailing_core_ranks(map(_shape, eqn.invars), operands),
+        result_core_ranks=_trailing_core_ranks(result_shapes, results),
         **leads,
         has_side_effect=params["has_side_effect"],
         input_layouts=tuple(map(tuple, params["input_layouts"])),
@@ -246,15 +288,29 @@ class _Rewriter:
         attributes=_primitive.typed_attributes(params["attributes"]),
         broadcast_batch=True,
     )
+    rank = len(self.batch_shape)
+    return outs, [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
+                  for s, (lead, _) in zip(result_shapes, results)]
 
-  def closed(self, closed, in_ranks):
+  def closed(self, closed, in_dims, out_dims=()):
     """A closed jaxpr with the same signature, its ffi_calls rewritten;
-    ``in_ranks`` are its inputs' known core ranks (None: unknown)."""
+    ``in_dims`` / ``out_dims`` are its inputs' and outputs' batch dims as far
+    as known (None: unknown)."""
+    return self._closed(closed, in_dims, out_dims)[0]
+
+  def _closed(self, closed, in_dims, out_dims):
+    """``closed`` rewritten, and its outputs' batch dims."""
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
-    rewritten = jax.make_jaxpr(
-        lambda *a: self.eval(closed.jaxpr, closed.consts, a, in_ranks)[0])(*avals)
+    found = []
+
+    def run(*args):
+      outs, dims = self.eval(closed.jaxpr, closed.consts, args, in_dims, out_dims)
+      found[:] = dims
+      return outs
+
+    rewritten = jax.make_jaxpr(run)(*avals)
     self._report_deferred()
-    return rewritten
+    return rewritten, found
 
   def function(self, f):
     """``f`` (a function of arrays returning a pytree of arrays), with the
@@ -270,53 +326,53 @@ class _Rewriter:
       return jax.tree.unflatten(jax.tree.structure(shapes), outs)
     return rewritten
 
-  def _eval_eqn(self, eqn, invals, in_ranks):
+  def _eval_eqn(self, eqn, invals, in_dims, wants):
     """One eqn evaluated with its calls rewritten: its results (a list) and
-    their known core ranks."""
+    their batch dims; ``wants`` are where the results' uses put them."""
     if eqn.primitive is compat.jax_ffi_call_p:
-      outs = self._rebind_ffi_call(eqn, invals, in_ranks)
-      outs = outs if eqn.primitive.multiple_results else [outs]
-      return outs, _shared_if_inputs_are(eqn, in_ranks)
-    inner = compat.inlinable_jaxpr(eqn)
-    if inner is not None:
-      return self.eval(inner.jaxpr, inner.consts, invals, in_ranks)
-    if compat.is_custom_derivative_call(eqn):
-      outs = compat.bind_custom_derivative_call(eqn, invals, in_ranks, self.closed,
-                                                self.function)
+      outs, dims = self._rebind_ffi_call(eqn, invals, in_dims, wants)
+    elif (inner := compat.inlinable_jaxpr(eqn)) is not None:
+      return self.eval(inner.jaxpr, inner.consts, invals, in_dims, wants)
+    elif compat.is_custom_derivative_call(eqn):
+      call, dims = self._closed(compat.called_jaxpr(eqn), in_dims, wants)
+      outs = compat.bind_custom_derivative_call(eqn, invals, call, in_dims, wants,
+                                                self.closed, self.function)
     elif compat.is_custom_vmap_call(eqn):
-      outs = compat.bind_custom_vmap_call(eqn, invals, in_ranks, self.closed,
-                                          self._unpartitioned_vmap_rule)
+      call, dims = self._closed(compat.called_jaxpr(eqn), in_dims, wants)
+      outs = compat.bind_custom_vmap_call(eqn, invals, call, self._unpartitioned_vmap_rule)
     else:
       hidden = _count_ffi_calls(compat.jaxprs_in_eqn(eqn))
       if hidden:
         self.hidden[eqn.primitive.name] = self.hidden.get(eqn.primitive.name, 0) + hidden
-      outs = compat.bind_eqn(eqn, invals)
-    outs = outs if eqn.primitive.multiple_results else [outs]
-    return outs, _shared_if_inputs_are(eqn, in_ranks)
+      outs, dims = compat.bind_eqn(eqn, invals), batch_dims.forward(eqn, in_dims)
+    return (outs if eqn.primitive.multiple_results else [outs]), dims
 
-  def eval(self, jaxpr, consts, args, in_ranks):
-    """Evaluates ``jaxpr`` with its calls rewritten; ``in_ranks`` are the known
-    core ranks of its inputs. Returns the outputs and their known core ranks."""
-    env = {}
-    known = {v: _ndim(v) for v in jaxpr.constvars}   # constants are shared
-    known.update((v, r) for v, r in zip(jaxpr.invars, in_ranks) if r is not None)
+  def eval(self, jaxpr, consts, args, in_dims, out_dims=()):
+    """Evaluates ``jaxpr`` with its calls rewritten; ``in_dims`` are its
+    inputs' batch dims and ``out_dims`` where its outputs' uses put them (None
+    or missing: unknown). Returns the outputs and their batch dims."""
+    wants = batch_dims.demands(jaxpr, out_dims)
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    known = {v: batch_dims.shared(len(_shape(v))) for v in jaxpr.constvars}
+    known.update(zip(jaxpr.invars, in_dims))
 
     def read(v):
       return v.val if isinstance(v, compat.Literal) else env[v]
 
-    def rank(v):
-      return _ndim(v) if isinstance(v, compat.Literal) else known.get(v)
+    def dims(v):
+      # A literal or a scalar carries no batch dim.
+      if isinstance(v, compat.Literal) or not _shape(v):
+        return batch_dims.shared(len(_shape(v)))
+      return known.get(v)
 
-    env.update(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
-      outs, out_ranks = self._eval_eqn(eqn, [read(v) for v in eqn.invars],
-                                       [rank(v) for v in eqn.invars])
-      for var, val, r in zip(eqn.outvars, outs, out_ranks):
-        env[var] = val
-        if r is not None:
-          known[var] = r
-    return [read(v) for v in jaxpr.outvars], [rank(v) for v in jaxpr.outvars]
+      outs, out_dims = self._eval_eqn(eqn, [read(v) for v in eqn.invars],
+                                      [dims(v) for v in eqn.invars],
+                                      [wants.get(v) for v in eqn.outvars])
+      env.update(zip(eqn.outvars, outs))
+      known.update(zip(eqn.outvars, out_dims))
+    return [read(v) for v in jaxpr.outvars], [dims(v) for v in jaxpr.outvars]
 
   def _unpartitioned_vmap_rule(self, rule):
     """``rule`` (a custom_vmap rule), warning that its calls are not rewritten."""
@@ -339,6 +395,15 @@ class _Rewriter:
       warnings.warn(f"batchpart.batch_partitionable({self.name}): {message}.",
                     UserWarning, stacklevel=4)
 
+  def _warn_unclear(self, target, reason):
+    """Warns that a call stays unpartitioned because its batch dims are unclear."""
+    self.unclear += 1
+    warnings.warn(
+        f"batchpart.batch_partitionable({self.qualname}): the jax.ffi.ffi_call to "
+        f"{target!r} stays unpartitioned (every device computes it whole): {reason}. "
+        f"Call batchpart.ffi_call with the kernel's own signature there to partition it.",
+        UserWarning, stacklevel=2)
+
   def _report_deferred(self):
     """After a rule traced after the wrapper (forward, JVP, backward): warns
     of calls it could not reach."""
@@ -346,9 +411,10 @@ class _Rewriter:
       self._warn(self._hidden_message())
 
   def finish_trace(self):
-    """At the end of the wrapper's trace: warns where calls stay unpartitioned."""
+    """At the end of the wrapper's trace: warns where calls stay unpartitioned
+    (calls with unclear batch dims have had their own warning)."""
     self.tracing = False
-    if self.rewritten == 0:
+    if self.rewritten == 0 and not self.unclear:
       reasons = list(dict.fromkeys(self.left_alone))[:3]
       if self.hidden:
         reasons.append(self._hidden_message())

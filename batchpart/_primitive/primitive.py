@@ -116,18 +116,28 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
   return [_entry(e) for e in entries], mesh
 
 
-def _result_sharder(avals_in, operand_core_ranks, batch_shape, operand_lead_ranks=(),
-                    reductions=()):
-  """A function of a result's core rank (and leading core rank) giving its
-  sharding in Explicit mode (batch dims as _explicit_batch_entries, core dims
-  whole)."""
-  entries, mesh = _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
-                                          operand_lead_ranks, reductions)
+def explicit_result_types(avals_in, result_avals, spec: BatchSpec, batch_shape
+                          ) -> tuple | None:
+  """``result_avals`` typed with the sharding the work lands on in Explicit
+  mode (batch dims as _explicit_batch_entries, core dims whole); None where
+  no operand's Explicit type shards the batch."""
+  entries, mesh = _explicit_batch_entries(avals_in, spec.operand_core_ranks, batch_shape,
+                                          spec.operand_lead_ranks, spec.reductions)
   if mesh is None or all(e is None for e in entries):
-    return lambda core_rank, lead=0: compat.get_cur_mesh_sharding()
+    return None
   from jax.sharding import NamedSharding, PartitionSpec
-  return lambda core_rank, lead=0: NamedSharding(
-      mesh, PartitionSpec(*([None] * lead), *entries, *([None] * core_rank)))
+  return tuple(r.update(sharding=NamedSharding(
+      mesh, PartitionSpec(*([None] * lead), *entries, *([None] * c))))
+      for r, c, lead in zip(result_avals, spec.result_core_ranks, spec.result_leads))
+
+
+def result_types(avals_in, result_avals, spec: BatchSpec, batch_shape) -> tuple:
+  """The result types of a batchpart call: explicit_result_types, else the
+  context mesh's sharding."""
+  typed = explicit_result_types(avals_in, result_avals, spec, batch_shape)
+  if typed is not None:
+    return typed
+  return tuple(r.update(sharding=compat.get_cur_mesh_sharding()) for r in result_avals)
 
 
 def reshard_core_to_batch(x, core_rank: int):
@@ -158,17 +168,13 @@ def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
   require_static_shapes(owner, [a.shape for a in avals_in],
                         [a.shape for a in result_avals])
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks)
+                   result_lead_ranks, reductions)
   batch_shape = check_spec(owner, spec, [a.shape for a in avals_in],
                            [a.shape for a in result_avals])
   compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
   effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
   _check_reduced(owner, avals_in)
-  sharding = _result_sharder(avals_in, operand_core_ranks, batch_shape,
-                             spec.operand_lead_ranks, reductions)
-  return tuple(r.update(sharding=sharding(c, lead))
-               for r, c, lead in zip(result_avals, result_core_ranks,
-                                     spec.result_leads)), effects
+  return result_types(avals_in, result_avals, spec, batch_shape), effects
 
 
 batchpart_ffi_call_p.def_effectful_abstract_eval(_abstract_eval)
