@@ -1,8 +1,10 @@
 """Which dims of each value in a jaxpr carry the decorated wrapper's batch dims.
 
 A value's *dims* is a tuple with one entry per dim: the index of the
-wrapper's batch dim that dim carries, or None where it carries none (a core
-dim, or a dim that is the same for every batch element). None in place of
+wrapper's batch dim that dim carries, the name of a reduced dim of the
+wrapper's signature it carries (a string: ``reduce=``), or None where it
+carries neither (a core dim, or a dim that is the same for every batch
+element). None in place of
 the tuple means the flow cannot tell: a primitive it does not know, or a
 batch dim cut, merged, split or reordered on the way. The decorator runs it
 forward from the wrapper's arguments (``forward``) and backward from its
@@ -45,6 +47,18 @@ def shared(ndim: int) -> tuple:
   return (None,) * ndim
 
 
+def with_reduced(dims: tuple, reduced: dict[int, str]) -> tuple:
+  """``dims`` with the reduced dims' names at their dims (dim -> name)."""
+  return tuple(reduced.get(i, d) for i, d in enumerate(dims))
+
+
+def reduced_at(dims, name: str) -> int | None:
+  """The dim that carries the reduced dim ``name``, or None."""
+  if dims is None:
+    return None
+  return next((i for i, d in enumerate(dims) if d == name), None)
+
+
 def carries_none(dims) -> bool:
   """Whether the flow knows the value carries no batch dim."""
   return dims is not None and all(d is None for d in dims)
@@ -53,7 +67,7 @@ def carries_none(dims) -> bool:
 def block(dims, batch_rank: int):
   """``(lead, rank)`` where ``dims`` hold the wrapper's last ``rank`` batch
   dims as one run, in order; ``(0, 0)`` where they hold none; None otherwise."""
-  at = [i for i, d in enumerate(dims) if d is not None]
+  at = [i for i, d in enumerate(dims) if d is not None and not isinstance(d, str)]
   if not at:
     return 0, 0
   rank = len(at)

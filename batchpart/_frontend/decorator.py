@@ -21,15 +21,18 @@ from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
 from batchpart._frontend.signature import (
   parse_signature,
+  reductions_for,
   spec_from_num_batch_dims,
   spec_from_signature,
 )
 from batchpart._partition import declared
 from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
+from batchpart._primitive.reductions import Reduction, absolute_dim, check_result_dtypes
 
 
 def batch_partitionable(fn=None, *, signature: str | None = None,
-                        num_batch_dims: int | None = None):
+                        num_batch_dims: int | None = None,
+                        reduce: dict[str, str] | None = None):
   """Makes the ``jax.ffi.ffi_call``s inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
@@ -60,6 +63,13 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
       results, e.g. ``"(n,n)->(n,n)"``.
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``),
+      with a signature: core dims of the wrapper's arguments, in no result,
+      that its results combine over (docs/reductions.md). The dim is followed
+      through the wrapper like the batch dims; each ``jax.ffi.ffi_call`` that
+      takes it and returns no dim of its size is declared reduced over it (the
+      contract then holds for that kernel). A call whose results have a dim of
+      that size is left with the dim whole, with a warning.
 
   Where the flow cannot tell (a primitive it does not know), a value has
   batch dims where the batch shape appears in its shape: at the position of a
@@ -74,7 +84,7 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
   """
   if fn is None:
     return functools.partial(batch_partitionable, signature=signature,
-                             num_batch_dims=num_batch_dims)
+                             num_batch_dims=num_batch_dims, reduce=reduce)
   name = getattr(fn, "__name__", repr(fn))
   qualname = getattr(fn, "__qualname__", name)
   if not callable(fn):
@@ -84,8 +94,9 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
     raise ValueError(
         f"batchpart.batch_partitionable({name}): pass exactly one of "
         f"num_batch_dims and signature.")
-  parsed = None if signature is None else parse_signature(
-      signature, owner=f"batchpart.batch_partitionable({name})")
+  owner = f"batchpart.batch_partitionable({name})"
+  parsed = None if signature is None else parse_signature(signature, owner=owner)
+  reductions = reductions_for(owner, parsed, reduce)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -93,8 +104,8 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
         functools.partial(fn, **kwargs), return_shape=True)(*args)
     flat_args = jax.tree.leaves(args)
     batch_shape, in_dims, out_dims, leads = _wrapper_spec(
-        name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes))
-    rewriter = _Rewriter(name, qualname, batch_shape, leads)
+        name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes), reductions)
+    rewriter = _Rewriter(name, qualname, batch_shape, leads, reductions)
     outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, in_dims, out_dims)
     rewriter.finish_trace()
     return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
@@ -102,16 +113,17 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
   return wrapper
 
 
-def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
-  """The wrapper's broadcast batch shape, the batch dims of its arguments and
-  results, and the positions (leading core dims) of the signature's ``...``s."""
+def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
+  """The wrapper's broadcast batch shape, the batch dims of its arguments
+  (with their reduced dims' names) and results, and the positions (leading
+  core dims) of the signature's ``...``s."""
   operand_shapes = [tuple(compat.typeof(a).shape) for a in args]
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
   if parsed is None:
     spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
   else:
-    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
@@ -121,8 +133,13 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
     return [batch_dims.of_array(len(s), lead, c, len(batch_shape))
             for s, c, lead in zip(shapes, cores, leads)]
 
+  reduced = {}   # argument -> {dim: reduced dim name}
+  for r in reductions:
+    for k, axis in r.dims:
+      reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = r.name
+  in_dims = dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads)
   return (batch_shape,
-          dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads),
+          [batch_dims.with_reduced(d, reduced.get(k, {})) for k, d in enumerate(in_dims)],
           dims(result_shapes, spec.result_core_ranks, spec.result_leads),
           (*spec.operand_lead_ranks, *spec.result_lead_ranks))
 
@@ -177,10 +194,11 @@ class _Rewriter:
   one the call stays plain, with a warning.
   """
 
-  def __init__(self, name, qualname, batch_shape, leads=()):
+  def __init__(self, name, qualname, batch_shape, leads=(), reductions=()):
     self.name = name
     self.qualname = qualname
     self.batch_shape = tuple(batch_shape)
+    self.reductions = tuple(reductions)
     # Where a value the flow knows nothing of may hold the batch shape: at
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
@@ -270,10 +288,11 @@ class _Rewriter:
     declared.declare(params["target_name"])
     result_avals = tuple(params["result_avals"])
     result_shapes = [tuple(r.shape) for r in result_avals]
-    leads = {}
+    reductions = self._call_reductions(eqn, in_dims, operands, results)
+    leads = {"reductions": reductions} if reductions else {}
     if any(lead for lead, _ in operands + results):
-      leads = {"operand_lead_ranks": tuple(lead for lead, _ in operands),
-               "result_lead_ranks": tuple(lead for lead, _ in results)}
+      leads.update(operand_lead_ranks=tuple(lead for lead, _ in operands),
+                   result_lead_ranks=tuple(lead for lead, _ in results))
     outs = _primitive.bind(
         *invals,
         target_name=params["target_name"],
@@ -291,6 +310,37 @@ class _Rewriter:
     rank = len(self.batch_shape)
     return outs, [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
                   for s, (lead, _) in zip(result_shapes, results)]
+
+  def _call_reductions(self, eqn, in_dims, operands, results) -> tuple:
+    """The wrapper's reduced dims this call reduces: those an operand carries
+    (as the flow says) while no result has a core dim of that size. Where a
+    result has one, the call might keep the dim (an elementwise kernel):
+    nothing is declared there, with a warning, never a guess."""
+    target = eqn.params["target_name"]
+    result_avals = eqn.params["result_avals"]
+    out = []
+    for r in self.reductions:
+      where = [(k, dims, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
+               if batch_dims.reduced_at(dims, r.name) is not None]
+      if not where:
+        continue
+      size = _shape(eqn.invars[where[0][0]])[batch_dims.reduced_at(where[0][1], r.name)]
+      kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
+              if size in (*a.shape[:lead], *a.shape[lead + rank:])]
+      if kept:
+        self._warn_unclear(target, f"result {kept[0]} has a core dim of the size of the "
+                                   f"reduced dim {r.name!r} ({size}), so whether the "
+                                   "kernel combines over it cannot be told; it is "
+                                   "computed whole", partitioned=True)
+        continue
+      dims = []
+      for k, d, (lead, _) in where:
+        at, ndim = batch_dims.reduced_at(d, r.name), len(_shape(eqn.invars[k]))
+        dims.append((k, at if at < lead else at - ndim))
+      out.append(Reduction(r.name, r.op, tuple(dims)))
+    check_result_dtypes(f"batchpart.batch_partitionable({self.name}) (its call to "
+                        f"'{target}')", out, [a.dtype for a in result_avals])
+    return tuple(out)
 
   def closed(self, closed, in_dims, out_dims=()):
     """A closed jaxpr with the same signature, its ffi_calls rewritten;
@@ -395,14 +445,17 @@ class _Rewriter:
       warnings.warn(f"batchpart.batch_partitionable({self.name}): {message}.",
                     UserWarning, stacklevel=4)
 
-  def _warn_unclear(self, target, reason):
-    """Warns that a call stays unpartitioned because its batch dims are unclear."""
-    self.unclear += 1
+  def _warn_unclear(self, target, reason, partitioned=False):
+    """Warns that a call stays unpartitioned (or, ``partitioned``, keeps a
+    reduced dim whole) because where its dims are is unclear."""
+    what = ("keeps the reduced dim whole" if partitioned else
+            "stays unpartitioned (every device computes it whole)")
+    if not partitioned:
+      self.unclear += 1
     warnings.warn(
         f"batchpart.batch_partitionable({self.qualname}): the jax.ffi.ffi_call to "
-        f"{target!r} stays unpartitioned (every device computes it whole): {reason}. "
-        f"Call batchpart.ffi_call with the kernel's own signature there to partition it.",
-        UserWarning, stacklevel=2)
+        f"{target!r} {what}: {reason}. Call batchpart.ffi_call with the kernel's own "
+        "signature there to partition it.", UserWarning, stacklevel=2)
 
   def _report_deferred(self):
     """After a rule traced after the wrapper (forward, JVP, backward): warns
