@@ -1,0 +1,76 @@
+"""One process of a two-process jax.distributed job (4 CPU devices each)
+calling a reduced batchpart call whose reduced dim n is split across the
+processes.
+
+Run by test_reductions_multiprocess.py as ``python
+reductions_multiprocess_worker.py PORT ID OUT``. Each process builds the
+global operands from its own rows of n only (the rows it is asked for are
+recorded), runs ``reduce_rows`` with n reduced on two meshes, and writes, to
+OUT.<ID>.npz, the result as its own devices hold it (no gather), the rows it
+supplied, the rows its kernels processed and the compiled program.
+"""
+
+import os
+import sys
+
+port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           initialization_timeout=120)
+
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import batchpart.testing as kernels  # noqa: E402
+
+kernels.register()
+assert jax.device_count() == 8 and jax.local_device_count() == 4
+# Devices in process order: process 0 holds mesh rows 0-3 of the flat mesh
+# and row 0 of the 2x4 one.
+devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+flat = Mesh(np.array(devices), ("x",))
+grid = Mesh(np.array(devices).reshape(2, 4), ("p", "d"))
+B, N, K = 4, 64, 3
+rng = np.random.default_rng(0)
+x = rng.standard_normal((B, N, K)).astype(np.float32)
+w = rng.standard_normal((B, N)).astype(np.float32)
+
+
+def global_array(value, sharding, supplied):
+  """The global array, built from the blocks this process's devices hold;
+  records the rows of n (dim 1) it supplied."""
+  def block(index):
+    rows = range(N)[index[1]]
+    supplied.update(rows)
+    return value[index]
+  return jax.make_array_from_callback(value.shape, sharding, block)
+
+
+results = {}
+for name, mesh, spec in (("flat", flat, P(None, "x")), ("grid", grid, P("d", "p"))):
+  supplied: set = set()
+  xs = global_array(x, NamedSharding(mesh, P(*spec, None)), supplied)
+  ws = global_array(w, NamedSharding(mesh, spec), supplied)
+  for op in ("sum", "max"):
+    f = jax.jit(lambda x, w, op=op: kernels.reduce_rows(x, w, op))
+    compiled = f.lower(xs, ws).compile()
+    kernels.reset_batch_elements_processed()
+    y = jax.block_until_ready(compiled(xs, ws))
+    results[f"{name}_{op}_rows"] = np.array(kernels.batch_elements_processed())
+    # This process's devices alone hold the whole result: replicated over n's
+    # axis, which spans both processes.
+    shards = sorted(y.addressable_shards, key=lambda s: s.index[0].start or 0)
+    seen = {}
+    for s in shards:
+      seen[s.index[0].start or 0] = np.asarray(s.data)
+    results[f"{name}_{op}"] = np.concatenate([seen[k] for k in sorted(seen)])
+    results[f"{name}_{op}_spec"] = np.array(str(y.sharding.spec))
+    results[f"{name}_hlo"] = np.array(compiled.as_text())
+  results[f"{name}_supplied"] = np.array(sorted(supplied))
+np.savez(f"{out}.{process_id}.npz", **results)
+jax.distributed.shutdown()
