@@ -5,6 +5,8 @@ rule), and under the user's own name everywhere else."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from batchpart import _compat as compat
 from batchpart._partition import declared, derived_names, emit, sharding_rule, targets
 from batchpart._partition.description import CallDescription, describe
@@ -20,7 +22,16 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
 
   The derived name only where XLA's SPMD partitioner runs, which replaces it
   by the user's target: no executable ever runs a derived name. Elsewhere the
-  user's name, with the derived one in a frontend attribute."""
+  user's name, with the derived one in a frontend attribute.
+
+  Inside a ``shard_map`` manual over some mesh axes only, a call keeps no
+  reduced dim split: there XLA hands the partitioner the free axes' shardings
+  alone, numbered within one manual subgroup, so the per-device all-reduce
+  could not name the devices of the whole program. The reduced dims are then
+  core dims like any other (gathered or re-batched), as for an uneven split."""
+  if spec.reductions and compat.is_partially_manual_lowering(ctx):
+    d = dataclasses.replace(d, reductions=())
+    spec = dataclasses.replace(spec, reductions=())
   derived = targets.ensure_derived(d, compat.lowering_platforms(ctx), caller=caller,
                                    rule=rule)
   declared.declare(d.target)
