@@ -15,9 +15,10 @@ Covered: every op and dtype; the 2x4 case (batch on one axis, n on the
 other); n over both axes; n sharded with the batch replicated; replicated
 weights cut like x; n unsharded (no all-reduce); uneven n (not kept);
 Explicit mode (result types as ``jnp.sum`` gives); fully and partially
-manual ``shard_map``; vmap; an adopted target whose per-shard attribute rule
-reads the local n; jax.export; and a property test over drawn meshes,
-shardings, sizes and ops.
+manual ``shard_map``; vmap; a reduced dim in front of the batch dims, an
+operand without batch dims, two reduced dims (``batchpart_test_core_sum``);
+an adopted target whose per-shard attribute rule reads the local n;
+jax.export; and a property test over drawn meshes, shardings, sizes and ops.
 """
 
 import math
@@ -361,26 +362,28 @@ def test_inside_shard_map_the_kernel_sees_its_part_and_the_user_combines(partiti
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "inside a partially manual shard_map, XLA hands the partitioner the auto "
-    "axes' shardings alone ({devices=[1,4,1]0,1,2,3}), and the per-device "
-    "module's all-reduce lists groups of those ids with use_global_device_ids: "
-    "XLA's verifier refuses replica_groups={{0,1,2,3}} in a program of 8"))
-def test_inside_partially_manual_shard_map(partitioner, mesh2x4):
+@pytest.mark.parametrize("constrain", [False, True], ids=["propagated", "constrained"])
+def test_inside_partially_manual_shard_map_n_is_not_kept(partitioner, mesh2x4, constrain):
+  """Manual over 'a', n on the free axis 'b' (propagated from the input, or
+  constrained inside): XLA gives the partitioner the free axes' shardings
+  numbered within one manual subgroup, so no all-reduce over the whole
+  program could be written there. n is handled as any core dim: the values
+  are right and the call's result is never all-reduced."""
   B, n, k = 4, 64, 3
   x, w = operands(10, (B,), n, k)
 
   def body(x, w):
-    x = jax.lax.with_sharding_constraint(x, P(None, "b"))
-    w = jax.lax.with_sharding_constraint(w, P(None, "b"))
+    if constrain:
+      x = jax.lax.with_sharding_constraint(x, P(None, "b"))
+      w = jax.lax.with_sharding_constraint(w, P(None, "b"))
     return kernels.reduce_rows(x, w, "sum")
 
   f = jax.shard_map(body, mesh=mesh2x4, in_specs=(P("a"), P("a")), out_specs=P("a"),
                     axis_names={"a"})
   args = put(x, mesh2x4, P("a", "b")), put(w, mesh2x4, P("a", "b"))
   text, out, _ = compile_and_run(f, *args)
-  assert local_shapes(the_custom_call(text, TARGET)) == [(B // 2, n // 4, k), (B // 2, n // 4)]
-  assert_one_all_reduce(text, mesh2x4, ["b"])
+  assert local_shapes(the_custom_call(text, TARGET))[0][1] == n
+  assert not call_all_reduces(text)
   assert_close(out, kernels.reduce_rows_reference(x, w, "sum"))
 
 
@@ -406,13 +409,93 @@ def test_vmap_keeps_n_reduced(partitioner, mesh2x4, spec):
   assert_close(out, kernels.reduce_rows_reference(x, w, "max"))
 
 
+# ---- reduced dims before the batch dims, broadcast operands, two reduced dims -------------
+#
+# batchpart_test_core_sum sums every core element of both operands at each
+# batch element, wherever the core dims are: a sum over any of them combines
+# over any split of it, so its leading dims may be declared reduced.
+
+CORE_SUM = "batchpart_test_core_sum"
+
+
+def core_sum(signature, reduce, out_shape, **placement):
+  attrs = {k: np.int64(v) for k, v in placement.items()}
+  return lambda x, y: bp.ffi_call(CORE_SUM, S(out_shape, x.dtype), signature=signature,
+                                  reduce=reduce)(x, y, **attrs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("x_spec, y_spec, local_n, n_axes", [
+    (P("b", "a"), P("b", "a"), 4, ["b"]),
+    (P(("a", "b")), P(("a", "b")), 2, ["a", "b"]),
+    (P("b"), P(), 4, ["b"]),
+])
+def test_reduced_dim_before_the_batch_dims(partitioner, mesh2x4, x_spec, y_spec, local_n,
+                                           n_axes):
+  """Signature "(n,...,t),(n,...)->(...)": n leads, in front of the batch
+  dims."""
+  n, B, t = 16, 8, 3
+  rng = np.random.default_rng(14)
+  x = rng.standard_normal((n, B, t)).astype(np.float32)
+  y = rng.standard_normal((n, B)).astype(np.float32)
+  f = core_sum("(n,...,t),(n,...)->(...)", {"n": "sum"}, (B,), x_lead=1, x_trail=1, y_lead=1,
+               y_trail=0, out_lead=0, out_trail=0)
+  text, out, _ = compile_and_run(f, put(x, mesh2x4, x_spec), put(y, mesh2x4, y_spec))
+  batch = B // (2 if x_spec == P("b", "a") else 1)
+  assert local_shapes(the_custom_call(text, CORE_SUM)) == [(local_n, batch, t), (local_n, batch)]
+  assert_one_all_reduce(text, mesh2x4, n_axes)
+  assert_close(out, x.sum(axis=(0, 2)) + y.sum(axis=0))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("x_spec", [P("b", "a"), P(("a", "b"))])
+def test_broadcast_operand_is_cut_along_n(partitioner, mesh2x4, x_spec):
+  """y has n and no batch dims: it is cut into x's parts of n, not
+  broadcast whole."""
+  n, B, t = 16, 8, 3
+  rng = np.random.default_rng(15)
+  x = rng.standard_normal((n, B, t)).astype(np.float32)
+  y = rng.standard_normal((n,)).astype(np.float32)
+  f = core_sum("(n,...,t),(n,...)->(...)", {"n": "sum"}, (B,), x_lead=1, x_trail=1, y_lead=1,
+               y_trail=0, out_lead=0, out_trail=0)
+  text, out, _ = compile_and_run(f, put(x, mesh2x4, x_spec), put(y, mesh2x4, P()))
+  n_axes = list(_axes(x_spec[0]))
+  parts = math.prod(mesh2x4.shape[a] for a in n_axes)
+  assert local_shapes(the_custom_call(text, CORE_SUM))[1] == (n // parts,)
+  assert_one_all_reduce(text, mesh2x4, n_axes)
+  assert_close(out, x.sum(axis=(0, 2)) + y.sum())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("x_spec, y_spec, local", [
+    (P("a", None, "b"), P("a", None, "b"), (4, 4, 2)),      # n on a, m on b
+    (P("b", "a", None), P("b", "a"), (2, 2, 8)),            # n on b, batch on a
+    (P(None, None, ("a", "b")), P(), (8, 4, 1)),            # m on both
+])
+def test_two_reduced_dims_combine_in_one_all_reduce(partitioner, mesh2x4, x_spec, y_spec,
+                                                    local):
+  n, B, m = 8, 4, 8
+  rng = np.random.default_rng(16)
+  x = rng.standard_normal((n, B, m)).astype(np.float32)
+  y = rng.standard_normal((n, B, m)).astype(np.float32)
+  f = core_sum("(n,...,m),(n,...,m)->(...)", {"n": "sum", "m": "sum"}, (B,), x_lead=1,
+               x_trail=1, y_lead=1, y_trail=1, out_lead=0, out_trail=0)
+  text, out, _ = compile_and_run(f, put(x, mesh2x4, x_spec), put(y, mesh2x4, y_spec))
+  assert local_shapes(the_custom_call(text, CORE_SUM)) == [local, local]
+  reduced_axes = list(_axes(x_spec[0])) + list(_axes(x_spec[2] if len(x_spec) > 2 else None))
+  assert_one_all_reduce(text, mesh2x4, reduced_axes)
+  assert_close(out, x.sum(axis=(0, 2)) + y.sum(axis=(0, 2)))
+
+
 # ---- an adopted target with a per-shard attribute rule ------------------------------------
 
 @pytest.mark.timeout(120)
-def test_adopted_target_gets_its_local_n(partitioner, mesh2x4):
+@pytest.mark.parametrize("n", [64, 10])
+def test_adopted_target_gets_its_local_n(partitioner, mesh2x4, n):
   """The kernel checks its ``rows`` attribute against the n it sees; a rule
-  reading the local n from core_sizes restates it per device."""
-  B, n, k = 4, 64, 3
+  reading the local n from core_sizes restates it per device (the whole n
+  where an uneven n is not kept)."""
+  B, k = 4, 3
   x, w = operands(12, (B,), n, k)
 
   def package(x, w):
@@ -423,11 +506,20 @@ def test_adopted_target_gets_its_local_n(partitioner, mesh2x4):
                           shard_attributes=lambda attrs, batch, core: {
                               "rows": np.int64(core["n"])})
   try:
-    args = put(x, mesh2x4, P("a", "b")), put(w, mesh2x4, P("a", "b"))
-    text, out, rows = compile_and_run(package, *args)
-    assert local_shapes(the_custom_call(text, TARGET)) == [(2, 16, k), (2, 16)]
-    assert_one_all_reduce(text, mesh2x4, ["b"])
-    assert rows == B * n
+    sharding = NamedSharding(mesh2x4, P("a", "b"))
+
+    def f(x, w):
+      return package(jax.lax.with_sharding_constraint(x, sharding),
+                     jax.lax.with_sharding_constraint(w, sharding))
+
+    text, out, rows = compile_and_run(f, put(x, mesh2x4, P()), put(w, mesh2x4, P()))
+    local_n = local_shapes(the_custom_call(text, TARGET))[1][1]
+    if n % 4 == 0:
+      assert local_n == n // 4
+      assert_one_all_reduce(text, mesh2x4, ["b"])
+      assert rows == B * n
+    else:
+      assert local_n == n and not all_reduces(text)
     assert_close(out, kernels.reduce_rows_reference(x, w, "sum"))
   finally:
     bp.unpartition(TARGET)
