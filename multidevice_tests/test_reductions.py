@@ -330,6 +330,26 @@ def test_explicit_mode_types_results_as_jnp_sum(partitioner, spec, w_like_x):
   assert_close(out, kernels.reduce_rows_reference(x, w, "sum"))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spec", [P("a", None, "b"), P(None, "a", "b"), P(None, None, ("a", "b")),
+                                  P("a", "b", None)])
+def test_explicit_mode_under_vmap(partitioner, spec):
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+  x, w = operands(17, (2, 4), 32, 3)
+  with jax.set_mesh(mesh):
+    xs, ws = (jax.device_put(a, NamedSharding(mesh, spec)) for a in (x, w))
+    f = jax.jit(jax.vmap(reduce_rows("min")))
+    want = jax.typeof(jax.jit(lambda x, w: jnp.min(w[..., None] * x, axis=-2))(xs, ws))
+    text = f.lower(xs, ws).compile().as_text()
+    out = f(xs, ws)
+  assert jax.typeof(out).sharding.spec == out.sharding.spec == want.sharding.spec
+  if spec[2] is None:
+    assert not _hlo.collectives(text)
+  else:
+    assert_one_all_reduce(text, mesh, _axes(spec[2]))
+  assert_close(out, kernels.reduce_rows_reference(x, w, "min"))
+
+
 # ---- shard_map -----------------------------------------------------------------------
 
 @pytest.mark.timeout(120)
