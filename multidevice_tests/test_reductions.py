@@ -644,3 +644,26 @@ def test_drawn_meshes_shardings_and_sizes(partitioner, data):
       assert rows == B * n * (mesh.size // (n_parts * batch_parts))
   else:
     assert not reduces
+
+
+@pytest.mark.timeout(120)
+def test_exported_reduced_call_inside_a_partially_manual_shard_map(mesh2x4):
+  """An artifact exported sharded (its call names its reduction) and then
+  called inside a shard_map manual over 'a' only: there no all-reduce can
+  name the program's devices, so the call keeps n whole, as one lowered
+  there would. Under Shardy only: jax 0.10 cannot lower a GSPMD artifact's
+  call inside a partially manual shard_map, batchpart or not."""
+  B, n, k = 4, 64, 3
+  x, w = operands(14, (B,), n, k)
+  body_export = export.export(jax.jit(reduce_rows("sum")), disabled_checks=[
+      export.DisabledSafetyCheck.custom_call(TARGET)])(
+          S((B // 2, n, k), x.dtype, sharding=NamedSharding(mesh2x4, P(None, "b"))),
+          S((B // 2, n), w.dtype, sharding=NamedSharding(mesh2x4, P(None, "b"))))
+  assert "$x:n=sum:0.-2,1.-1" in body_export.mlir_module()
+  body = export.deserialize(body_export.serialize())
+  f = jax.shard_map(body.call, mesh=mesh2x4, in_specs=(P("a"), P("a")), out_specs=P("a"),
+                    axis_names={"a"})
+  args = put(x, mesh2x4, P("a", "b")), put(w, mesh2x4, P("a", "b"))
+  text, out, _ = compile_and_run(f, *args)
+  assert not call_all_reduces(text)
+  assert_close(out, kernels.reduce_rows_reference(x, w, "sum"))

@@ -17,9 +17,12 @@ list of stable targets (jaxlib's LAPACK targets after
 
 from __future__ import annotations
 
+import dataclasses
+
 from batchpart import _compat as compat, _stablehlo
 from batchpart._partition import derived_names, sharding_rule, targets
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._primitive.lowering import splits_reductions
 
 ir = compat.ir
 
@@ -72,6 +75,11 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
+      if d.reductions and not splits_reductions(ctx):
+        d = dataclasses.replace(d, reductions=())
+        name = derived_names.encode(d)
+        if "sdy.sharding_rule" in op.attributes:
+          del op.attributes["sdy.sharding_rule"]
       local = compat.platforms_with_handler(d.target)
       local = [p for p in local if p in wanted] or local
       if not local:

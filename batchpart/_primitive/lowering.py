@@ -22,14 +22,8 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
 
   The derived name only where XLA's SPMD partitioner runs, which replaces it
   by the user's target: no executable ever runs a derived name. Elsewhere the
-  user's name, with the derived one in a frontend attribute.
-
-  Inside a ``shard_map`` manual over some mesh axes only, a call keeps no
-  reduced dim split: there XLA hands the partitioner the free axes' shardings
-  alone, numbered within one manual subgroup, so the per-device all-reduce
-  could not name the devices of the whole program. The reduced dims are then
-  core dims like any other (gathered or re-batched), as for an uneven split."""
-  if spec.reductions and compat.is_partially_manual_lowering(ctx):
+  user's name, with the derived one in a frontend attribute."""
+  if not splits_reductions(ctx):
     d = dataclasses.replace(d, reductions=())
     spec = dataclasses.replace(spec, reductions=())
   derived = targets.ensure_derived(d, compat.lowering_platforms(ctx), caller=caller,
@@ -49,6 +43,16 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
+
+
+def splits_reductions(ctx) -> bool:
+  """Whether a call lowered here may keep a reduced dim split. Not inside a
+  ``shard_map`` manual over some mesh axes only: there XLA hands the
+  partitioner the free axes' shardings alone, numbered within one manual
+  subgroup, so the per-device all-reduce could not name the devices of the
+  whole program. The reduced dims are then core dims like any other
+  (gathered or re-batched), as for an uneven split."""
+  return not compat.is_partially_manual_lowering(ctx)
 
 
 def _ir_types(ctx, avals):
