@@ -500,9 +500,6 @@ def test_nested_vmap():
   _assert_close(f(x, w), want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the batchpart_test_reduce_rows kernel requires w to have x's batch dims; "
-    "it does not broadcast a w with fewer batch dims, as a signature call may pass"))
 def test_vmap_with_unmapped_weights_broadcasts_them():
   x, w = _operands(np.random.default_rng(12), (2, 3), 5, 4, np.float32)
   w = w[0]

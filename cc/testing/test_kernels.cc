@@ -258,32 +258,26 @@ bool Greater(T a, T b) {
 }
 
 template <typename T>
-void ReduceRows(const T* x, const T* w, T* out, int64_t batch, int64_t n, int64_t k, int op) {
+void ReduceRows(const T* x, const T* w, T* out, const BatchBroadcast& x_index,
+                const BatchBroadcast& w_index, int64_t batch, int64_t n, int64_t k, int op) {
   for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x + x_index(b) * n * k;
+    const T* wb = w + w_index(b) * n;
     for (int64_t j = 0; j < k; ++j) {
       T acc{};
       for (int64_t i = 0; i < n; ++i) {
-        const T v = w[b * n + i] * x[(b * n + i) * k + j];
+        const T v = wb[i] * xb[i * k + j];
         if (i == 0 || op == 0) {
           acc = op == 0 ? T(acc + v) : v;
         } else if (op == 1 ? Greater(v, acc) : Greater(acc, v)) {
           acc = v;
         }
       }
-      if (n == 0 && op != 0) {
-        acc = op == 1 ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+      if constexpr (std::is_arithmetic_v<T>) {
+        if (n == 0 && op != 0) {
+          acc = op == 1 ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+        }
       }
-      out[b * k + j] = acc;
-    }
-  }
-}
-
-template <typename T>
-void ReduceRowsComplex(const T* x, const T* w, T* out, int64_t batch, int64_t n, int64_t k) {
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < k; ++j) {
-      T acc{};
-      for (int64_t i = 0; i < n; ++i) acc += w[b * n + i] * x[(b * n + i) * k + j];
       out[b * k + j] = acc;
     }
   }
@@ -292,14 +286,18 @@ void ReduceRowsComplex(const T* x, const T* w, T* out, int64_t batch, int64_t n,
 ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                           int64_t op, int64_t rows) {
   const auto x_dims = x.dimensions(), w_dims = w.dimensions(), o_dims = out->dimensions();
-  if (x_dims.size() < 2 || w_dims.size() != x_dims.size() - 1 ||
-      o_dims.size() != x_dims.size() - 1 ||
-      !SameDims(w_dims, x_dims.first(x_dims.size() - 1)) ||
-      !SameDims(o_dims.first(o_dims.size() - 1), x_dims.first(x_dims.size() - 2)) ||
-      o_dims.back() != x_dims.back()) {
+  if (x_dims.size() < 2 || w_dims.size() < 1 || o_dims.size() < 1 ||
+      w_dims.back() != x_dims[x_dims.size() - 2] || o_dims.back() != x_dims.back()) {
     return ShapeError("reduce_rows", "shapes must be x (...,n,k), w (...,n), out (...,k); got " +
                                          DimsToString(x_dims) + ", " + DimsToString(w_dims) +
                                          ", " + DimsToString(o_dims));
+  }
+  const auto o_batch = o_dims.first(o_dims.size() - 1);
+  const auto x_batch = x_dims.first(x_dims.size() - 2);
+  const auto w_batch = w_dims.first(w_dims.size() - 1);
+  if (!BatchBroadcast::Broadcasts(o_batch, x_batch) ||
+      !BatchBroadcast::Broadcasts(o_batch, w_batch)) {
+    return ShapeError("reduce_rows", "batch shapes do not broadcast to " + DimsToString(o_batch));
   }
   if (x.element_type() != w.element_type() || x.element_type() != out->element_type()) {
     return ShapeError("reduce_rows", "operands and result must share one dtype");
@@ -310,37 +308,22 @@ ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::A
     return ShapeError("reduce_rows", "attribute rows=" + std::to_string(rows) +
                                          " but the call has " + std::to_string(n) + " rows");
   }
-  const int64_t batch = Product(x_dims, 0, x_dims.size() - 2);
-  const int o = static_cast<int>(op);
+  const bool complex = x.element_type() == ffi::C64 || x.element_type() == ffi::C128;
+  if (op != 0 && complex) return ShapeError("reduce_rows", "complex inputs take op 0 (sum) only");
+  const BatchBroadcast x_index(o_batch, x_batch), w_index(o_batch, w_batch);
+  const int64_t batch = Product(o_batch, 0, o_batch.size());
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    ReduceRows(x.typed_data<T>(), w.typed_data<T>(), out->typed_data<T>(), x_index, w_index,
+               batch, n, k, static_cast<int>(op));
+  };
   switch (x.element_type()) {
-    case ffi::F32:
-      ReduceRows(x.typed_data<float>(), w.typed_data<float>(), out->typed_data<float>(), batch, n,
-                 k, o);
-      break;
-    case ffi::F64:
-      ReduceRows(x.typed_data<double>(), w.typed_data<double>(), out->typed_data<double>(), batch,
-                 n, k, o);
-      break;
-    case ffi::S32:
-      ReduceRows(x.typed_data<int32_t>(), w.typed_data<int32_t>(), out->typed_data<int32_t>(),
-                 batch, n, k, o);
-      break;
-    case ffi::S64:
-      ReduceRows(x.typed_data<int64_t>(), w.typed_data<int64_t>(), out->typed_data<int64_t>(),
-                 batch, n, k, o);
-      break;
-    case ffi::C64:
-    case ffi::C128:
-      if (o != 0) return ShapeError("reduce_rows", "complex inputs take op 0 (sum) only");
-      if (x.element_type() == ffi::C64) {
-        ReduceRowsComplex(x.typed_data<std::complex<float>>(), w.typed_data<std::complex<float>>(),
-                          out->typed_data<std::complex<float>>(), batch, n, k);
-      } else {
-        ReduceRowsComplex(x.typed_data<std::complex<double>>(),
-                          w.typed_data<std::complex<double>>(),
-                          out->typed_data<std::complex<double>>(), batch, n, k);
-      }
-      break;
+    case ffi::F32: run(float{}); break;
+    case ffi::F64: run(double{}); break;
+    case ffi::S32: run(int32_t{}); break;
+    case ffi::S64: run(int64_t{}); break;
+    case ffi::C64: run(std::complex<float>{}); break;
+    case ffi::C128: run(std::complex<double>{}); break;
     default:
       return ShapeError("reduce_rows", "unsupported dtype (f32, f64, s32, s64, c64, c128)");
   }
