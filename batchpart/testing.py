@@ -26,7 +26,7 @@ TARGETS = {
     "batchpart_test_core_sum": "core_sum",
     # (n,k),(n) -> (k): out[j] = op over i of w[i] * x[i, j]; attrs op (0 sum,
     # 1 max, 2 min) and rows (the n the call must see, -1 any): int64. Counts
-    # batch x n rows. Reducible over n (reduce={"n": ...}).
+    # batch x n rows; batch dims broadcast. Reducible over n (reduce={"n": ...}).
     "batchpart_test_reduce_rows": "reduce_rows",
 }
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
