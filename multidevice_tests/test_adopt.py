@@ -94,9 +94,12 @@ def _n_tot(attrs, batch):
 @pytest.fixture(scope="module")
 def partitioned_finufft():
   from jax_finufft import ops
-  for p in (ops.nufft1_p, ops.nufft2_p, ops.nufft3_p):
+  primitives = (ops.nufft1_p, ops.nufft2_p, ops.nufft3_p)
+  for p in primitives:
     bp.partition_primitive(p, num_batch_dims=1, shard_attributes=_n_tot)
-  return finufft
+  yield finufft
+  for p in primitives:   # later modules declare these primitives their own way
+    bp.unpartition(p)
 
 
 def _points(seed, shape=(16, 500)):
