@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -83,3 +84,37 @@ def divides(mesh, spec: P, shape) -> bool:
     if size % math.prod(mesh.shape[a] for a in axes):
       return False
   return True
+
+
+_LIST = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
+_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\]"
+                   r"(?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}")
+
+
+def _iota(dims, perm):
+  dims = [int(d) for d in dims.split(",")]
+  ids = np.arange(math.prod(dims)).reshape(dims)
+  return ids.transpose([int(p) for p in perm.split(",")]) if perm else ids
+
+
+def replica_groups(inst) -> set[frozenset[int]]:
+  """A collective's replica groups, as sets of logical device ids, from any
+  of the forms XLA prints: explicit lists, an iota, or mesh axes."""
+  text = inst.text
+  if m := _IOTA.search(text):
+    ids = _iota(m.group(3), m.group(4)).reshape(int(m.group(1)), int(m.group(2)))
+    return {frozenset(int(i) for i in g) for g in ids}
+  if m := _MESH.search(text):
+    axes = [(name, int(size)) for name, size in re.findall(r"'(\w+)'=(\d+)", m.group(1))]
+    shape = [size for _, size in axes]
+    ids = (_iota(m.group(2), m.group(3)) if m.group(2) else np.arange(math.prod(shape)))
+    ids = ids.reshape(shape)
+    chosen = [i for i, (name, _) in enumerate(axes) if f"'{name}'" in m.group(4)]
+    rest = [i for i in range(len(axes)) if i not in chosen]
+    groups = ids.transpose(rest + chosen).reshape(-1, math.prod(shape[i] for i in chosen))
+    return {frozenset(int(i) for i in g) for g in groups}
+  if m := _LIST.search(text):
+    return {frozenset(int(i) for i in g.split(",") if i.strip())
+            for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))}
+  raise AssertionError(f"no replica groups in {text}")

@@ -22,7 +22,6 @@ jax.export; and a property test over drawn meshes, shardings, sizes and ops.
 """
 
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +34,15 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import collective_kinds, divides, local_shapes, put, random_spec, the_custom_call
+from helpers import (
+  collective_kinds,
+  divides,
+  local_shapes,
+  put,
+  random_spec,
+  replica_groups,
+  the_custom_call,
+)
 
 TARGET = "batchpart_test_reduce_rows"
 SIG = "(n,k),(n)->(k)"
@@ -96,40 +103,6 @@ def call_all_reduces(text):
   e.g. to replicate a padded result)."""
   call = the_custom_call(text, TARGET)
   return [c for c in all_reduces(text) if call.name in c.operand_names]
-
-
-_LIST = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
-_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\]"
-                   r"(?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}")
-
-
-def _iota(dims, perm):
-  dims = [int(d) for d in dims.split(",")]
-  ids = np.arange(math.prod(dims)).reshape(dims)
-  return ids.transpose([int(p) for p in perm.split(",")]) if perm else ids
-
-
-def replica_groups(inst) -> set[frozenset[int]]:
-  """A collective's replica groups, as sets of logical device ids, from any
-  of the forms XLA prints: explicit lists, an iota, or mesh axes."""
-  text = inst.text
-  if m := _IOTA.search(text):
-    ids = _iota(m.group(3), m.group(4)).reshape(int(m.group(1)), int(m.group(2)))
-    return {frozenset(int(i) for i in g) for g in ids}
-  if m := _MESH.search(text):
-    axes = [(name, int(size)) for name, size in re.findall(r"'(\w+)'=(\d+)", m.group(1))]
-    shape = [size for _, size in axes]
-    ids = (_iota(m.group(2), m.group(3)) if m.group(2) else np.arange(math.prod(shape)))
-    ids = ids.reshape(shape)
-    chosen = [i for i, (name, _) in enumerate(axes) if f"'{name}'" in m.group(4)]
-    rest = [i for i in range(len(axes)) if i not in chosen]
-    groups = ids.transpose(rest + chosen).reshape(-1, math.prod(shape[i] for i in chosen))
-    return {frozenset(int(i) for i in g) for g in groups}
-  if m := _LIST.search(text):
-    return {frozenset(int(i) for i in g.split(",") if i.strip())
-            for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))}
-  raise AssertionError(f"no replica groups in {text}")
 
 
 def expected_groups(mesh, axes) -> set[frozenset[int]]:

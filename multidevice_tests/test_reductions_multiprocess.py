@@ -9,11 +9,10 @@ import os
 
 import numpy as np
 import pytest
-from test_reductions import replica_groups
 
 from batchpart import _hlo, testing as kernels
 
-from helpers import run_two_processes
+from helpers import replica_groups, run_two_processes
 
 WORKER = os.path.join(os.path.dirname(__file__), "reductions_multiprocess_worker.py")
 TARGET = "batchpart_test_reduce_rows"
