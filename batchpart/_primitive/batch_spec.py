@@ -44,6 +44,14 @@ class BatchSpec:
                      ("result_lead_ranks", len(self.result_core_ranks))):
       object.__setattr__(self, field, normalize_leads(getattr(self, field), n, field))
 
+  @classmethod
+  def from_params(cls, params) -> BatchSpec:
+    """The spec a batchpart primitive's parameters carry (``extra_params``
+    and the core ranks)."""
+    return cls(params["operand_core_ranks"], params["result_core_ranks"],
+               params.get("operand_lead_ranks", ()), params.get("result_lead_ranks", ()),
+               params.get("reductions", ()), params.get("dim_names", ()))
+
   @property
   def operand_leads(self) -> tuple[int, ...]:
     """Each operand's leading core dims (zeros where none)."""
