@@ -19,11 +19,7 @@ import jax
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
-from batchpart._frontend.signature import (
-  parse_signature,
-  spec_from_num_batch_dims,
-  spec_from_signature,
-)
+from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
 from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
 
@@ -80,12 +76,8 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
   if not callable(fn):
     raise TypeError(f"batchpart.batch_partitionable: expected a function, got "
                     f"{type(fn).__name__} ({name}).")
-  if (num_batch_dims is None) == (signature is None):
-    raise ValueError(
-        f"batchpart.batch_partitionable({name}): pass exactly one of "
-        f"num_batch_dims and signature.")
-  parsed = None if signature is None else parse_signature(
-      signature, owner=f"batchpart.batch_partitionable({name})")
+  parsed, _ = parse_declaration(f"batchpart.batch_partitionable({name})", num_batch_dims,
+                                signature)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -108,10 +100,7 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs):
   operand_shapes = [tuple(compat.typeof(a).shape) for a in args]
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
-  if parsed is None:
-    spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
-  else:
-    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes)
+  spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes)
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
