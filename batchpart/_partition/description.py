@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from batchpart._primitive.batch_spec import normalize_leads
 from batchpart._primitive.reductions import DimName, Reduction
 
 
@@ -52,10 +53,8 @@ class CallDescription:
   def __post_init__(self):
     for field, n in (("operand_lead_ranks", len(self.operand_batch_ranks)),
                      ("result_lead_ranks", len(self.result_batch_ranks))):
-      leads = tuple(int(v) for v in getattr(self, field))
-      if any(leads) and (len(leads) != n or min(leads) < 0):
-        raise ValueError(f"{self.target}: {field} {leads} do not fit {n} arrays")
-      object.__setattr__(self, field, leads if any(leads) else ())
+      object.__setattr__(self, field,
+                         normalize_leads(getattr(self, field), n, f"{self.target}: {field}"))
     if len(self.operand_layouts) != len(self.operand_batch_ranks):
       raise ValueError(f"{self.target}: {len(self.operand_layouts)} operand layouts "
                        f"for {len(self.operand_batch_ranks)} operands")
