@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import HealthCheck, given, seed, settings, strategies as st
+from hypothesis import Phase, given, seed, strategies as st
 from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
@@ -42,7 +42,7 @@ import batchpart as bp
 from batchpart import testing as kernels
 from batchpart.testing import conj_transpose, hermitian_pd, random_array
 
-from helpers import divides, random_spec
+from helpers import divides, known_bug_report, property_settings, random_spec
 
 EXAMPLES = int(os.environ.get("BATCHPART_PROPERTY_EXAMPLES", "500"))
 SEED = os.environ.get("BATCHPART_PROPERTY_SEED")
@@ -369,18 +369,13 @@ CALLS = {
 
 # ---- meshes and shardings -----------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_known_bug_hits():
-  yield
-  print(f"\nproperty suite: {EXAMPLES} examples; worked around: "
-        f"{dict(KNOWN_BUG_HITS) or 'nothing'}")
+_report_known_bug_hits = known_bug_report("property suite", EXAMPLES, KNOWN_BUG_HITS)
 
 
 @pytest.mark.timeout(max(900, 2 * EXAMPLES))
 @(seed(int(SEED)) if SEED is not None else (lambda f: f))
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
-          derandomize=SEED is None, print_blob=True,
-          suppress_health_check=list(HealthCheck))
+# Shrinking kept: a smaller failing call is worth the compiles here.
+@property_settings(EXAMPLES, derandomize=SEED is None, phases=list(Phase))
 @given(data=st.data())
 def test_sharded_call_equals_numpy(data):
   partitioner = data.draw(st.sampled_from(["shardy", "gspmd"]), label="partitioner")
