@@ -52,8 +52,8 @@ def test_malformed_ellipsis_is_refused_by_name(bad):
 
 def test_lead_ranks_all_zero_equal_none():
   assert BatchSpec((1,), (1,), (0,), (0,)) == BatchSpec((1,), (1,))
-  assert BatchSpec((1,), (1,)).lead_params() == {}
-  assert BatchSpec((1,), (1,), (2,), (0,)).lead_params() == {
+  assert BatchSpec((1,), (1,)).extra_params() == {}
+  assert BatchSpec((1,), (1,), (2,), (0,)).extra_params() == {
       "operand_lead_ranks": (2,), "result_lead_ranks": (0,)}
 
 
