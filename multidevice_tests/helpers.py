@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings, strategies as st
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 from batchpart import _hlo
 
@@ -106,3 +106,10 @@ def known_bug_report(suite: str, examples: int, hits):
     yield
     print(f"\n{suite}: {examples} examples; worked around: {dict(hits) or 'nothing'}")
   return report
+
+
+def draw_auto_mesh(data, shapes, names=("a", "b", "c")):
+  """An Auto-mode mesh of one of ``shapes`` (drawn), its axes named from
+  ``names``."""
+  shape = data.draw(st.sampled_from(shapes), label="mesh shape")
+  return jax.make_mesh(shape, names[:len(shape)], axis_types=(AxisType.Auto,) * len(shape))

@@ -36,13 +36,13 @@ import pytest
 import scipy.linalg
 from hypothesis import Phase, given, seed, strategies as st
 from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import testing as kernels
 from batchpart.testing import conj_transpose, hermitian_pd, random_array
 
-from helpers import divides, known_bug_report, property_settings, random_spec
+from helpers import divides, draw_auto_mesh, known_bug_report, property_settings, random_spec
 
 EXAMPLES = int(os.environ.get("BATCHPART_PROPERTY_EXAMPLES", "500"))
 SEED = os.environ.get("BATCHPART_PROPERTY_SEED")
@@ -56,7 +56,6 @@ S = jax.ShapeDtypeStruct
 # Meshes over all 8 devices: 1-3 axes, size-1 axes included.
 MESH_SHAPES = [(8,), (2, 4), (4, 2), (1, 8), (8, 1), (2, 2, 2), (2, 4, 1), (1, 2, 4),
                (4, 1, 2)]
-MESH_NAMES = ("a", "b", "c")
 # Sizes the meshes' axes mostly do not divide, and 1.
 BATCH_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 CORE_SIZES = [1, 2, 3, 4, 5, 8]
@@ -379,9 +378,7 @@ _report_known_bug_hits = known_bug_report("property suite", EXAMPLES, KNOWN_BUG_
 @given(data=st.data())
 def test_sharded_call_equals_numpy(data):
   partitioner = data.draw(st.sampled_from(["shardy", "gspmd"]), label="partitioner")
-  mesh_shape = data.draw(st.sampled_from(MESH_SHAPES), label="mesh shape")
-  mesh = jax.make_mesh(mesh_shape, MESH_NAMES[:len(mesh_shape)],
-                       axis_types=(AxisType.Auto,) * len(mesh_shape))
+  mesh = draw_auto_mesh(data, MESH_SHAPES)
   kind = data.draw(st.sampled_from(sorted(CALLS)), label="call")
   call = CALLS[kind](data, _rng(data))
   specs = [random_spec(data, mesh, x.ndim, f"operand {i}", shuffle=True)

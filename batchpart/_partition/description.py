@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpart._primitive.batch_spec import normalize_leads
+from batchpart._primitive.batch_spec import normalize_lead_fields
 from batchpart._primitive.reductions import DimName, Reduction
 
 
@@ -51,10 +51,8 @@ class CallDescription:
   dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
-    for field, n in (("operand_lead_ranks", len(self.operand_batch_ranks)),
-                     ("result_lead_ranks", len(self.result_batch_ranks))):
-      object.__setattr__(self, field,
-                         normalize_leads(getattr(self, field), n, f"{self.target}: {field}"))
+    normalize_lead_fields(self, len(self.operand_batch_ranks), len(self.result_batch_ranks),
+                          f"{self.target}: ")
     if len(self.operand_layouts) != len(self.operand_batch_ranks):
       raise ValueError(f"{self.target}: {len(self.operand_layouts)} operand layouts "
                        f"for {len(self.operand_batch_ranks)} operands")

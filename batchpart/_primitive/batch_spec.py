@@ -40,9 +40,7 @@ class BatchSpec:
   dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
-    for field, n in (("operand_lead_ranks", len(self.operand_core_ranks)),
-                     ("result_lead_ranks", len(self.result_core_ranks))):
-      object.__setattr__(self, field, normalize_leads(getattr(self, field), n, field))
+    normalize_lead_fields(self, len(self.operand_core_ranks), len(self.result_core_ranks))
 
   @classmethod
   def from_params(cls, params) -> BatchSpec:
@@ -84,6 +82,15 @@ def normalize_leads(leads, n: int, what: str = "lead ranks") -> tuple[int, ...]:
   if len(leads) != n or min(leads) < 0:
     raise ValueError(f"{what} {leads} do not fit {n} arrays")
   return leads
+
+
+def normalize_lead_fields(obj, num_operands: int, num_results: int, owner: str = ""
+                          ) -> None:
+  """Normalizes (``normalize_leads``) the ``operand_lead_ranks`` and
+  ``result_lead_ranks`` of a frozen dataclass in place; ``owner`` leads the
+  message."""
+  for field, n in (("operand_lead_ranks", num_operands), ("result_lead_ranks", num_results)):
+    object.__setattr__(obj, field, normalize_leads(getattr(obj, field), n, owner + field))
 
 
 def full_leads(leads, n: int) -> tuple[int, ...]:
