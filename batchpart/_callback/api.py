@@ -19,18 +19,14 @@ from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
 from batchpart._callback.host import FlatCallback, Layouts as _Layouts, callback_name
 from batchpart._callback.primitive import bind
-from batchpart._frontend.signature import declared_spec, parse_declaration
+from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import (
   BatchSpec,
   batch_first,
+  checked_operand_avals,
   inverse,
-  require_arrays,
-  require_static_shapes,
 )
 from batchpart._primitive.reductions import Reduction, check_result_dtypes
-
-_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
-                 "broadcast_all", "legacy_vectorized")
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -83,11 +79,8 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
     ValueError: if the batch declaration does not fit the operands and
       results (naming the callback and the argument).
   """
-  if vmap_method not in _VMAP_METHODS:
-    raise ValueError(
-        f"batchpart.pure_callback({callback_name(callback)}): vmap_method="
-        f"{vmap_method!r} is not one of {_VMAP_METHODS[1:]} (jax.pure_callback's "
-        "values; batchpart's declared batch dims define vmap either way).")
+  check_vmap_method(f"batchpart.pure_callback({callback_name(callback)})", vmap_method,
+                    "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
                io=False, reduce=reduce)
@@ -156,11 +149,9 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     compat.check_result_shape_dtype(r)
   result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
   check_result_dtypes(owner, reductions, [a.dtype for a in result_avals])
-  require_arrays(owner, flat_args)
-  in_avals = [compat.typeof(x) for x in flat_args]
+  in_avals = checked_operand_avals(owner, flat_args, result_avals)
   operand_shapes = [tuple(a.shape) for a in in_avals]
   result_shapes = [tuple(a.shape) for a in result_avals]
-  require_static_shapes(owner, operand_shapes, result_shapes)
   if not flat_args and parsed is None and num_batch_dims:
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")

@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchpart import _compat as compat, _primitive
-from batchpart._frontend.signature import declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
+from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
+from batchpart._primitive.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._primitive.reductions import check_result_dtypes
 
 
@@ -105,11 +105,10 @@ def ffi_call(
     out_layouts = None
 
   def call(*args, **attributes):
-    require_arrays(owner, args, " Pass attributes as keyword arguments.")
-    in_avals = [compat.typeof(x) for x in args]
+    in_avals = checked_operand_avals(owner, args, result_avals,
+                                     " Pass attributes as keyword arguments.")
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
-    require_static_shapes(owner, operand_shapes, result_shapes)
     if not args:
       # Nothing to shard the results like: XLA's default treatment.
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))
@@ -182,16 +181,8 @@ def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
   return tuple(out)
 
 
-_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
-                 "broadcast_all", "legacy_vectorized")
-
-
 def _check_jax_options(target_name, vmap_method, api_version, legacy_backend_config):
-  if vmap_method not in _VMAP_METHODS:
-    raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): vmap_method={vmap_method!r} is not one "
-        f"of {_VMAP_METHODS[1:]} (jax.ffi.ffi_call's values; batchpart's declared "
-        "batch dims define vmap either way).")
+  check_vmap_method(_primitive.ffi_call_owner(target_name), vmap_method, "jax.ffi.ffi_call")
   if api_version != 4 or legacy_backend_config is not None:
     raise ValueError(
         f"batchpart.ffi_call('{target_name}'): only typed-FFI calls "

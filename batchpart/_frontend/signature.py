@@ -178,6 +178,21 @@ def declared_spec(owner: str, signature: Signature | None, num_batch_dims,
   return spec_from_signature(owner, signature, operand_shapes, result_shapes, reductions)
 
 
+# jax's vmap_method values (jax.ffi.ffi_call, jax.pure_callback).
+_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
+                 "broadcast_all", "legacy_vectorized")
+
+
+def check_vmap_method(owner: str, vmap_method, jax_function: str) -> None:
+  """``vmap_method`` is one of ``jax_function``'s values: accepted for
+  compatibility, though the declared batch dims define vmap either way."""
+  if vmap_method not in _VMAP_METHODS:
+    raise ValueError(
+        f"{owner}: vmap_method={vmap_method!r} is not one of {_VMAP_METHODS[1:]} "
+        f"({jax_function}'s values; batchpart's declared batch dims define vmap either "
+        "way).")
+
+
 def reductions_for(owner: str, signature: Signature | None, reduce
                    ) -> tuple[Reduction, ...]:
   """The checked ``reduce=`` of a declaration. It names core dims, which only

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batchpart import _compat as compat
 from batchpart._primitive.reductions import DimName, Reduction
 
 
@@ -141,6 +142,16 @@ def require_static_shapes(owner: str, operand_shapes, result_shapes) -> None:
             f"{owner}: {what} {i} has the symbolic shape "
             f"({', '.join(map(str, shape))}); shape-polymorphic export of batchpart "
             "calls is not supported. Export with concrete shapes.")
+
+
+def checked_operand_avals(owner: str, operands, result_avals, hint: str = "") -> list:
+  """The operands' avals, once every operand is an array (``hint`` follows
+  that message) and no operand or result shape is symbolic."""
+  require_arrays(owner, operands, hint)
+  avals = [compat.typeof(x) for x in operands]
+  require_static_shapes(owner, [tuple(a.shape) for a in avals],
+                        [tuple(r.shape) for r in result_avals])
+  return avals
 
 
 def broadcast_batch_shapes(owner: str, batch_shapes: Sequence[tuple[int, ...]]
