@@ -13,12 +13,12 @@ cannot tell, and calls the rewrite cannot reach, are warned about.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
+from batchpart._frontend.rewrite_warnings import RewriteWarnings
 from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
 from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
@@ -154,7 +154,7 @@ def _unless_unclear(place, *args):
     return unclear
 
 
-class _Rewriter:
+class _Rewriter(RewriteWarnings):
   """Evaluates jaxprs with batched ffi_calls rebound as batchpart calls.
 
   Alongside the values it runs the flow of batch dims (``batch_dims``): which
@@ -167,18 +167,10 @@ class _Rewriter:
   """
 
   def __init__(self, name, qualname, batch_shape, leads=()):
-    self.name = name
-    self.qualname = qualname
-    self.batch_shape = tuple(batch_shape)
+    super().__init__(name, qualname, tuple(batch_shape))
     # Where a value the flow knows nothing of may hold the batch shape: at
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
-    self.rewritten = 0
-    self.left_alone = []   # why calls stayed plain jax.ffi.ffi_calls
-    self.unclear = 0       # calls left plain because their batch dims are unclear
-    self.hidden = {}       # primitive name -> ffi_calls inside it, not entered
-    self.tracing = True
-    self.warned = False
 
   def _by_shape(self, shape, what):
     """``(lead, rank)`` of the batch shape in ``shape``, which the flow knows
@@ -362,53 +354,3 @@ class _Rewriter:
       env.update(zip(eqn.outvars, outs))
       known.update(zip(eqn.outvars, out_dims))
     return [read(v) for v in jaxpr.outvars], [dims(v) for v in jaxpr.outvars]
-
-  def _unpartitioned_vmap_rule(self, rule):
-    """``rule`` (a custom_vmap rule), warning that its calls are not rewritten."""
-    def warned_rule(*args):
-      self._warn(f"under jax.vmap, a jax.custom_batching.custom_vmap function inside "
-                 f"it runs its own vmap rule ({getattr(rule, '__name__', rule)}), "
-                 f"whose jax.ffi.ffi_calls the decorator does not rewrite")
-      return rule(*args)
-    return warned_rule
-
-  def _hidden_message(self):
-    return "; ".join(
-        f"{n} jax.ffi.ffi_call(s) inside {prim!r}, which it does not enter, stay "
-        f"unpartitioned" for prim, n in sorted(self.hidden.items()))
-
-  def _warn(self, message):
-    """Warns once per trace of the wrapper."""
-    if not self.warned:
-      self.warned = True
-      warnings.warn(f"batchpart.batch_partitionable({self.name}): {message}.",
-                    UserWarning, stacklevel=4)
-
-  def _warn_unclear(self, target, reason):
-    """Warns that a call stays unpartitioned because its batch dims are unclear."""
-    self.unclear += 1
-    warnings.warn(
-        f"batchpart.batch_partitionable({self.qualname}): the jax.ffi.ffi_call to "
-        f"{target!r} stays unpartitioned (every device computes it whole): {reason}. "
-        f"Call batchpart.ffi_call with the kernel's own signature there to partition it.",
-        UserWarning, stacklevel=2)
-
-  def _report_deferred(self):
-    """After a rule traced after the wrapper (forward, JVP, backward): warns
-    of calls it could not reach."""
-    if not self.tracing and self.hidden:
-      self._warn(self._hidden_message())
-
-  def finish_trace(self):
-    """At the end of the wrapper's trace: warns where calls stay unpartitioned
-    (calls with unclear batch dims have had their own warning)."""
-    self.tracing = False
-    if self.rewritten == 0 and not self.unclear:
-      reasons = list(dict.fromkeys(self.left_alone))[:3]
-      if self.hidden:
-        reasons.append(self._hidden_message())
-      detail = "; ".join(reasons) or "it calls no jax.ffi.ffi_call"
-      self._warn(f"found no jax.ffi.ffi_call with the batch shape {self.batch_shape} "
-                 f"to partition; {detail}")
-    elif self.hidden:
-      self._warn(self._hidden_message())
