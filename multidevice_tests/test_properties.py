@@ -323,6 +323,12 @@ def _triangular_solve(data, rng) -> Call:
 
   def check(ops, outs):
     a, b = ops
+    # jax's rule (and bp.linalg's): b of a's batch shape and one dim fewer,
+    # its last dim a's size, is one right-hand side per matrix.
+    vector = (b.ndim == a.ndim - 1 and b.shape[:-1] == a.shape[:-2] and
+              b.shape[-1] == a.shape[-1])
+    if vector:
+      b = b[..., None] if left else b[..., None, :]
     t = np.tril(a) if lower else np.triu(a)
     t = np.swapaxes(t, -1, -2) if transpose else t
     if left:     # op(a) x = b
@@ -333,6 +339,8 @@ def _triangular_solve(data, rng) -> Call:
                              -1, -2)
     if not np.iscomplexobj(a):
       expected = expected.real
+    if vector:
+      expected = expected[..., 0] if left else expected[..., 0, :]
     _assert_close(outs, expected, "triangular_solve", rtol=1e-3, atol=1e-4)
 
   return Call(f"linalg.triangular_solve(left={left}, lower={lower}, T={transpose}, "
