@@ -10,7 +10,7 @@ name in the handler registry of the platform the program is compiled for, so
 ``batchpart.linalg`` lowers once for every platform and the CPU and GPU
 handlers never meet. Each call's derived target is registered on every
 platform the lowering targets, and its partitioner on the CPU client and
-every PJRT plugin (batchpart/_compat.py), so it covers the CUDA plugin too.
+every PJRT plugin (batchpart/_compat/partitioner.py), so it covers the CUDA plugin too.
 
 ``register()`` does nothing (and loads no CUDA library) unless the module was
 built and jax has CUDA devices.

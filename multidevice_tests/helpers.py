@@ -9,8 +9,9 @@ import sys
 
 import jax
 import numpy as np
-from hypothesis import strategies as st
-from jax.sharding import PartitionSpec as P
+import pytest
+from hypothesis import HealthCheck, Phase, settings, strategies as st
+from jax.sharding import AxisType, PartitionSpec as P
 
 from batchpart import _hlo
 
@@ -84,6 +85,35 @@ def divides(mesh, spec: P, shape) -> bool:
     if size % math.prod(mesh.shape[a] for a in axes):
       return False
   return True
+
+
+def property_settings(examples: int, **overrides):
+  """The hypothesis settings of the property suites: ``examples`` draws in a
+  fixed sequence, no deadline (each draw compiles), no example database, the
+  failing blob printed, no health checks, and no shrinking (each step
+  compiles, and a failure names what it drew); ``overrides`` replace any."""
+  options = dict(max_examples=examples, deadline=None, database=None, derandomize=True,
+                 print_blob=True, suppress_health_check=list(HealthCheck),
+                 phases=[Phase.explicit, Phase.generate])
+  return settings(**{**options, **overrides})
+
+
+def known_bug_report(suite: str, examples: int, hits):
+  """A module fixture that prints, after the module's tests, how many
+  examples ``suite`` drew and the known bugs it counted in ``hits`` as
+  worked around."""
+  @pytest.fixture(scope="module", autouse=True)
+  def report():
+    yield
+    print(f"\n{suite}: {examples} examples; worked around: {dict(hits) or 'nothing'}")
+  return report
+
+
+def draw_auto_mesh(data, shapes, names=("a", "b", "c")):
+  """An Auto-mode mesh of one of ``shapes`` (drawn), its axes named from
+  ``names``."""
+  shape = data.draw(st.sampled_from(shapes), label="mesh shape")
+  return jax.make_mesh(shape, names[:len(shape)], axis_types=(AxisType.Auto,) * len(shape))
 
 
 _LIST = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")

@@ -67,6 +67,17 @@ def assert_close(actual, expected):
   np.testing.assert_allclose(np.asarray(actual), expected, rtol=1e-4, atol=1e-4)
 
 
+def assert_batch_split(f, x, y, xs, ys=None):
+  """Jitted ``f`` on ``xs`` (``x`` sharded over batch dim 0) and ``ys`` (``y``
+  by default) runs the kernel on each device's block with no collective and
+  gives ``mid``'s values."""
+  ys = y if ys is None else ys
+  text = f.lower(xs, ys).compile().as_text()
+  assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
+  assert collective_kinds(text) == set()
+  assert_close(f(xs, ys), mid_reference(x, y))
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("spec, local_x, collectives", [
     (P(None, None, "x"), (2, 3, 2, 4, 5), set()),              # batch dim 0 (in the middle)
@@ -233,10 +244,7 @@ def test_export_round_trip(mesh8):
   restored = export.deserialize(exported.serialize())
   f = jax.jit(restored.call)
   xs = put(x, mesh8, P(None, None, "x"))
-  text = f.lower(xs, put(y, mesh8, P())).compile().as_text()
-  assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
-  assert collective_kinds(text) == set()
-  assert_close(f(xs, put(y, mesh8, P())), mid_reference(x, y))
+  assert_batch_split(f, x, y, xs, put(y, mesh8, P()))
 
 
 def _core_sum_primitive(name, register):
@@ -259,11 +267,7 @@ _LOWERED = _core_sum_primitive("anywhere_core_sum_lowered", lambda p: mlir.regis
 def test_adopted_primitives(partitioner, mesh8, primitive):
   x, y = operands(8)
   f = jax.jit(functools.partial(primitive.bind, **ATTRS))
-  xs = put(x, mesh8, P(None, None, "x"))
-  text = f.lower(xs, y).compile().as_text()
-  assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
-  assert collective_kinds(text) == set()
-  assert_close(f(xs, y), mid_reference(x, y))
+  assert_batch_split(f, x, y, put(x, mesh8, P(None, None, "x")))
 
 
 @pytest.mark.timeout(120)
@@ -273,12 +277,7 @@ def test_decorator(partitioner, mesh8):
     return jax.ffi.ffi_call(CORE_SUM, S(OUT_SHAPE, x.dtype))(x, y, **ATTRS)
 
   x, y = operands(9)
-  xs = put(x, mesh8, P(None, None, "x"))
-  f = jax.jit(wrapper)
-  text = f.lower(xs, y).compile().as_text()
-  assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
-  assert collective_kinds(text) == set()
-  assert_close(f(xs, y), mid_reference(x, y))
+  assert_batch_split(jax.jit(wrapper), x, y, put(x, mesh8, P(None, None, "x")))
 
 
 @pytest.mark.timeout(120)
@@ -304,13 +303,8 @@ def test_partition_ffi_target(partitioner, mesh8):
     return jax.ffi.ffi_call(CORE_SUM, S(OUT_SHAPE, x.dtype))(x, y, **ATTRS)
 
   x, y = operands(11)
-  xs = put(x, mesh8, P(None, None, "x"))
   bp.partition_ffi_target(CORE_SUM, signature=SIG)
   try:
-    f = jax.jit(package)
-    text = f.lower(xs, y).compile().as_text()
-    assert local_shapes(the_custom_call(text, CORE_SUM))[0] == (2, 3, 2, 4, 5)
-    assert collective_kinds(text) == set()
-    assert_close(f(xs, y), mid_reference(x, y))
+    assert_batch_split(jax.jit(package), x, y, put(x, mesh8, P(None, None, "x")))
   finally:
     bp.unpartition(CORE_SUM)

@@ -22,13 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings, strategies as st
+from hypothesis import event, given, strategies as st
 from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import collective_kinds, compiled_text, local_shapes, put, the_custom_call
+from helpers import (
+  collective_kinds,
+  compiled_text,
+  local_shapes,
+  property_settings,
+  put,
+  the_custom_call,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_decorator as wrappers  # noqa: E402  (the one-device tests' wrappers)
@@ -105,19 +112,8 @@ def test_a_call_whose_batch_dims_are_unclear_runs_whole_and_warns(partitioner, m
 @pytest.mark.timeout(300)
 def test_grad_of_a_transposing_custom_vjp_wrapper(partitioner, mesh8):
   """The primal and forward rule's calls, inside a jit, split the batch."""
-  @jax.custom_vjp
-  def rows(x):
-    return jax.jit(lambda x: wrappers._plain_softmax(x.T)[0].T)(x)
-
-  def fwd(x):
-    y = rows(x)
-    return y, y
-
-  def bwd(y, g):
-    return (y * (g - jnp.sum(g * y, 0, keepdims=True)),)
-
-  rows.defvjp(fwd, bwd)
-  f = bp.batch_partitionable(rows, signature="(n,...)->(n,...)")
+  f = bp.batch_partitionable(wrappers._column_softmax_with_vjp(),
+                             signature="(n,...)->(n,...)")
   x = np.random.default_rng(31).standard_normal((8, 8)).astype(np.float32)
   weights = np.arange(64, dtype=np.float32).reshape(8, 8)
   value_and_grad = jax.value_and_grad(lambda x: jnp.sum(f(x) * weights))
@@ -161,10 +157,7 @@ def _group(prefix, shape, batch_at):
 
 
 @pytest.mark.timeout(max(600, 10 * EXAMPLES))
-# No shrinking: each step compiles, and a failure names what it drew.
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-          print_blob=True, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.generate])
+@property_settings(EXAMPLES)
 @given(data=st.data())
 def test_drawn_wrappers_give_numpy_values_and_never_split_a_core_dim(data):
   draw = data.draw

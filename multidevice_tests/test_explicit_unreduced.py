@@ -68,6 +68,23 @@ def test_unreduced_operand_of_bp_linalg_and_ffi_call(partitioner, explicit8):
 
 
 @pytest.mark.timeout(120)
+def test_unreduced_operand_of_a_host_callback(partitioner, explicit8):
+  _, _, a, b = _factors(explicit8, 6)
+
+  def negate(x):
+    return -x
+
+  def f(a, b):
+    c = _unreduced_dot(a, b)
+    return bp.pure_callback(negate, jax.ShapeDtypeStruct(c.shape, c.dtype), c,
+                            num_batch_dims=1)
+
+  with jax.set_mesh(explicit8):
+    with pytest.raises(ValueError, match=r"pure_callback\(.*negate\).*operand 0 is unreduced"):
+      jax.jit(f).trace(a, b)
+
+
+@pytest.mark.timeout(120)
 def test_reduced_first_gives_the_values(partitioner, explicit8):
   if partitioner == "gspmd":
     pytest.skip("jax 0.10.2 lowers reshard of an unreduced value only under Shardy")

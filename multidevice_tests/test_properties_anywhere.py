@@ -25,18 +25,17 @@ import os
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import given, strategies as st
 from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 
-from helpers import divides, random_spec
+from helpers import divides, draw_auto_mesh, known_bug_report, property_settings, random_spec
 
 EXAMPLES = int(os.environ.get("BATCHPART_ANYWHERE_EXAMPLES", "300"))
 CORE_SUM = "batchpart_test_core_sum"
 MESH_SHAPES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
-MESH_NAMES = ("a", "b", "c")
 BATCH_SIZES = [1, 2, 3, 4, 6, 8, 16]
 CORE_SIZES = [1, 2, 3, 4, 8]
 KNOWN_BUG_HITS: collections.Counter = collections.Counter()
@@ -78,25 +77,16 @@ def _reference(x, y, xl, xt, yl, yt, out_shape, ol, ot):
   return np.broadcast_to(s.reshape((1,) * ol + s.shape + (1,) * ot), out_shape)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_known_bug_hits():
-  yield
-  print(f"\nbatch-dims-anywhere properties: {EXAMPLES} examples; worked around: "
-        f"{dict(KNOWN_BUG_HITS) or 'nothing'}")
+_report_known_bug_hits = known_bug_report("batch-dims-anywhere properties", EXAMPLES,
+                                          KNOWN_BUG_HITS)
 
 
 @pytest.mark.timeout(max(600, 2 * EXAMPLES))
-# No shrinking: each step compiles, and a drawn failure already names its
-# signature and shardings.
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-          print_blob=True, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.generate])
+@property_settings(EXAMPLES)
 @given(data=st.data())
 def test_signatures_with_ellipsis_equal_numpy(data):
   partitioner = data.draw(st.sampled_from(["shardy", "gspmd"]), label="partitioner")
-  mesh_shape = data.draw(st.sampled_from(MESH_SHAPES), label="mesh shape")
-  mesh = jax.make_mesh(mesh_shape, MESH_NAMES[:len(mesh_shape)],
-                       axis_types=(AxisType.Auto,) * len(mesh_shape))
+  mesh = draw_auto_mesh(data, MESH_SHAPES)
   rank = data.draw(st.integers(1, 2), label="batch rank")
   batch = [data.draw(st.sampled_from(BATCH_SIZES), label="batch size") for _ in range(rank)]
   (xl, xt), (yl, yt), (ol, ot) = (_core_shape(data, w) for w in ("x", "y", "out"))

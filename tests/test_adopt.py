@@ -87,6 +87,14 @@ def test_primitive_without_lowering_is_refused():
     bp.partition_primitive(p, num_batch_dims=1)
 
 
+def test_a_rule_gets_core_sizes_through_a_third_parameter_without_default():
+  from batchpart._partition.attributes import takes_core_sizes
+  assert takes_core_sizes(lambda attrs, batch, core: {})
+  assert takes_core_sizes(lambda *args: {})
+  assert not takes_core_sizes(lambda attrs, batch: {})
+  assert not takes_core_sizes(lambda attrs, batch, f=2.0: {})   # a value bound as a default
+
+
 def test_num_batch_dims_beyond_the_calls_rank_names_the_target():
   p = _softmax_primitive("adopt_softmax_5")
   bp.partition_primitive(p, num_batch_dims=3)

@@ -58,6 +58,24 @@ def _softmax_with_vjp():
   return softmax
 
 
+def _column_softmax_with_vjp():
+  """softmax over dim 0 (the kernel on the transpose, inside a jit) as a
+  custom_vjp whose forward function calls the kernel itself."""
+  @jax.custom_vjp
+  def columns(x):
+    return jax.jit(lambda x: _plain_softmax(x.T)[0].T)(x)
+
+  def fwd(x):
+    y = _plain_softmax(x.T)[0].T
+    return y, y
+
+  def bwd(y, g):
+    return (y * (g - jnp.sum(g * y, 0, keepdims=True)),)
+
+  columns.defvjp(fwd, bwd)
+  return columns
+
+
 def test_custom_vjp_wrapper_values_and_grad():
   f = _softmax_with_vjp()
   g = bp.batch_partitionable(f, signature="(n)->(n)")
@@ -502,19 +520,7 @@ def test_a_results_batch_dims_follow_its_uses(n, batch):
 def test_transposed_wrapper_under_custom_vjp_and_jit():
   """The flow enters nested jits and the primal and forward rule of a
   custom_vjp, and walks back from their outputs."""
-  @jax.custom_vjp
-  def rows(x):
-    return jax.jit(lambda x: _plain_softmax(x.T)[0].T)(x)
-
-  def fwd(x):
-    y = _plain_softmax(x.T)[0].T
-    return y, y
-
-  def bwd(y, g):
-    return (y * (g - jnp.sum(g * y, 0, keepdims=True)),)
-
-  rows.defvjp(fwd, bwd)
-  f = bp.batch_partitionable(rows, signature="(n,...)->(n,...)")
+  f = bp.batch_partitionable(_column_softmax_with_vjp(), signature="(n,...)->(n,...)")
   x = np.random.default_rng(25).standard_normal((8, 8)).astype(np.float32)
   loss = jax.grad(lambda x: jnp.sum(f(x) * jnp.arange(8.0)[None]))
   assert _warnings_of(loss, x) == []

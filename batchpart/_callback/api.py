@@ -19,23 +19,14 @@ from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
 from batchpart._callback.host import FlatCallback, Layouts as _Layouts, callback_name
 from batchpart._callback.primitive import bind
-from batchpart._frontend.signature import (
-  parse_signature,
-  reductions_for,
-  spec_from_num_batch_dims,
-  spec_from_signature,
-)
+from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import (
   BatchSpec,
   batch_first,
+  checked_operand_avals,
   inverse,
-  require_arrays,
-  require_static_shapes,
 )
 from batchpart._primitive.reductions import Reduction, check_result_dtypes
-
-_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
-                 "broadcast_all", "legacy_vectorized")
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -88,11 +79,8 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
     ValueError: if the batch declaration does not fit the operands and
       results (naming the callback and the argument).
   """
-  if vmap_method not in _VMAP_METHODS:
-    raise ValueError(
-        f"batchpart.pure_callback({callback_name(callback)}): vmap_method="
-        f"{vmap_method!r} is not one of {_VMAP_METHODS[1:]} (jax.pure_callback's "
-        "values; batchpart's declared batch dims define vmap either way).")
+  check_vmap_method(f"batchpart.pure_callback({callback_name(callback)})", vmap_method,
+                    "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
                io=False, reduce=reduce)
@@ -151,12 +139,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
                     f"{type(callback).__name__}.")
-  if (num_batch_dims is None) == (signature is None):
-    raise ValueError(
-        f"{owner}: pass exactly one of num_batch_dims and signature (got "
-        f"num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
-  parsed = None if signature is None else parse_signature(signature, owner=owner)
-  reductions = reductions_for(owner, parsed, reduce)
+  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   for i, r in enumerate(flat_results):
@@ -166,22 +149,14 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     compat.check_result_shape_dtype(r)
   result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
   check_result_dtypes(owner, reductions, [a.dtype for a in result_avals])
-  require_arrays(owner, flat_args)
-  in_avals = [compat.typeof(x) for x in flat_args]
+  in_avals = checked_operand_avals(owner, flat_args, result_avals)
   operand_shapes = [tuple(a.shape) for a in in_avals]
   result_shapes = [tuple(a.shape) for a in result_avals]
-  require_static_shapes(owner, operand_shapes, result_shapes)
-  if not flat_args:
-    spec = BatchSpec((), tuple(len(s) for s in result_shapes))
-    if parsed is not None:
-      spec = spec_from_signature(owner, parsed, [], result_shapes)
-    elif num_batch_dims:
-      raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
-                       "the batch comes from the operands.")
-  elif parsed is None:
-    spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
-  else:
-    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
+  if not flat_args and parsed is None and num_batch_dims:
+    raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
+                     "the batch comes from the operands.")
+  spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
+                       reductions)
   # Core dims before a signature's '...': the primitive takes batch dims in
   # front (transposes XLA runs on each device's block), and the user's
   # function gets and returns its own layout (FlatCallback moves them back).

@@ -16,42 +16,13 @@ transpose, as for jax's callbacks: wrap the function in ``jax.custom_jvp`` /
 from __future__ import annotations
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
 from batchpart._primitive.batching import align_operands
-from batchpart._primitive.primitive import result_types
+from batchpart._primitive.primitive import batch_primitive
 
-batchpart_callback_p = compat.Primitive("batchpart_callback")
-batchpart_callback_p.multiple_results = True
-compat.simple_impl(batchpart_callback_p)
+batchpart_callback_p = batch_primitive(
+    "batchpart_callback", lambda callback, **_: callback.owner,
+    lambda io, **_: {compat.io_effect()} if io else compat.no_effects)
 compat.require_devices_during_lowering(batchpart_callback_p)
-
-
-def _abstract_eval(*avals_in, callback, result_avals, operand_core_ranks,
-                   result_core_ranks, io, reductions=(), **_):
-  owner = callback.owner
-  require_static_shapes(owner, [a.shape for a in avals_in],
-                        [a.shape for a in result_avals])
-  spec = BatchSpec(operand_core_ranks, result_core_ranks, reductions=reductions)
-  batch_shape = check_spec(owner, spec, [a.shape for a in avals_in],
-                           [a.shape for a in result_avals])
-  compat.standard_vma_rule("batchpart_callback", *avals_in)
-  effects = {compat.io_effect()} if io else compat.no_effects
-  return result_types(avals_in, result_avals, spec, batch_shape), effects
-
-
-batchpart_callback_p.def_effectful_abstract_eval(_abstract_eval)
-
-
-def _not_differentiable(*args, callback, **_):
-  del args
-  raise ValueError(
-      f"{callback.owner} cannot be differentiated, like jax's callbacks. Wrap the "
-      "function that calls it in jax.custom_jvp or jax.custom_vjp to give it a "
-      "derivative.")
-
-
-compat.primitive_jvps[batchpart_callback_p] = _not_differentiable
-compat.primitive_transposes[batchpart_callback_p] = _not_differentiable
 
 
 def _batching_rule(args, dims, *, result_avals, operand_core_ranks, broadcast_batch,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import jax
 
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, parse_signature, reductions_for
+from batchpart._frontend.signature import batch_rank, parse_declaration
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
@@ -19,9 +19,7 @@ def _declaration(owner: str, num_batch_dims, signature, shard_attributes, reduce
                  ) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
-  if (num_batch_dims is None) == (signature is None):
-    raise ValueError(f"{owner}: pass exactly one of num_batch_dims and signature "
-                     f"(got num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
+  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   if num_batch_dims is not None and not callable(num_batch_dims):
     num_batch_dims = batch_rank(owner, num_batch_dims)
   if shard_attributes is not None and not callable(shard_attributes):
@@ -30,8 +28,6 @@ def _declaration(owner: str, num_batch_dims, signature, shard_attributes, reduce
                     f"{type(shard_attributes).__name__}.")
   rule = (None if shard_attributes is None else
           attributes.make_rule(shard_attributes, owner=owner))
-  parsed = None if signature is None else parse_signature(signature, owner=owner)
-  reductions = reductions_for(owner, parsed, reduce)
   core_ranks = None if parsed is None else parsed.spec(
       reductions, named=rule is not None and rule.takes_core_sizes)
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,

@@ -13,18 +13,13 @@ cannot tell, and calls the rewrite cannot reach, are warned about.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
-from batchpart._frontend.signature import (
-  parse_signature,
-  reductions_for,
-  spec_from_num_batch_dims,
-  spec_from_signature,
-)
+from batchpart._frontend.rewrite_warnings import RewriteWarnings
+from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
 from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
 from batchpart._primitive.reductions import Reduction, absolute_dim, check_result_dtypes
@@ -90,13 +85,8 @@ def batch_partitionable(fn=None, *, signature: str | None = None,
   if not callable(fn):
     raise TypeError(f"batchpart.batch_partitionable: expected a function, got "
                     f"{type(fn).__name__} ({name}).")
-  if (num_batch_dims is None) == (signature is None):
-    raise ValueError(
-        f"batchpart.batch_partitionable({name}): pass exactly one of "
-        f"num_batch_dims and signature.")
   owner = f"batchpart.batch_partitionable({name})"
-  parsed = None if signature is None else parse_signature(signature, owner=owner)
-  reductions = reductions_for(owner, parsed, reduce)
+  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -120,10 +110,8 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
   operand_shapes = [tuple(compat.typeof(a).shape) for a in args]
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
-  if parsed is None:
-    spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
-  else:
-    spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
+  spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
+                       reductions)
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
@@ -182,7 +170,7 @@ def _unless_unclear(place, *args):
     return unclear
 
 
-class _Rewriter:
+class _Rewriter(RewriteWarnings):
   """Evaluates jaxprs with batched ffi_calls rebound as batchpart calls.
 
   Alongside the values it runs the flow of batch dims (``batch_dims``): which
@@ -195,19 +183,11 @@ class _Rewriter:
   """
 
   def __init__(self, name, qualname, batch_shape, leads=(), reductions=()):
-    self.name = name
-    self.qualname = qualname
-    self.batch_shape = tuple(batch_shape)
+    super().__init__(name, qualname, tuple(batch_shape))
     self.reductions = tuple(reductions)
     # Where a value the flow knows nothing of may hold the batch shape: at
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
-    self.rewritten = 0
-    self.left_alone = []   # why calls stayed plain jax.ffi.ffi_calls
-    self.unclear = 0       # calls left plain because their batch dims are unclear
-    self.hidden = {}       # primitive name -> ffi_calls inside it, not entered
-    self.tracing = True
-    self.warned = False
 
   def _by_shape(self, shape, what):
     """``(lead, rank)`` of the batch shape in ``shape``, which the flow knows
@@ -423,56 +403,3 @@ class _Rewriter:
       env.update(zip(eqn.outvars, outs))
       known.update(zip(eqn.outvars, out_dims))
     return [read(v) for v in jaxpr.outvars], [dims(v) for v in jaxpr.outvars]
-
-  def _unpartitioned_vmap_rule(self, rule):
-    """``rule`` (a custom_vmap rule), warning that its calls are not rewritten."""
-    def warned_rule(*args):
-      self._warn(f"under jax.vmap, a jax.custom_batching.custom_vmap function inside "
-                 f"it runs its own vmap rule ({getattr(rule, '__name__', rule)}), "
-                 f"whose jax.ffi.ffi_calls the decorator does not rewrite")
-      return rule(*args)
-    return warned_rule
-
-  def _hidden_message(self):
-    return "; ".join(
-        f"{n} jax.ffi.ffi_call(s) inside {prim!r}, which it does not enter, stay "
-        f"unpartitioned" for prim, n in sorted(self.hidden.items()))
-
-  def _warn(self, message):
-    """Warns once per trace of the wrapper."""
-    if not self.warned:
-      self.warned = True
-      warnings.warn(f"batchpart.batch_partitionable({self.name}): {message}.",
-                    UserWarning, stacklevel=4)
-
-  def _warn_unclear(self, target, reason, partitioned=False):
-    """Warns that a call stays unpartitioned (or, ``partitioned``, keeps a
-    reduced dim whole) because where its dims are is unclear."""
-    what = ("keeps the reduced dim whole" if partitioned else
-            "stays unpartitioned (every device computes it whole)")
-    if not partitioned:
-      self.unclear += 1
-    warnings.warn(
-        f"batchpart.batch_partitionable({self.qualname}): the jax.ffi.ffi_call to "
-        f"{target!r} {what}: {reason}. Call batchpart.ffi_call with the kernel's own "
-        "signature there to partition it.", UserWarning, stacklevel=2)
-
-  def _report_deferred(self):
-    """After a rule traced after the wrapper (forward, JVP, backward): warns
-    of calls it could not reach."""
-    if not self.tracing and self.hidden:
-      self._warn(self._hidden_message())
-
-  def finish_trace(self):
-    """At the end of the wrapper's trace: warns where calls stay unpartitioned
-    (calls with unclear batch dims have had their own warning)."""
-    self.tracing = False
-    if self.rewritten == 0 and not self.unclear:
-      reasons = list(dict.fromkeys(self.left_alone))[:3]
-      if self.hidden:
-        reasons.append(self._hidden_message())
-      detail = "; ".join(reasons) or "it calls no jax.ffi.ffi_call"
-      self._warn(f"found no jax.ffi.ffi_call with the batch shape {self.batch_shape} "
-                 f"to partition; {detail}")
-    elif self.hidden:
-      self._warn(self._hidden_message())

@@ -6,13 +6,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchpart import _compat as compat, _primitive
-from batchpart._frontend.signature import (
-  parse_signature,
-  reductions_for,
-  spec_from_num_batch_dims,
-  spec_from_signature,
-)
-from batchpart._primitive.batch_spec import BatchSpec, require_arrays, require_static_shapes
+from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
+from batchpart._primitive.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._primitive.reductions import check_result_dtypes
 
 
@@ -93,42 +88,33 @@ def ffi_call(
   if not isinstance(target_name, str) or not target_name:
     raise TypeError(f"batchpart.ffi_call: target_name must be a non-empty str, got "
                     f"{target_name!r}.")
-  owner = f"batchpart.ffi_call('{target_name}')"
+  owner = _primitive.ffi_call_owner(target_name)
   _check_jax_options(target_name, vmap_method, custom_call_api_version,
                      legacy_backend_config)
-  if (num_batch_dims is None) == (signature is None):
-    raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): pass exactly one of num_batch_dims "
-        f"and signature (got num_batch_dims={num_batch_dims!r}, "
-        f"signature={signature!r}).")
-  parsed = None if signature is None else parse_signature(signature, owner=owner)
-  reductions = reductions_for(owner, parsed, reduce)
+  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals = compat.result_avals_from_shape_dtypes(results)
   check_result_dtypes(owner, reductions, [r.dtype for r in result_avals
                                           if r is not compat.abstract_token])
   if any(r is compat.abstract_token for r in result_avals):
-    raise ValueError(f"batchpart.ffi_call('{target_name}'): token results are not "
+    raise ValueError(f"{owner}: token results are not "
                      "supported; use jax.ffi.ffi_call for ordered effects.")
   out_layouts = output_layouts if multiple_results else (output_layouts,)
   if output_layouts is None:
     out_layouts = None
 
   def call(*args, **attributes):
-    require_arrays(owner, args, " Pass attributes as keyword arguments.")
-    in_avals = [compat.typeof(x) for x in args]
+    in_avals = checked_operand_avals(owner, args, result_avals,
+                                     " Pass attributes as keyword arguments.")
     operand_shapes = [tuple(a.shape) for a in in_avals]
     result_shapes = [tuple(r.shape) for r in result_avals]
-    require_static_shapes(owner, operand_shapes, result_shapes)
     if not args:
       # Nothing to shard the results like: XLA's default treatment.
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))
-    elif parsed is None:
-      spec = spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes,
-                                      result_shapes)
     else:
-      spec = spec_from_signature(owner, parsed, operand_shapes, result_shapes, reductions)
+      spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
+                           reductions)
     static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
@@ -195,16 +181,8 @@ def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
   return tuple(out)
 
 
-_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
-                 "broadcast_all", "legacy_vectorized")
-
-
 def _check_jax_options(target_name, vmap_method, api_version, legacy_backend_config):
-  if vmap_method not in _VMAP_METHODS:
-    raise ValueError(
-        f"batchpart.ffi_call('{target_name}'): vmap_method={vmap_method!r} is not one "
-        f"of {_VMAP_METHODS[1:]} (jax.ffi.ffi_call's values; batchpart's declared "
-        "batch dims define vmap either way).")
+  check_vmap_method(_primitive.ffi_call_owner(target_name), vmap_method, "jax.ffi.ffi_call")
   if api_version != 4 or legacy_backend_config is not None:
     raise ValueError(
         f"batchpart.ffi_call('{target_name}'): only typed-FFI calls "

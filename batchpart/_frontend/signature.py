@@ -156,6 +156,43 @@ def spec_from_num_batch_dims(owner: str, num_batch_dims, operand_shapes,
                    tuple(len(s) - k for s in result_shapes))
 
 
+def parse_declaration(owner: str, num_batch_dims, signature, reduce=None
+                      ) -> tuple[Signature | None, tuple[Reduction, ...]]:
+  """The checked batch declaration of an entry point: exactly one of
+  ``num_batch_dims`` and ``signature``, the signature parsed (None with
+  ``num_batch_dims``) and its ``reduce=``."""
+  if (num_batch_dims is None) == (signature is None):
+    raise ValueError(f"{owner}: pass exactly one of num_batch_dims and signature "
+                     f"(got num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
+  parsed = None if signature is None else parse_signature(signature, owner=owner)
+  return parsed, reductions_for(owner, parsed, reduce)
+
+
+def declared_spec(owner: str, signature: Signature | None, num_batch_dims,
+                  operand_shapes, result_shapes, reductions: tuple[Reduction, ...] = ()
+                  ) -> BatchSpec:
+  """The batch spec a parsed declaration gives operands and results of these
+  shapes."""
+  if signature is None:
+    return spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
+  return spec_from_signature(owner, signature, operand_shapes, result_shapes, reductions)
+
+
+# jax's vmap_method values (jax.ffi.ffi_call, jax.pure_callback).
+_VMAP_METHODS = (None, "sequential", "sequential_unrolled", "expand_dims",
+                 "broadcast_all", "legacy_vectorized")
+
+
+def check_vmap_method(owner: str, vmap_method, jax_function: str) -> None:
+  """``vmap_method`` is one of ``jax_function``'s values: accepted for
+  compatibility, though the declared batch dims define vmap either way."""
+  if vmap_method not in _VMAP_METHODS:
+    raise ValueError(
+        f"{owner}: vmap_method={vmap_method!r} is not one of {_VMAP_METHODS[1:]} "
+        f"({jax_function}'s values; batchpart's declared batch dims define vmap either "
+        "way).")
+
+
 def reductions_for(owner: str, signature: Signature | None, reduce
                    ) -> tuple[Reduction, ...]:
   """The checked ``reduce=`` of a declaration. It names core dims, which only

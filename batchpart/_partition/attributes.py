@@ -46,16 +46,18 @@ class AttributeRule:
 
 def takes_core_sizes(fn: Callable) -> bool:
   """Whether a rule accepts ``(attributes, batch_shape, core_sizes)``: three
-  positional parameters, or ``*args``. Two-parameter rules keep their call."""
+  positional parameters without defaults, or ``*args``. Two-parameter rules
+  keep their call, and so do rules whose third parameter has a default (a
+  value bound as ``lambda attrs, batch, f=factor: ...``)."""
   try:
-    params = inspect.signature(fn).parameters.values()
+    params = list(inspect.signature(fn).parameters.values())
   except (TypeError, ValueError):   # builtins without a signature: the old call
     return False
-  kinds = [p.kind for p in params]
-  if inspect.Parameter.VAR_POSITIONAL in kinds:
+  if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
     return True
   positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-  return sum(k in positional for k in kinds) >= 3
+  return sum(p.kind in positional and p.default is inspect.Parameter.empty
+             for p in params) >= 3
 
 
 def make_rule(fn: Callable, *, owner: str) -> AttributeRule:

@@ -62,22 +62,27 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
   local_batch = (plan.result_local_shapes[0][
       d.result_leads[0]:d.result_leads[0] + d.result_batch_ranks[0]]
       if result_shapes else ())
-  module = shard_module.build(
-      d,
-      operand_shapes=plan.operand_local_shapes,
-      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
-      result_shapes=plan.result_local_shapes,
-      result_dtypes=[s.numpy_dtype() for s in result_shapes],
-      backend_config=backend_config,
-      batch_shape=local_batch,
-      rule=rule,
+  module = _local_module(
+      d, arg_shapes, result_shapes, backend_config, plan.operand_local_shapes,
+      plan.result_local_shapes, batch_shape=local_batch, rule=rule,
       reduce_groups=plan.reduce_groups,
-      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes),
-  )
+      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes))
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
           sh.pack(result_shape, [sh.from_planner(s) for s in plan.result_shardings]))
+
+
+def _local_module(d: CallDescription, arg_shapes, result_shapes, backend_config,
+                  operand_local_shapes, result_local_shapes, **options) -> bytes:
+  """The per-device module (``shard_module.build`` with ``options``) on these
+  local shapes, with the element types and backend config XLA handed over."""
+  return shard_module.build(
+      d, operand_shapes=operand_local_shapes,
+      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
+      result_shapes=result_local_shapes,
+      result_dtypes=[s.numpy_dtype() for s in result_shapes],
+      backend_config=backend_config, **options)
 
 
 def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, int]:
@@ -92,17 +97,9 @@ def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   replicated one) and its block vector (``batchpart/_callback/blocks``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
-  module = shard_module.build(
-      d,
-      operand_shapes=b.operand_local_shapes,
-      operand_dtypes=[s.numpy_dtype() for s in arg_shapes],
-      result_shapes=b.result_local_shapes,
-      result_dtypes=[s.numpy_dtype() for s in result_shapes],
-      backend_config=backend_config,
-      batch_shape=(),
-      block_table=b.table,
-      reduce_groups=b.reduce_groups,
-  )
+  module = _local_module(d, arg_shapes, result_shapes, backend_config,
+                         b.operand_local_shapes, b.result_local_shapes, batch_shape=(),
+                         block_table=b.table, reduce_groups=b.reduce_groups)
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 

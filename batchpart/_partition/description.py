@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from batchpart._primitive.batch_spec import normalize_lead_fields
 from batchpart._primitive.reductions import DimName, Reduction
 
 
@@ -50,12 +51,8 @@ class CallDescription:
   dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
-    for field, n in (("operand_lead_ranks", len(self.operand_batch_ranks)),
-                     ("result_lead_ranks", len(self.result_batch_ranks))):
-      leads = tuple(int(v) for v in getattr(self, field))
-      if any(leads) and (len(leads) != n or min(leads) < 0):
-        raise ValueError(f"{self.target}: {field} {leads} do not fit {n} arrays")
-      object.__setattr__(self, field, leads if any(leads) else ())
+    normalize_lead_fields(self, len(self.operand_batch_ranks), len(self.result_batch_ranks),
+                          f"{self.target}: ")
     if len(self.operand_layouts) != len(self.operand_batch_ranks):
       raise ValueError(f"{self.target}: {len(self.operand_layouts)} operand layouts "
                        f"for {len(self.operand_batch_ranks)} operands")

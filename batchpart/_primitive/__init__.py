@@ -8,8 +8,10 @@ from batchpart._primitive import (
 from batchpart._primitive.primitive import (
     batchpart_ffi_call_p,
     bind,
+    ffi_call_owner,
     reshard_core_to_batch,
     typed_attributes,
 )
 
-__all__ = ["batchpart_ffi_call_p", "bind", "reshard_core_to_batch", "typed_attributes"]
+__all__ = ["batchpart_ffi_call_p", "bind", "ffi_call_owner", "reshard_core_to_batch",
+           "typed_attributes"]

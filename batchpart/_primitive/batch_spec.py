@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batchpart import _compat as compat
 from batchpart._primitive.reductions import DimName, Reduction
 
 
@@ -40,9 +41,15 @@ class BatchSpec:
   dim_names: tuple[DimName, ...] = ()
 
   def __post_init__(self):
-    for field, n in (("operand_lead_ranks", len(self.operand_core_ranks)),
-                     ("result_lead_ranks", len(self.result_core_ranks))):
-      object.__setattr__(self, field, normalize_leads(getattr(self, field), n, field))
+    normalize_lead_fields(self, len(self.operand_core_ranks), len(self.result_core_ranks))
+
+  @classmethod
+  def from_params(cls, params) -> BatchSpec:
+    """The spec a batchpart primitive's parameters carry (``extra_params``
+    and the core ranks)."""
+    return cls(params["operand_core_ranks"], params["result_core_ranks"],
+               params.get("operand_lead_ranks", ()), params.get("result_lead_ranks", ()),
+               params.get("reductions", ()), params.get("dim_names", ()))
 
   @property
   def operand_leads(self) -> tuple[int, ...]:
@@ -76,6 +83,15 @@ def normalize_leads(leads, n: int, what: str = "lead ranks") -> tuple[int, ...]:
   if len(leads) != n or min(leads) < 0:
     raise ValueError(f"{what} {leads} do not fit {n} arrays")
   return leads
+
+
+def normalize_lead_fields(obj, num_operands: int, num_results: int, owner: str = ""
+                          ) -> None:
+  """Normalizes (``normalize_leads``) the ``operand_lead_ranks`` and
+  ``result_lead_ranks`` of a frozen dataclass in place; ``owner`` leads the
+  message."""
+  for field, n in (("operand_lead_ranks", num_operands), ("result_lead_ranks", num_results)):
+    object.__setattr__(obj, field, normalize_leads(getattr(obj, field), n, owner + field))
 
 
 def full_leads(leads, n: int) -> tuple[int, ...]:
@@ -126,6 +142,16 @@ def require_static_shapes(owner: str, operand_shapes, result_shapes) -> None:
             f"{owner}: {what} {i} has the symbolic shape "
             f"({', '.join(map(str, shape))}); shape-polymorphic export of batchpart "
             "calls is not supported. Export with concrete shapes.")
+
+
+def checked_operand_avals(owner: str, operands, result_avals, hint: str = "") -> list:
+  """The operands' avals, once every operand is an array (``hint`` follows
+  that message) and no operand or result shape is symbolic."""
+  require_arrays(owner, operands, hint)
+  avals = [compat.typeof(x) for x in operands]
+  require_static_shapes(owner, [tuple(a.shape) for a in avals],
+                        [tuple(r.shape) for r in result_avals])
+  return avals
 
 
 def broadcast_batch_shapes(owner: str, batch_shapes: Sequence[tuple[int, ...]]

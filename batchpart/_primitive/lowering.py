@@ -11,7 +11,7 @@ from batchpart import _compat as compat
 from batchpart._partition import declared, derived_names, emit, sharding_rule, targets
 from batchpart._partition.description import CallDescription, describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
-from batchpart._primitive.primitive import batchpart_ffi_call_p
+from batchpart._primitive.primitive import batchpart_ffi_call_p, ffi_call_owner
 
 
 def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
@@ -66,7 +66,7 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
-  caller = f"batchpart.ffi_call('{target_name}')"
+  caller = ffi_call_owner(target_name)
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
                    result_lead_ranks, reductions, dim_names)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)

@@ -20,13 +20,11 @@ batch dims may broadcast, as under a signature, or must be equal, as under
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from batchpart import _compat as compat
 from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
 from batchpart._primitive.reductions import reduced_dims_table
-
-batchpart_ffi_call_p = compat.Primitive("batchpart_ffi_call")
-batchpart_ffi_call_p.multiple_results = True
-compat.simple_impl(batchpart_ffi_call_p)
 
 
 def _axes(entry) -> tuple:
@@ -161,35 +159,49 @@ def reshard_core_to_batch(x, core_rank: int):
   return reshard(x, PartitionSpec(*entries, *([None] * core_rank)))
 
 
-def _abstract_eval(*avals_in, target_name, result_avals, operand_core_ranks,
-                   result_core_ranks, has_side_effect, operand_lead_ranks=(),
-                   result_lead_ranks=(), reductions=(), **_):
-  owner = f"batchpart.ffi_call('{target_name}')"
-  require_static_shapes(owner, [a.shape for a in avals_in],
-                        [a.shape for a in result_avals])
-  spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks, reductions)
-  batch_shape = check_spec(owner, spec, [a.shape for a in avals_in],
-                           [a.shape for a in result_avals])
-  compat.standard_vma_rule("batchpart_ffi_call", *avals_in)
-  effects = {compat.ffi_effect} if has_side_effect else compat.no_effects
-  _check_reduced(owner, avals_in)
-  return result_types(avals_in, result_avals, spec, batch_shape), effects
+def batch_primitive(name: str, owner: Callable[..., str], effects: Callable[..., set]):
+  """A primitive over declared batch dims, as both batchpart primitives are:
+  multiple results, eager through jit, an abstract evaluation that checks
+  the call against the batch spec its parameters carry and types the results
+  where the work lands, and no derivative of its own (like jax's callbacks).
+  ``owner(**params)`` names a call in errors; ``effects(**params)`` are its
+  effects."""
+  primitive = compat.Primitive(name)
+  primitive.multiple_results = True
+  compat.simple_impl(primitive)
+
+  def abstract_eval(*avals_in, result_avals, **params):
+    who = owner(**params)
+    operand_shapes = [a.shape for a in avals_in]
+    result_shapes = [a.shape for a in result_avals]
+    require_static_shapes(who, operand_shapes, result_shapes)
+    spec = BatchSpec.from_params(params)
+    batch_shape = check_spec(who, spec, operand_shapes, result_shapes)
+    compat.standard_vma_rule(name, *avals_in)
+    _check_reduced(who, avals_in)
+    return result_types(avals_in, result_avals, spec, batch_shape), effects(**params)
+
+  def not_differentiable(*args, **params):
+    del args
+    raise ValueError(
+        f"{owner(**params)} cannot be differentiated: like jax.ffi.ffi_call and jax's "
+        "callbacks, it has no derivative rule. Wrap the function that calls it in "
+        "jax.custom_jvp or jax.custom_vjp to give it a derivative.")
+
+  primitive.def_effectful_abstract_eval(abstract_eval)
+  compat.primitive_jvps[primitive] = not_differentiable
+  compat.primitive_transposes[primitive] = not_differentiable
+  return primitive
 
 
-batchpart_ffi_call_p.def_effectful_abstract_eval(_abstract_eval)
+def ffi_call_owner(target_name: str, **_) -> str:
+  """How errors name an FFI call: as the entry point that makes one."""
+  return f"batchpart.ffi_call('{target_name}')"
 
 
-def _not_differentiable(*args, target_name, **_):
-  del args
-  raise ValueError(
-      f"The FFI call to '{target_name}' cannot be differentiated. Wrap the "
-      "function that calls batchpart.ffi_call in jax.custom_jvp or "
-      "jax.custom_vjp to give it a derivative.")
-
-
-compat.primitive_jvps[batchpart_ffi_call_p] = _not_differentiable
-compat.primitive_transposes[batchpart_ffi_call_p] = _not_differentiable
+batchpart_ffi_call_p = batch_primitive(
+    "batchpart_ffi_call", ffi_call_owner,
+    lambda has_side_effect, **_: {compat.ffi_effect} if has_side_effect else compat.no_effects)
 
 
 def typed_attributes(pairs) -> tuple:

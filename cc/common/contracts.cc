@@ -15,26 +15,6 @@ ffi::ErrorOr<Shape> Validated(Check&& check) {
   return shape;
 }
 
-// The batch dims and last two dims of a matrix.
-struct MatrixDims {
-  Dims batch;
-  int64_t rows, cols;
-};
-
-// Operand a of a factorization: a linalg dtype, a matrix (square when
-// `square`) whose dims fit 32-bit integers.
-ffi::Error ExpectOperandA(const char* target, const ffi::AnyBuffer& a, bool square,
-                          MatrixDims& dims) {
-  const Dims a_dims = a.dimensions();
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(target, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(square ? ExpectSquare(target, "operand a", a_dims)
-                                   : ExpectMatrix(target, "operand a", a_dims));
-  dims = {BatchDims(a_dims, 2), a_dims[a_dims.size() - 2], a_dims.back()};
-  if (square) return ExpectInt32(target, "n", dims.cols);
-  BATCHPART_RETURN_IF_ERROR(ExpectInt32(target, "m", dims.rows));
-  return ExpectInt32(target, "n", dims.cols);
-}
-
 // The int32 info result, one per batch element.
 ffi::Error ExpectInfo(const char* target, const ffi::AnyBuffer& info, Dims batch) {
   return ExpectBuffer(target, "result info", info, WithCore(batch, {}), ffi::DataType::S32);
@@ -77,6 +57,18 @@ ffi::Error ExpectSolveResults(const char* target, const ffi::AnyBuffer& a, const
 }
 
 }  // namespace
+
+ffi::Error ExpectOperandA(const char* target, const ffi::AnyBuffer& a, bool square,
+                          MatrixDims& dims) {
+  const Dims a_dims = a.dimensions();
+  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(target, a.element_type()));
+  BATCHPART_RETURN_IF_ERROR(square ? ExpectSquare(target, "operand a", a_dims)
+                                   : ExpectMatrix(target, "operand a", a_dims));
+  dims = {BatchDims(a_dims, 2), a_dims[a_dims.size() - 2], a_dims.back()};
+  if (square) return ExpectInt32(target, "n", dims.cols);
+  BATCHPART_RETURN_IF_ERROR(ExpectInt32(target, "m", dims.rows));
+  return ExpectInt32(target, "n", dims.cols);
+}
 
 ffi::ErrorOr<CholeskyShape> ValidatePotrf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& factor,
                                           const ffi::AnyBuffer& info) {
@@ -145,8 +137,8 @@ ffi::ErrorOr<EighShape> ValidateEigh(const ffi::AnyBuffer& a, const ffi::AnyBuff
 ffi::ErrorOr<SvdShape> ValidateSvd(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s,
                                    const ffi::AnyBuffer& u, const ffi::AnyBuffer& vt,
                                    const ffi::AnyBuffer& info, bool full_matrices,
-                                   bool compute_uv) {
-  constexpr const char* kTarget = kSvdTarget;
+                                   bool compute_uv, const char* target) {
+  const char* const kTarget = target;
   return Validated<SvdShape>([&](SvdShape& shape) -> ffi::Error {
     MatrixDims dims;
     BATCHPART_RETURN_IF_ERROR(ExpectOperandA(kTarget, a, /*square=*/false, dims));

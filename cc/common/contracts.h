@@ -142,7 +142,8 @@ struct QrShape {
   int64_t q_cols;  // m (full) or k (reduced)
   int64_t r_rows;  // m (full) or k (reduced)
 };
-// `target` names the caller in errors (the CPU's row-major QR shares the contract).
+// `target` names the caller in errors (the CPU's row-major and pivoted QR
+// share the contract's q and r).
 ffi::ErrorOr<QrShape> ValidateQr(const ffi::AnyBuffer& a, const ffi::AnyBuffer& q,
                                  const ffi::AnyBuffer& r, bool full_matrices,
                                  const char* target = kQrTarget);
@@ -163,9 +164,11 @@ struct SvdShape {
   int64_t vt_rows;  // n (full), k (reduced) or 0 (no U/Vt)
   bool compute_uv, full_matrices;
 };
+// `target` names the caller in errors (the CPU's QR-iteration SVD shares the contract).
 ffi::ErrorOr<SvdShape> ValidateSvd(const ffi::AnyBuffer& a, const ffi::AnyBuffer& s,
                                    const ffi::AnyBuffer& u, const ffi::AnyBuffer& vt,
-                                   const ffi::AnyBuffer& info, bool full_matrices, bool compute_uv);
+                                   const ffi::AnyBuffer& info, bool full_matrices, bool compute_uv,
+                                   const char* target = kSvdTarget);
 
 struct TrsmOptions {
   bool left_side, lower, transpose_a, conjugate_a, unit_diagonal;
@@ -184,10 +187,22 @@ struct GesvShape {
   Dims a_batch, b_batch, x_batch;
   int64_t n, nrhs;
 };
-// `target` names the caller in errors (the CPU's row-major solve shares the contract).
+// `target` names the caller in errors (the CPU's row-major solve and its
+// Cholesky solve share the contract's shapes).
 ffi::ErrorOr<GesvShape> ValidateGesv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                                      const ffi::AnyBuffer& x, const ffi::AnyBuffer& info,
                                      const char* target = kGesvTarget);
+
+// The batch dims and last two dims of a matrix.
+struct MatrixDims {
+  Dims batch;
+  int64_t rows, cols;
+};
+
+// Operand a of a factorization: a linalg dtype, a matrix (square when
+// `square`) whose dims fit 32-bit integers.
+ffi::Error ExpectOperandA(const char* target, const ffi::AnyBuffer& a, bool square,
+                          MatrixDims& dims);
 
 // ---- FFI signatures ------------------------------------------------------------
 //

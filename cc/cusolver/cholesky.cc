@@ -30,27 +30,23 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t b
   const int n_int = static_cast<int>(n);
   if (UseBatched(n, batch)) {
     T** ptrs;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers", MakePointers(stream, l, size, IdentityIndex(batch), batch, ptrs)));
+    BATCHPART_RETURN_IF_ERROR(
+        PointerArray(scratch, kTarget, stream, l, size, IdentityIndex(batch), batch, &ptrs));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
       return SolverStatus(kTarget, "potrfBatched",
                           Solver<T>::potrfBatched(handle.get(), uplo, n_int, ptrs + begin, n_int,
                                                   info_data + begin, count));
     }));
   } else {
-    int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(
-        SolverStatus(kTarget, "potrf_bufferSize",
-                     Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, &lwork)));
-    T* work;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "potrf workspace", lwork, &work));
-    for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(
-          SolverStatus(kTarget, "potrf",
-                       Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
-                                        info_data + b)));
-    }
+    BATCHPART_RETURN_IF_ERROR(ForEachMatrix<T>(
+        scratch, kTarget, "potrf", batch,
+        [&](int* lwork) {
+          return Solver<T>::potrf_bufferSize(handle.get(), uplo, n_int, l, n_int, lwork);
+        },
+        [&](int64_t b, T* work, int lwork) {
+          return Solver<T>::potrf(handle.get(), uplo, n_int, l + b * size, n_int, work, lwork,
+                                  info_data + b);
+        }));
   }
   return CudaStatus(kTarget, "FinishCholesky",
                     FinishCholesky(stream, l, n, batch, lower, info_data));

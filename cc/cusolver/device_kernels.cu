@@ -49,22 +49,21 @@ struct Scalar<double> {
   __device__ static double One() { return 1.0; }
   __device__ static double NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
 };
-template <>
-struct Scalar<cuComplex> {
-  __device__ static cuComplex Zero() { return make_cuComplex(0.0f, 0.0f); }
-  __device__ static cuComplex One() { return make_cuComplex(1.0f, 0.0f); }
-  __device__ static cuComplex NaN() {
-    return make_cuComplex(Scalar<float>::NaN(), Scalar<float>::NaN());
-  }
+__device__ inline cuComplex MakeComplex(float re, float im) { return make_cuComplex(re, im); }
+__device__ inline cuDoubleComplex MakeComplex(double re, double im) {
+  return make_cuDoubleComplex(re, im);
+}
+// A complex type's constants, built from those of its real type R.
+template <typename C, typename R>
+struct ComplexScalar {
+  __device__ static C Zero() { return MakeComplex(R(0), R(0)); }
+  __device__ static C One() { return MakeComplex(R(1), R(0)); }
+  __device__ static C NaN() { return MakeComplex(Scalar<R>::NaN(), Scalar<R>::NaN()); }
 };
 template <>
-struct Scalar<cuDoubleComplex> {
-  __device__ static cuDoubleComplex Zero() { return make_cuDoubleComplex(0.0, 0.0); }
-  __device__ static cuDoubleComplex One() { return make_cuDoubleComplex(1.0, 0.0); }
-  __device__ static cuDoubleComplex NaN() {
-    return make_cuDoubleComplex(Scalar<double>::NaN(), Scalar<double>::NaN());
-  }
-};
+struct Scalar<cuComplex> : ComplexScalar<cuComplex, float> {};
+template <>
+struct Scalar<cuDoubleComplex> : ComplexScalar<cuDoubleComplex, double> {};
 __device__ inline int64_t GlobalThread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

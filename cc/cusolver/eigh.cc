@@ -66,19 +66,16 @@ ffi::Error Decompose(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                                   lwork, info_data + begin, params.params, count));
     }));
   } else {
-    int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(
-        SolverStatus(kTarget, "syevd_bufferSize",
-                     Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int,
-                                                 w_data, &lwork)));
-    T* work;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "syevd workspace", lwork, &work));
-    for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(
-          SolverStatus(kTarget, "syevd",
-                       Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
-                                        w_data + b * n, work, lwork, info_data + b)));
-    }
+    BATCHPART_RETURN_IF_ERROR(ForEachMatrix<T>(
+        scratch, kTarget, "syevd", batch,
+        [&](int* lwork) {
+          return Solver<T>::syevd_bufferSize(handle.get(), jobz, uplo, n_int, matrix, n_int,
+                                             w_data, lwork);
+        },
+        [&](int64_t b, T* work, int lwork) {
+          return Solver<T>::syevd(handle.get(), jobz, uplo, n_int, matrix + b * size, n_int,
+                                  w_data + b * n, work, lwork, info_data + b);
+        }));
   }
   return CudaStatus(
       kTarget, "FinishDecomposition",

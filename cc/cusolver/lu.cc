@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "cusolver/kernels.h"
+#include "cusolver/lu_factor.h"
 #include "cusolver/solver_api.h"
 
 namespace batchpart::cusolver {
@@ -25,36 +26,9 @@ ffi::Error Factor(cudaStream_t stream, ffi::ScratchAllocator& scratch, const LuS
 
   if (k == 0) {  // nothing to factor: identity permutation, info 0
     BATCHPART_RETURN_IF_ERROR(ZeroInts(kTarget, stream, info_data, batch));
-  } else if (m == n && UseBatched(n, batch)) {
-    BlasHandle handle;
-    BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
-    T** ptrs;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(
-        CudaStatus(kTarget, "MakePointers",
-                   MakePointers(stream, lu_data, size, IdentityIndex(batch), batch, ptrs)));
-    const int n_int = static_cast<int>(n);
-    BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
-      return BlasStatus(kTarget, "getrfBatched",
-                        Solver<T>::getrfBatched(handle.get(), n_int, ptrs + begin, n_int,
-                                                piv_data + begin * n, info_data + begin, count));
-    }));
   } else {
-    SolverHandle handle;
-    BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
-    const int m_int = static_cast<int>(m), n_int = static_cast<int>(n);
-    int lwork = 0;
-    BATCHPART_RETURN_IF_ERROR(SolverStatus(
-        kTarget, "getrf_bufferSize",
-        Solver<T>::getrf_bufferSize(handle.get(), m_int, n_int, lu_data, m_int, &lwork)));
-    T* work;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
-    for (int64_t b = 0; b < batch; ++b) {
-      BATCHPART_RETURN_IF_ERROR(
-          SolverStatus(kTarget, "getrf",
-                       Solver<T>::getrf(handle.get(), m_int, n_int, lu_data + b * size, m_int, work,
-                                        piv_data + b * k, info_data + b)));
-    }
+    BATCHPART_RETURN_IF_ERROR(
+        FactorLu(kTarget, stream, scratch, batch, m, n, lu_data, piv_data, info_data));
   }
   return CudaStatus(kTarget, "PivotsToPermutation",
                     PivotsToPermutation(stream, piv_data, k, perm_data, m, batch));

@@ -3,49 +3,13 @@
 #include <cstdint>
 
 #include "cusolver/kernels.h"
+#include "cusolver/lu_factor.h"
 #include "cusolver/solver_api.h"
 
 namespace batchpart::cusolver {
 namespace {
 
 constexpr const char* kTarget = kGesvTarget;
-
-// LU of every batch element of A (not of the broadcast: each distinct A is
-// factored once), as batchpart_getrf does it.
-template <typename T>
-ffi::Error FactorAll(cudaStream_t stream, ffi::ScratchAllocator& scratch, int64_t count, int64_t n,
-                     T* lu, int32_t* pivots, int32_t* info) {
-  const int n_int = static_cast<int>(n);
-  if (UseBatched(n, count)) {
-    BlasHandle handle;
-    BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
-    T** ptrs;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", count, &ptrs));
-    BATCHPART_RETURN_IF_ERROR(
-        CudaStatus(kTarget, "MakePointers",
-                   MakePointers(stream, lu, n * n, IdentityIndex(count), count, ptrs)));
-    return ForEachBatchChunk(count, [&](int64_t begin, int chunk) {
-      return BlasStatus(kTarget, "getrfBatched",
-                        Solver<T>::getrfBatched(handle.get(), n_int, ptrs + begin, n_int,
-                                                pivots + begin * n, info + begin, chunk));
-    });
-  }
-  SolverHandle handle;
-  BATCHPART_RETURN_IF_ERROR(BorrowSolver(kTarget, stream, &handle));
-  int lwork = 0;
-  BATCHPART_RETURN_IF_ERROR(
-      SolverStatus(kTarget, "getrf_bufferSize",
-                   Solver<T>::getrf_bufferSize(handle.get(), n_int, n_int, lu, n_int, &lwork)));
-  T* work;
-  BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "getrf workspace", lwork, &work));
-  for (int64_t i = 0; i < count; ++i) {
-    BATCHPART_RETURN_IF_ERROR(
-        SolverStatus(kTarget, "getrf",
-                     Solver<T>::getrf(handle.get(), n_int, n_int, lu + i * n * n, n_int, work,
-                                      pivots + i * n, info + i)));
-  }
-  return ffi::Error::Success();
-}
 
 template <typename T>
 ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const GesvShape& shape,
@@ -64,15 +28,12 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pivots", a_count * n, &pivots));
   BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "info", a_count, &a_info));
   BATCHPART_RETURN_IF_ERROR(CopyIfDistinct(kTarget, stream, Data<T>(a), lu, a_count * n * n));
-  BATCHPART_RETURN_IF_ERROR(FactorAll<T>(stream, scratch, a_count, n, lu, pivots, a_info));
+  // Each distinct A once, as batchpart_getrf factors it.
+  BATCHPART_RETURN_IF_ERROR(FactorLu(kTarget, stream, scratch, a_count, n, n, lu, pivots, a_info));
 
-  BroadcastIndex a_index, b_index;
-  BATCHPART_RETURN_IF_ERROR(
-      OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, x_count, &a_index));
-  BATCHPART_RETURN_IF_ERROR(
-      OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, x_count, &b_index));
-  BATCHPART_RETURN_IF_ERROR(
-      CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, x_count, x_size, x_data));
+  BroadcastIndex a_index;
+  BATCHPART_RETURN_IF_ERROR(BroadcastOperands(kTarget, stream, shape, x_count, Data<T>(b), x_size,
+                                              x_data, &a_index));
 
   const int n_int = static_cast<int>(n), nrhs_int = static_cast<int>(nrhs);
   if (nrhs == 0) {
@@ -86,13 +47,10 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Gesv
           kTarget, "BroadcastCopy", BroadcastCopy(stream, pivots, n, a_index, x_count, x_pivots)));
     }
     T **a_ptrs, **x_ptrs;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", x_count, &a_ptrs));
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", x_count, &x_ptrs));
-    BATCHPART_RETURN_IF_ERROR(CudaStatus(
-        kTarget, "MakePointers", MakePointers(stream, lu, n * n, a_index, x_count, a_ptrs)));
     BATCHPART_RETURN_IF_ERROR(
-        CudaStatus(kTarget, "MakePointers",
-                   MakePointers(stream, x_data, x_size, IdentityIndex(x_count), x_count, x_ptrs)));
+        PointerArray(scratch, kTarget, stream, lu, n * n, a_index, x_count, &a_ptrs));
+    BATCHPART_RETURN_IF_ERROR(PointerArray(scratch, kTarget, stream, x_data, x_size,
+                                           IdentityIndex(x_count), x_count, &x_ptrs));
     BlasHandle handle;
     BATCHPART_RETURN_IF_ERROR(BorrowBlas(kTarget, stream, &handle));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(x_count, [&](int64_t begin, int chunk) {

@@ -232,6 +232,48 @@ ffi::Error CopyBroadcast(const char* target, cudaStream_t stream, const T* b, Di
   return CudaStatus(target, "BroadcastCopy", BroadcastCopy(stream, b, size, b_index, count, x));
 }
 
+// x holding operand b broadcast over the output batch (`count` matrices of
+// `x_size`), and `a_index`, operand a's map onto that batch: the start of a
+// solve. Shape: a_batch, b_batch, x_batch (TrsmShape, GesvShape).
+template <typename T, typename Shape>
+ffi::Error BroadcastOperands(const char* target, cudaStream_t stream, const Shape& shape,
+                             int64_t count, const T* b, int64_t x_size, T* x,
+                             BroadcastIndex* a_index) {
+  BroadcastIndex b_index;
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(target, "operand a", shape.a_batch, shape.x_batch, count, a_index));
+  BATCHPART_RETURN_IF_ERROR(
+      OperandIndex(target, "operand b", shape.b_batch, shape.x_batch, count, &b_index));
+  return CopyBroadcast(target, stream, b, shape.b_batch, b_index, count, x_size, x);
+}
+
+// A device array of `count` pointers for cuSOLVER/cuBLAS batched routines:
+// the i-th to the matrix of `size` elements at data + index(i) * size.
+template <typename T>
+ffi::Error PointerArray(ffi::ScratchAllocator& scratch, const char* target, cudaStream_t stream,
+                        T* data, int64_t size, const BroadcastIndex& index, int64_t count,
+                        T*** ptrs) {
+  BATCHPART_RETURN_IF_ERROR(Allocate(scratch, target, "pointer array", count, ptrs));
+  return CudaStatus(target, "MakePointers", MakePointers(stream, data, size, index, count, *ptrs));
+}
+
+// A cuSOLVER routine called once per matrix with one device workspace:
+// query(&lwork) is its _bufferSize call, run(i, work, lwork) its call on
+// matrix i of `count`. Errors name `routine` ("potrf") and the target.
+template <typename T, typename Query, typename Run>
+ffi::Error ForEachMatrix(ffi::ScratchAllocator& scratch, const char* target, const char* routine,
+                         int64_t count, Query&& query, Run&& run) {
+  const std::string name(routine);
+  int lwork = 0;
+  BATCHPART_RETURN_IF_ERROR(SolverStatus(target, (name + "_bufferSize").c_str(), query(&lwork)));
+  T* work;
+  BATCHPART_RETURN_IF_ERROR(Allocate(scratch, target, (name + " workspace").c_str(), lwork, &work));
+  for (int64_t i = 0; i < count; ++i) {
+    BATCHPART_RETURN_IF_ERROR(SolverStatus(target, routine, run(i, work, lwork)));
+  }
+  return ffi::Error::Success();
+}
+
 // cuSOLVER/cuBLAS batched calls take an int batch count; this walks [0,
 // total) in chunks that fit.
 template <typename Fn>

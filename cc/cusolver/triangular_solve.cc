@@ -19,13 +19,9 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Trsm
   T* a_data = Data<T>(a);
 
   // X starts as B, broadcast over the output batch.
-  BroadcastIndex a_index, b_index;
+  BroadcastIndex a_index;
   BATCHPART_RETURN_IF_ERROR(
-      OperandIndex(kTarget, "operand a", shape.a_batch, shape.x_batch, batch, &a_index));
-  BATCHPART_RETURN_IF_ERROR(
-      OperandIndex(kTarget, "operand b", shape.b_batch, shape.x_batch, batch, &b_index));
-  BATCHPART_RETURN_IF_ERROR(
-      CopyBroadcast(kTarget, stream, Data<T>(b), shape.b_batch, b_index, batch, x_size, x_data));
+      BroadcastOperands(kTarget, stream, shape, batch, Data<T>(b), x_size, x_data, &a_index));
 
   // cuBLAS has no "conjugate, don't transpose": conj(A) X = B is solved as
   // A conj(X) = conj(B).
@@ -52,14 +48,10 @@ ffi::Error Solve(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Trsm
                                    a_data, lda, x_data, ldb)));
   } else {
     T **a_ptrs, **x_ptrs;
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &a_ptrs));
-    BATCHPART_RETURN_IF_ERROR(Allocate(scratch, kTarget, "pointer array", batch, &x_ptrs));
     BATCHPART_RETURN_IF_ERROR(
-        CudaStatus(kTarget, "MakePointers",
-                   MakePointers(stream, a_data, shape.p * shape.p, a_index, batch, a_ptrs)));
-    BATCHPART_RETURN_IF_ERROR(
-        CudaStatus(kTarget, "MakePointers",
-                   MakePointers(stream, x_data, x_size, IdentityIndex(batch), batch, x_ptrs)));
+        PointerArray(scratch, kTarget, stream, a_data, shape.p * shape.p, a_index, batch, &a_ptrs));
+    BATCHPART_RETURN_IF_ERROR(PointerArray(scratch, kTarget, stream, x_data, x_size,
+                                           IdentityIndex(batch), batch, &x_ptrs));
     BATCHPART_RETURN_IF_ERROR(ForEachBatchChunk(batch, [&](int64_t begin, int count) {
       return BlasStatus(
           kTarget, "trsmBatched",

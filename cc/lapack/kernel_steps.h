@@ -54,13 +54,13 @@ ffi::Error ForEachQrElement(ffi::ThreadPool& pool, const Shape& shape, int64_t l
 // ---- SVD (Shape: m, n, k, u_cols, vt_rows) --------------------------------
 
 // Decomposes one matrix: U and Vt are identities when k = 0; otherwise
-// decompose(scratch, s, u, vt) factors scratch.a, a copy of `a` (the LAPACK
-// routine destroys its input), and returns LAPACK's info. U and Vt are passed as
-// scratch.unused_uv when !computes_uv; s, U and Vt are NaN when `a` is not
-// finite (info kNonFiniteInfo) or the routine fails.
-template <typename T, typename Shape, typename Scratch, typename Decompose>
-void DecomposeSvdOne(const Shape& shape, bool computes_uv, const T* a, Real<T>* s, T* u, T* vt,
-                     int32_t* info, Scratch& scratch, Decompose decompose) {
+// scratch.Decompose(shape, s, u, vt) factors scratch.a, a copy of `a` (the
+// LAPACK routine destroys its input), and returns LAPACK's info. U and Vt are
+// passed as scratch.unused_uv without compute_uv; s, U and Vt are NaN when
+// `a` is not finite (info kNonFiniteInfo) or the routine fails.
+template <typename T, typename Scratch>
+void DecomposeSvdOne(const SvdShape& shape, const T* a, Real<T>* s, T* u, T* vt, int32_t* info,
+                     Scratch& scratch) {
   const int64_t u_size = shape.m * shape.u_cols, vt_size = shape.vt_rows * shape.n;
   if (shape.k == 0) {
     FillIdentity(u, shape.m, shape.u_cols);
@@ -72,8 +72,8 @@ void DecomposeSvdOne(const Shape& shape, bool computes_uv, const T* a, Real<T>* 
   if (!AllFinite(scratch.a.data(), shape.m * shape.n)) {
     *info = kNonFiniteInfo;
   } else {
-    *info = decompose(scratch, s, computes_uv ? u : &scratch.unused_uv,
-                      computes_uv ? vt : &scratch.unused_uv);
+    *info = scratch.Decompose(shape, s, shape.compute_uv ? u : &scratch.unused_uv,
+                              shape.compute_uv ? vt : &scratch.unused_uv);
   }
   if (*info != 0) {
     FillNaN(s, shape.k);
@@ -82,13 +82,13 @@ void DecomposeSvdOne(const Shape& shape, bool computes_uv, const T* a, Real<T>* 
   }
 }
 
-// DecomposeSvdOne on every batch element, in chunks sized by `flops` per
-// element, with a Scratch(shape, lwork) per chunk.
-template <typename T, typename Scratch, typename Shape, typename Decompose>
-ffi::Error DecomposeEachSvd(ffi::ThreadPool& pool, const Shape& shape, int64_t lwork, double flops,
-                            bool computes_uv, const ffi::AnyBuffer& a, ffi::AnyBuffer& s,
-                            ffi::AnyBuffer& u, ffi::AnyBuffer& vt, ffi::AnyBuffer& info,
-                            Decompose decompose) {
+// DecomposeSvdOne on every batch element, with a Scratch(shape, lwork) per
+// chunk; chunks are sized by the routine's flops per element, 4mnk without
+// U and Vt and `uv_flops`mnk with them (times the dtype's kFlopScale).
+template <typename T, typename Scratch>
+ffi::Error DecomposeEachSvd(ffi::ThreadPool& pool, const SvdShape& shape, int64_t lwork,
+                            double uv_flops, const ffi::AnyBuffer& a, ffi::AnyBuffer& s,
+                            ffi::AnyBuffer& u, ffi::AnyBuffer& vt, ffi::AnyBuffer& info) {
   const T* a_data = a.typed_data<T>();
   Real<T>* s_data = s.typed_data<Real<T>>();
   T* u_data = u.typed_data<T>();
@@ -96,13 +96,38 @@ ffi::Error DecomposeEachSvd(ffi::ThreadPool& pool, const Shape& shape, int64_t l
   int32_t* info_data = info.typed_data<int32_t>();
   const int64_t a_size = shape.m * shape.n, u_size = shape.m * shape.u_cols,
                 vt_size = shape.vt_rows * shape.n;
+  const double flops =
+      kFlopScale<T> * (shape.compute_uv ? uv_flops : 4.0) * shape.m * shape.n * shape.k;
   return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
     Scratch scratch(shape, lwork);
     for (int64_t b = begin; b < end; ++b) {
-      DecomposeSvdOne(shape, computes_uv, a_data + b * a_size, s_data + b * shape.k,
-                      u_data + b * u_size, vt_data + b * vt_size, info_data + b, scratch,
-                      decompose);
+      DecomposeSvdOne(shape, a_data + b * a_size, s_data + b * shape.k, u_data + b * u_size,
+                      vt_data + b * vt_size, info_data + b, scratch);
     }
+  });
+}
+
+// gesdd's jobz and gesvd's jobu = jobvt: all of U and Vt ('A'), their first
+// k columns / rows ('S'), or neither ('N').
+inline char SvdJob(const SvdShape& shape) {
+  return !shape.compute_uv ? 'N' : shape.full_matrices ? 'A' : 'S';
+}
+
+// The handler of a target with batchpart_svd's contract (errors name
+// Algorithm::kTarget): Algorithm::Decompose<T>(pool, shape, a, s, u, vt,
+// info) for the operand's dtype T, on a nonempty batch.
+template <typename Algorithm>
+ffi::Error SvdHandler(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> s,
+                      ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> vt,
+                      ffi::Result<ffi::AnyBuffer> info, bool full_matrices, bool compute_uv) {
+  const char* target = Algorithm::kTarget;
+  BATCHPART_RETURN_IF_ERROR(CheckInitialized(target));
+  BATCHPART_ASSIGN_OR_RETURN(
+      const SvdShape shape, ValidateSvd(a, *s, *u, *vt, *info, full_matrices, compute_uv, target));
+  if (Product(shape.batch) == 0) return ffi::Error::Success();
+  return DispatchByDtype(target, a.element_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Algorithm::template Decompose<T>(pool, shape, a, *s, *u, *vt, *info);
   });
 }
 

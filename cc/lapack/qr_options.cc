@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/contracts.h"
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
@@ -16,31 +17,10 @@ namespace {
 constexpr char kGeqrfTarget[] = "batchpart_geqrf";
 constexpr char kGeqp3Target[] = "batchpart_geqp3";
 
-struct QrOptionShape {
-  Dims batch;
-  int64_t m, n, k;
-  int64_t q_cols;  // m (full) or k (reduced); geqrf: unused
-  int64_t r_rows;  // m (full) or k (reduced); geqrf: unused
-};
-
-ffi::Error ReadShape(const char* target, const ffi::AnyBuffer& a, bool full_matrices,
-                     QrOptionShape& shape) {
-  BATCHPART_RETURN_IF_ERROR(ExpectLinalgDtype(target, a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectMatrix(target, "operand a", a.dimensions()));
-  const Dims dims = a.dimensions();
-  shape.batch = BatchDims(dims, 2);
-  shape.m = dims[dims.size() - 2];
-  shape.n = dims.back();
-  shape.k = std::min(shape.m, shape.n);
-  shape.q_cols = shape.r_rows = full_matrices ? shape.m : shape.k;
-  BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(target, "m", shape.m));
-  return ExpectLapackInt(target, "n", shape.n);
-}
-
 // ---- geqrf (raw) --------------------------------------------------------------
 
 template <typename T>
-ffi::Error Geqrf(ffi::ThreadPool& pool, const QrOptionShape& shape, const ffi::AnyBuffer& a,
+ffi::Error Geqrf(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                  ffi::AnyBuffer& h, ffi::AnyBuffer& tau) {
   const int64_t batch = Product(shape.batch);
   if (batch == 0 || shape.k == 0) return ffi::Error::Success();  // h = a (aliased or copied)
@@ -70,8 +50,10 @@ ffi::Error Geqrf(ffi::ThreadPool& pool, const QrOptionShape& shape, const ffi::A
 ffi::Error GeqrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::AnyBuffer> h,
                      ffi::Result<ffi::AnyBuffer> tau) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kGeqrfTarget));
-  QrOptionShape shape;
-  BATCHPART_RETURN_IF_ERROR(ReadShape(kGeqrfTarget, a, false, shape));
+  MatrixDims dims;
+  BATCHPART_RETURN_IF_ERROR(ExpectOperandA(kGeqrfTarget, a, /*square=*/false, dims));
+  const int64_t k = std::min(dims.rows, dims.cols);
+  const QrShape shape = {dims.batch, dims.rows, dims.cols, k, /*q_cols=*/k, /*r_rows=*/k};
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(
       kGeqrfTarget, "result h", *h, WithCore(shape.batch, {shape.m, shape.n}), a.element_type()));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqrfTarget, "result tau", *tau,
@@ -89,10 +71,10 @@ ffi::Error GeqrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
 // ---- geqp3 (pivoted) ----------------------------------------------------------
 
 // geqp3's real workspace (complex only): 2n, which LAPACK does not query.
-int64_t Geqp3RealWorkspace(const QrOptionShape& s) { return std::max<int64_t>(1, 2 * s.n); }
+int64_t Geqp3RealWorkspace(const QrShape& s) { return std::max<int64_t>(1, 2 * s.n); }
 
 template <typename T>
-int32_t CallGeqp3(const QrOptionShape& shape, T* a, lapack_int* jpvt, T* tau, T* work,
+int32_t CallGeqp3(const QrShape& shape, T* a, lapack_int* jpvt, T* tau, T* work,
                   lapack_int lwork, Real<T>* rwork) {
   lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
   lapack_int lda = LeadingDim(shape.m), info = 0;
@@ -106,7 +88,7 @@ int32_t CallGeqp3(const QrOptionShape& shape, T* a, lapack_int* jpvt, T* tau, T*
 
 // One workspace serves geqp3 and orgqr: the larger of their queried sizes.
 template <typename T>
-int64_t QueryGeqp3Workspace(const QrOptionShape& shape) {
+int64_t QueryGeqp3Workspace(const QrShape& shape) {
   lapack_int m = static_cast<lapack_int>(shape.m), k = static_cast<lapack_int>(shape.k);
   lapack_int q_cols = static_cast<lapack_int>(shape.q_cols);
   lapack_int lda = LeadingDim(shape.m), query = -1, info = 0, jpvt = 0;
@@ -119,7 +101,7 @@ int64_t QueryGeqp3Workspace(const QrOptionShape& shape) {
 
 template <typename T>
 struct Geqp3Scratch {
-  Geqp3Scratch(const QrOptionShape& shape, int64_t lwork)
+  Geqp3Scratch(const QrShape& shape, int64_t lwork)
       : a(shape.m * shape.n),
         tau(std::max<int64_t>(1, shape.k)),
         work(lwork),
@@ -131,7 +113,7 @@ struct Geqp3Scratch {
 };
 
 template <typename T>
-void PivotedQrOne(const QrOptionShape& shape, const T* a, T* q, T* r, int32_t* p,
+void PivotedQrOne(const QrShape& shape, const T* a, T* q, T* r, int32_t* p,
                   Geqp3Scratch<T>& s) {
   if (shape.k == 0) {  // nothing to factor: Q = I, R = 0, no column moves
     FillIdentity(q, shape.m, shape.q_cols);
@@ -148,7 +130,7 @@ void PivotedQrOne(const QrOptionShape& shape, const T* a, T* q, T* r, int32_t* p
 }
 
 template <typename T>
-ffi::Error PivotedQr(ffi::ThreadPool& pool, const QrOptionShape& shape, const ffi::AnyBuffer& a,
+ffi::Error PivotedQr(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                      ffi::AnyBuffer& q, ffi::AnyBuffer& r, ffi::AnyBuffer& p) {
   const int64_t batch = Product(shape.batch);
   if (batch == 0) return ffi::Error::Success();
@@ -165,14 +147,8 @@ ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                      ffi::Result<ffi::AnyBuffer> r, ffi::Result<ffi::AnyBuffer> p,
                      bool full_matrices) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kGeqp3Target));
-  QrOptionShape shape;
-  BATCHPART_RETURN_IF_ERROR(ReadShape(kGeqp3Target, a, full_matrices, shape));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result q", *q,
-                                         WithCore(shape.batch, {shape.m, shape.q_cols}),
-                                         a.element_type()));
-  BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result r", *r,
-                                         WithCore(shape.batch, {shape.r_rows, shape.n}),
-                                         a.element_type()));
+  BATCHPART_ASSIGN_OR_RETURN(const QrShape shape,
+                             ValidateQr(a, *q, *r, full_matrices, kGeqp3Target));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result p", *p,
                                          WithCore(shape.batch, {shape.n}), ffi::DataType::S32));
   return DispatchByDtype(kGeqp3Target, a.element_type(), [&](auto tag) {

@@ -17,6 +17,7 @@
 
 #include "common/batch_broadcast.h"
 #include "common/dims_string.h"
+#include "common/ffi_helpers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -39,6 +40,46 @@ ffi::Error ShapeError(const char* kernel, const std::string& message) {
 
 bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// Runs fn(TypeTag<T>{}) with T float or double for a float32 or float64
+// `dtype` and counts `elements` batch elements processed; any other dtype is
+// an error naming the kernel.
+template <typename Fn>
+ffi::Error OnFloats(const char* kernel, ffi::DataType dtype, int64_t elements, Fn&& fn) {
+  switch (dtype) {
+    case ffi::F32:
+      fn(TypeTag<float>{});
+      break;
+    case ffi::F64:
+      fn(TypeTag<double>{});
+      break;
+    default:
+      return ShapeError(kernel, "unsupported dtype (float32 and float64 only)");
+  }
+  g_batch_elements += elements;
+  return ffi::Error::Success();
+}
+
+// Runs a kernel of two operands whose batch shapes broadcast to the result's
+// `out_batch`: checks that they do and that the three buffers share one
+// dtype, then OnFloats with fn(tag, x_index, y_index, batch), the indexes
+// mapping each result batch element to the operands'.
+template <typename Fn>
+ffi::Error OnBroadcastPair(const char* kernel, Dims out_batch, Dims x_batch, Dims y_batch,
+                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
+                           const ffi::AnyBuffer& out, Fn&& fn) {
+  if (!BatchBroadcast::Broadcasts(out_batch, x_batch) ||
+      !BatchBroadcast::Broadcasts(out_batch, y_batch)) {
+    return ShapeError(kernel, "batch shapes do not broadcast to " + DimsToString(out_batch));
+  }
+  if (x.element_type() != y.element_type() || x.element_type() != out.element_type()) {
+    return ShapeError(kernel, "operands and result must share one dtype");
+  }
+  const BatchBroadcast x_index(out_batch, x_batch), y_index(out_batch, y_batch);
+  const int64_t batch = Product(out_batch, 0, out_batch.size());
+  return OnFloats(kernel, x.element_type(), batch,
+                  [&](auto tag) { fn(tag, x_index, y_index, batch); });
 }
 
 // ---- softmax: (n) -> (n), () ------------------------------------------------
@@ -70,18 +111,10 @@ ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   }
   const int64_t n = dims.back();
   const int64_t batch = Product(dims, 0, dims.size() - 1);
-  switch (x.element_type()) {
-    case ffi::F32:
-      Softmax(x.typed_data<float>(), y->typed_data<float>(), lse->typed_data<float>(), batch, n);
-      break;
-    case ffi::F64:
-      Softmax(x.typed_data<double>(), y->typed_data<double>(), lse->typed_data<double>(), batch, n);
-      break;
-    default:
-      return ShapeError("softmax", "unsupported dtype (float32 and float64 only)");
-  }
-  g_batch_elements += batch;
-  return ffi::Error::Success();
+  return OnFloats("softmax", x.element_type(), batch, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Softmax(x.typed_data<T>(), y->typed_data<T>(), lse->typed_data<T>(), batch, n);
+  });
 }
 
 // ---- matvec: (m,n),(n) -> (m), y = alpha * A x, broadcast batch -------------
@@ -111,32 +144,14 @@ ffi::Error MatvecImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::Result<ffi::AnyBu
     return ShapeError("matvec", "core dims disagree: A " + DimsToString(a_dims) + ", x " +
                                     DimsToString(x_dims) + ", y " + DimsToString(y_dims));
   }
-  const auto out_batch = y_dims.first(y_dims.size() - 1);
-  const auto a_batch = a_dims.first(a_dims.size() - 2);
-  const auto x_batch = x_dims.first(x_dims.size() - 1);
-  if (!BatchBroadcast::Broadcasts(out_batch, a_batch) ||
-      !BatchBroadcast::Broadcasts(out_batch, x_batch)) {
-    return ShapeError("matvec", "batch shapes do not broadcast to " + DimsToString(out_batch));
-  }
-  if (a.element_type() != x.element_type() || a.element_type() != y->element_type()) {
-    return ShapeError("matvec", "operands and result must share one dtype");
-  }
-  const BatchBroadcast a_index(out_batch, a_batch), x_index(out_batch, x_batch);
-  const int64_t batch = Product(out_batch, 0, out_batch.size());
-  switch (a.element_type()) {
-    case ffi::F32:
-      Matvec(a.typed_data<float>(), x.typed_data<float>(), y->typed_data<float>(), a_index, x_index,
-             batch, m, n, alpha);
-      break;
-    case ffi::F64:
-      Matvec(a.typed_data<double>(), x.typed_data<double>(), y->typed_data<double>(), a_index,
-             x_index, batch, m, n, alpha);
-      break;
-    default:
-      return ShapeError("matvec", "unsupported dtype (float32 and float64 only)");
-  }
-  g_batch_elements += batch;
-  return ffi::Error::Success();
+  return OnBroadcastPair(
+      "matvec", y_dims.first(y_dims.size() - 1), a_dims.first(a_dims.size() - 2),
+      x_dims.first(x_dims.size() - 1), a, x, *y,
+      [&](auto tag, const BatchBroadcast& a_index, const BatchBroadcast& x_index, int64_t batch) {
+        using T = typename decltype(tag)::type;
+        Matvec(a.typed_data<T>(), x.typed_data<T>(), y->typed_data<T>(), a_index, x_index, batch,
+               m, n, alpha);
+      });
 }
 
 // ---- axpy: (n),(n) -> (n), out = alpha * x + y; out may alias y ------------
@@ -156,18 +171,10 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
     return ShapeError("axpy", "x, y and the result must share one dtype");
   }
   const int64_t size = Product(dims, 0, dims.size());
-  switch (x.element_type()) {
-    case ffi::F32:
-      Axpy(x.typed_data<float>(), y.typed_data<float>(), out->typed_data<float>(), size, alpha);
-      break;
-    case ffi::F64:
-      Axpy(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), size, alpha);
-      break;
-    default:
-      return ShapeError("axpy", "unsupported dtype (float32 and float64 only)");
-  }
-  g_batch_elements += Product(dims, 0, dims.size() - 1);
-  return ffi::Error::Success();
+  return OnFloats("axpy", x.element_type(), Product(dims, 0, dims.size() - 1), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Axpy(x.typed_data<T>(), y.typed_data<T>(), out->typed_data<T>(), size, alpha);
+  });
 }
 
 // ---- core_sum: (a..,...,t..),(c..,...,d..) -> (e..,...,f..) ------------------
@@ -210,35 +217,19 @@ ffi::Error CoreSumImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
   const auto o_batch = o_dims.first(o_dims.size() - out_trail).last(o_dims.size() - out_lead - out_trail);
   const auto x_batch = x_dims.first(x_dims.size() - x_trail).last(x_dims.size() - x_lead - x_trail);
   const auto y_batch = y_dims.first(y_dims.size() - y_trail).last(y_dims.size() - y_lead - y_trail);
-  if (!BatchBroadcast::Broadcasts(o_batch, x_batch) ||
-      !BatchBroadcast::Broadcasts(o_batch, y_batch)) {
-    return ShapeError("core_sum", "batch shapes do not broadcast to " + DimsToString(o_batch));
-  }
-  if (x.element_type() != y.element_type() || x.element_type() != out->element_type()) {
-    return ShapeError("core_sum", "operands and result must share one dtype");
-  }
-  const BatchBroadcast x_index(o_batch, x_batch), y_index(o_batch, y_batch);
-  const int64_t batch = Product(o_batch, 0, o_batch.size());
   const int64_t xl = Product(x_dims, 0, x_lead), xb = Product(x_batch, 0, x_batch.size()),
                 xt = Product(x_dims, x_dims.size() - x_trail, x_dims.size());
   const int64_t yl = Product(y_dims, 0, y_lead), yb = Product(y_batch, 0, y_batch.size()),
                 yt = Product(y_dims, y_dims.size() - y_trail, y_dims.size());
   const int64_t ol = Product(o_dims, 0, out_lead),
                 ot = Product(o_dims, o_dims.size() - out_trail, o_dims.size());
-  switch (x.element_type()) {
-    case ffi::F32:
-      CoreSum(x.typed_data<float>(), y.typed_data<float>(), out->typed_data<float>(), x_index,
-              y_index, batch, xl, xb, xt, yl, yb, yt, ol, ot);
-      break;
-    case ffi::F64:
-      CoreSum(x.typed_data<double>(), y.typed_data<double>(), out->typed_data<double>(), x_index,
-              y_index, batch, xl, xb, xt, yl, yb, yt, ol, ot);
-      break;
-    default:
-      return ShapeError("core_sum", "unsupported dtype (float32 and float64 only)");
-  }
-  g_batch_elements += batch;
-  return ffi::Error::Success();
+  return OnBroadcastPair(
+      "core_sum", o_batch, x_batch, y_batch, x, y, *out,
+      [&](auto tag, const BatchBroadcast& x_index, const BatchBroadcast& y_index, int64_t batch) {
+        using T = typename decltype(tag)::type;
+        CoreSum(x.typed_data<T>(), y.typed_data<T>(), out->typed_data<T>(), x_index, y_index,
+                batch, xl, xb, xt, yl, yb, yt, ol, ot);
+      });
 }
 
 // ---- reduce_rows: (n,k),(n) -> (k), a reduction over n --------------------
