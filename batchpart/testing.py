@@ -113,6 +113,23 @@ def reduce_rows(x, w, op: str = "sum", *, rows: int = -1, reduce: bool = True):
           x, w, op=np.int64(REDUCE_OPS[op]), rows=np.int64(rows))
 
 
+def reduce_rows_operands(rng, batch, n: int, k: int, dtype=np.float32):
+  """x (*batch, n, k) and w (*batch, n) for ``reduce_rows``: small integers
+  for integer dtypes (exact sums), normal values otherwise, complex parts
+  both non-zero."""
+  dtype = np.dtype(dtype)
+
+  def draw(shape):
+    if dtype.kind == "i":
+      return rng.integers(-9, 10, shape).astype(dtype)
+    v = rng.standard_normal(shape)
+    if dtype.kind == "c":
+      v = v + 1j * rng.standard_normal(shape)
+    return v.astype(dtype)
+
+  return draw((*batch, n, k)), draw((*batch, n))
+
+
 def reduce_rows_reference(x, w, op: str = "sum"):
   v = np.asarray(w)[..., :, None] * np.asarray(x)
   return {"sum": np.sum, "max": np.max, "min": np.min}[op](v, axis=-2)

@@ -50,12 +50,53 @@ def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0
   return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def under_both_partitioners(candidates, args, check, *, repeats: int) -> list[tuple]:
+  """``(partitioner, name, seconds, bytes received per device)`` of each
+  candidate under Shardy, then GSPMD, timed interleaved. ``candidates()``,
+  called once the partitioner is set, gives name -> (function to time, the
+  jitted function whose compiled program's collectives are counted);
+  ``check(out)`` asserts each candidate's result first."""
+  from batchpart import _hlo
+  rows = []
+  for partitioner in ("shardy", "gspmd"):
+    jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
+    made = candidates()
+    timed = {name: f for name, (f, _) in made.items()}
+    for f in timed.values():
+      check(f(*args))
+    times = interleaved(timed, args, repeats=repeats)
+    for name, (_, jitted) in made.items():
+      text = jitted.lower(*args).compile().as_text()
+      received = sum(sum(t.nbytes for t in c.result_types) for c in _hlo.collectives(text))
+      rows.append((partitioner, name, times[name], received))
+  return rows
+
+
+def print_comparison(rows, baseline: str, what: str) -> None:
+  """``under_both_partitioners``' rows as a markdown table, each time also
+  as a ratio to ``baseline``'s under the same partitioner."""
+  base = {p: t for p, name, t, _ in rows if name == baseline}
+  print(f"| partitioner | {what} | time | vs {baseline} | bytes received per device |")
+  print("| --- | --- | ---: | ---: | ---: |")
+  for partitioner, name, t, nbytes in rows:
+    print(f"| {partitioner} | {name} | {fmt_time(t).strip()} | "
+          f"{t / base[partitioner]:.2f}x | {nbytes:,} |")
+
+
 def fmt_time(seconds: float) -> str:
   if seconds < 1e-3:
     return f"{seconds * 1e6:7.1f}us"
   if seconds < 1:
     return f"{seconds * 1e3:7.2f}ms"
   return f"{seconds:7.2f}s "
+
+
+def write_doc(path: str, lines: list[str]) -> str:
+  """Writes ``lines`` as the markdown file ``path``; returns its text."""
+  text = "\n".join(lines)
+  with open(path, "w") as f:
+    f.write(text)
+  return text
 
 
 def run_child(script: str, args: list[str], *, timeout: float, tries: int = 3):

@@ -127,10 +127,8 @@ def write(rows, quick: bool) -> str:
       "previous one go to sleep (`benchmarks/_timing.py`, SETTLE_SECONDS).",
       "",
   ]
-  text = "\n".join(lines)
-  with open(os.path.join(DOCS, "benchmarks-core-sharded.md"), "w") as f:
-    f.write(text)
-  return text
+  from _timing import write_doc
+  return write_doc(os.path.join(DOCS, "benchmarks-core-sharded.md"), lines)
 
 
 def main() -> None:

@@ -385,10 +385,8 @@ def write(rows, quick: bool, load: str) -> str:
       "better than one call on 2 threads does.",
       "",
   ]
-  text = "\n".join(lines)
-  with open(os.path.join(DOCS, "benchmarks-reductions.md"), "w") as f:
-    f.write(text)
-  return text
+  from _timing import write_doc
+  return write_doc(os.path.join(DOCS, "benchmarks-reductions.md"), lines)
 
 
 def _uptime() -> str:

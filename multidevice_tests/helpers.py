@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -148,3 +149,39 @@ def replica_groups(inst) -> set[frozenset[int]]:
     return {frozenset(int(i) for i in g.split(",") if i.strip())
             for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))}
   raise AssertionError(f"no replica groups in {text}")
+
+
+# The start of a script run by run_sharing_a_cache: 8 devices, jax's
+# persistent compilation cache in argv[1] keeping every program, batchpart's
+# test kernels registered; argv[2] is the run's own argument.
+_PERSISTENT_CACHE_PREAMBLE = textwrap.dedent("""
+    import sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    import numpy as np
+    from jax.interpreters import mlir
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import batchpart as bp
+    from batchpart import _compat as compat, testing
+    testing.register()
+""")
+
+
+def run_sharing_a_cache(body: str, cache_dir, args, timeout: float = 240) -> list[str]:
+  """Runs the script ``body`` (after the preamble above) once per entry of
+  ``args``, each in a fresh process reading and writing the persistent
+  cache in ``cache_dir``; asserts each exits cleanly and that the cache was
+  written, and returns their outputs."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  script = _PERSISTENT_CACHE_PREAMBLE + textwrap.dedent(body)
+  outputs = []
+  for arg in args:
+    proc = subprocess.run([sys.executable, "-c", script, str(cache_dir), str(arg)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs.append(proc.stdout)
+  assert any(os.scandir(cache_dir))
+  return outputs

@@ -53,20 +53,8 @@ S = jax.ShapeDtypeStruct
 # ---- helpers -------------------------------------------------------------------------
 
 def operands(seed, batch, n, k, dtype=np.float32):
-  """x (*batch, n, k), w (*batch, n): small integers for integer dtypes (exact
-  sums), normal values otherwise (complex parts both non-zero)."""
-  rng = np.random.default_rng(seed)
-  dtype = np.dtype(dtype)
-
-  def draw(shape):
-    if dtype.kind == "i":
-      return rng.integers(-9, 10, shape).astype(dtype)
-    v = rng.standard_normal(shape)
-    if dtype.kind == "c":
-      v = v + 1j * rng.standard_normal(shape)
-    return v.astype(dtype)
-
-  return draw((*batch, n, k)), draw((*batch, n))
+  """``reduce_rows`` operands drawn with ``seed``."""
+  return kernels.reduce_rows_operands(np.random.default_rng(seed), batch, n, k, dtype)
 
 
 def assert_close(actual, expected):

@@ -7,26 +7,13 @@ process can load the other's executable. The kernel is declared through
 restates its ``rows`` attribute from the local size of the reduced dim (the
 kernel fails on a wrong count)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from helpers import run_sharing_a_cache
+
 SCRIPT = textwrap.dedent("""
-    import sys
-    import jax
-    jax.config.update("jax_num_cpu_devices", 8)
-    jax.config.update("jax_compilation_cache_dir", sys.argv[1])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    import numpy as np
-    from jax.interpreters import mlir
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    import batchpart as bp
-    from batchpart import _compat as compat, testing
-    testing.register()
     op = sys.argv[2]
     p = compat.Primitive("cached_reduce_rows")
     p.def_abstract_eval(lambda x, w, **_: compat.ShapedArray(x.shape[:1] + x.shape[2:],
@@ -52,10 +39,6 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.timeout(400)
 def test_the_persistent_cache_keeps_reductions_apart(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  for op in ("sum", "max", "sum"):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), op],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"ok {op}" in proc.stdout
-  assert any(tmp_path.iterdir())
+  ops = ("sum", "max", "sum")
+  outputs = run_sharing_a_cache(SCRIPT, tmp_path, ops, timeout=300)
+  assert [out.split()[-1] for out in outputs] == list(ops)

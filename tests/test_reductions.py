@@ -42,20 +42,7 @@ def _attrs(op):
   return {"op": np.int64(kernels.REDUCE_OPS[op]), "rows": np.int64(-1)}
 
 
-def _operands(rng, batch, n, k, dtype):
-  """x (*batch, n, k) and w (*batch, n): small integers for integer dtypes
-  (exact sums), normal values otherwise, complex parts both non-zero."""
-  dtype = np.dtype(dtype)
-
-  def draw(shape):
-    if dtype.kind == "i":
-      return rng.integers(-9, 10, shape).astype(dtype)
-    v = rng.standard_normal(shape)
-    if dtype.kind == "c":
-      v = v + 1j * rng.standard_normal(shape)
-    return v.astype(dtype)
-
-  return draw((*batch, n, k)), draw((*batch, n))
+_operands = kernels.reduce_rows_operands
 
 
 def _assert_close(actual, expected, dtype=None):
