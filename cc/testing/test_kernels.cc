@@ -42,20 +42,28 @@ bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
 
-// Runs fn(TypeTag<T>{}) with T float or double for a float32 or float64
-// `dtype` and counts `elements` batch elements processed; any other dtype is
-// an error naming the kernel.
-template <typename Fn>
-ffi::Error OnFloats(const char* kernel, ffi::DataType dtype, int64_t elements, Fn&& fn) {
-  switch (dtype) {
-    case ffi::F32:
-      fn(TypeTag<float>{});
-      break;
-    case ffi::F64:
-      fn(TypeTag<double>{});
-      break;
-    default:
-      return ShapeError(kernel, "unsupported dtype (float32 and float64 only)");
+// The dtypes a kernel takes: Run calls fn(TypeTag<T>{}) for the T of
+// `dtype` and says whether it is one of them; kAccepted names them in errors.
+template <ffi::DataType... Dtypes>
+struct DtypeSet {
+  template <typename Fn>
+  static bool Run(ffi::DataType dtype, Fn&& fn) {
+    return ((dtype == Dtypes && (fn(TypeTag<ffi::NativeType<Dtypes>>{}), true)) || ...);
+  }
+};
+struct Floats : DtypeSet<ffi::F32, ffi::F64> {
+  static constexpr const char* kAccepted = "float32 and float64 only";
+};
+struct Numbers : DtypeSet<ffi::F32, ffi::F64, ffi::S32, ffi::S64, ffi::C64, ffi::C128> {
+  static constexpr const char* kAccepted = "f32, f64, s32, s64, c64, c128";
+};
+
+// Runs fn(TypeTag<T>{}) for the T of `dtype` in `Set` and counts `elements`
+// batch elements processed; any other dtype is an error naming the kernel.
+template <typename Set = Floats, typename Fn>
+ffi::Error OnDtype(const char* kernel, ffi::DataType dtype, int64_t elements, Fn&& fn) {
+  if (!Set::Run(dtype, fn)) {
+    return ShapeError(kernel, std::string("unsupported dtype (") + Set::kAccepted + ")");
   }
   g_batch_elements += elements;
   return ffi::Error::Success();
@@ -63,12 +71,13 @@ ffi::Error OnFloats(const char* kernel, ffi::DataType dtype, int64_t elements, F
 
 // Runs a kernel of two operands whose batch shapes broadcast to the result's
 // `out_batch`: checks that they do and that the three buffers share one
-// dtype, then OnFloats with fn(tag, x_index, y_index, batch), the indexes
-// mapping each result batch element to the operands'.
-template <typename Fn>
+// dtype, then OnDtype (counting `per_batch` elements per result batch
+// element) with fn(tag, x_index, y_index, batch), the indexes mapping each
+// result batch element to the operands'.
+template <typename Set = Floats, typename Fn>
 ffi::Error OnBroadcastPair(const char* kernel, Dims out_batch, Dims x_batch, Dims y_batch,
                            const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
-                           const ffi::AnyBuffer& out, Fn&& fn) {
+                           const ffi::AnyBuffer& out, Fn&& fn, int64_t per_batch = 1) {
   if (!BatchBroadcast::Broadcasts(out_batch, x_batch) ||
       !BatchBroadcast::Broadcasts(out_batch, y_batch)) {
     return ShapeError(kernel, "batch shapes do not broadcast to " + DimsToString(out_batch));
@@ -78,8 +87,8 @@ ffi::Error OnBroadcastPair(const char* kernel, Dims out_batch, Dims x_batch, Dim
   }
   const BatchBroadcast x_index(out_batch, x_batch), y_index(out_batch, y_batch);
   const int64_t batch = Product(out_batch, 0, out_batch.size());
-  return OnFloats(kernel, x.element_type(), batch,
-                  [&](auto tag) { fn(tag, x_index, y_index, batch); });
+  return OnDtype<Set>(kernel, x.element_type(), batch * per_batch,
+                      [&](auto tag) { fn(tag, x_index, y_index, batch); });
 }
 
 // ---- softmax: (n) -> (n), () ------------------------------------------------
@@ -111,7 +120,7 @@ ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   }
   const int64_t n = dims.back();
   const int64_t batch = Product(dims, 0, dims.size() - 1);
-  return OnFloats("softmax", x.element_type(), batch, [&](auto tag) {
+  return OnDtype("softmax", x.element_type(), batch, [&](auto tag) {
     using T = typename decltype(tag)::type;
     Softmax(x.typed_data<T>(), y->typed_data<T>(), lse->typed_data<T>(), batch, n);
   });
@@ -171,7 +180,7 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
     return ShapeError("axpy", "x, y and the result must share one dtype");
   }
   const int64_t size = Product(dims, 0, dims.size());
-  return OnFloats("axpy", x.element_type(), Product(dims, 0, dims.size() - 1), [&](auto tag) {
+  return OnDtype("axpy", x.element_type(), Product(dims, 0, dims.size() - 1), [&](auto tag) {
     using T = typename decltype(tag)::type;
     Axpy(x.typed_data<T>(), y.typed_data<T>(), out->typed_data<T>(), size, alpha);
   });
@@ -283,16 +292,6 @@ ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::A
                                          DimsToString(x_dims) + ", " + DimsToString(w_dims) +
                                          ", " + DimsToString(o_dims));
   }
-  const auto o_batch = o_dims.first(o_dims.size() - 1);
-  const auto x_batch = x_dims.first(x_dims.size() - 2);
-  const auto w_batch = w_dims.first(w_dims.size() - 1);
-  if (!BatchBroadcast::Broadcasts(o_batch, x_batch) ||
-      !BatchBroadcast::Broadcasts(o_batch, w_batch)) {
-    return ShapeError("reduce_rows", "batch shapes do not broadcast to " + DimsToString(o_batch));
-  }
-  if (x.element_type() != w.element_type() || x.element_type() != out->element_type()) {
-    return ShapeError("reduce_rows", "operands and result must share one dtype");
-  }
   if (op < 0 || op > 2) return ShapeError("reduce_rows", "op must be 0 (sum), 1 (max) or 2 (min)");
   const int64_t n = x_dims[x_dims.size() - 2], k = x_dims.back();
   if (rows >= 0 && rows != n) {
@@ -301,25 +300,15 @@ ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::A
   }
   const bool complex = x.element_type() == ffi::C64 || x.element_type() == ffi::C128;
   if (op != 0 && complex) return ShapeError("reduce_rows", "complex inputs take op 0 (sum) only");
-  const BatchBroadcast x_index(o_batch, x_batch), w_index(o_batch, w_batch);
-  const int64_t batch = Product(o_batch, 0, o_batch.size());
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    ReduceRows(x.typed_data<T>(), w.typed_data<T>(), out->typed_data<T>(), x_index, w_index,
-               batch, n, k, static_cast<int>(op));
-  };
-  switch (x.element_type()) {
-    case ffi::F32: run(float{}); break;
-    case ffi::F64: run(double{}); break;
-    case ffi::S32: run(int32_t{}); break;
-    case ffi::S64: run(int64_t{}); break;
-    case ffi::C64: run(std::complex<float>{}); break;
-    case ffi::C128: run(std::complex<double>{}); break;
-    default:
-      return ShapeError("reduce_rows", "unsupported dtype (f32, f64, s32, s64, c64, c128)");
-  }
-  g_batch_elements += batch * n;
-  return ffi::Error::Success();
+  return OnBroadcastPair<Numbers>(
+      "reduce_rows", o_dims.first(o_dims.size() - 1), x_dims.first(x_dims.size() - 2),
+      w_dims.first(w_dims.size() - 1), x, w, *out,
+      [&](auto tag, const BatchBroadcast& x_index, const BatchBroadcast& w_index, int64_t batch) {
+        using T = typename decltype(tag)::type;
+        ReduceRows(x.typed_data<T>(), w.typed_data<T>(), out->typed_data<T>(), x_index, w_index,
+                   batch, n, k, static_cast<int>(op));
+      },
+      n);
 }
 
 // ---- copy_bytes: (m,n) -> (m,n), copies memory as laid out -----------------
