@@ -8,6 +8,7 @@ kernel on its own slice of the batch.
 import importlib.metadata as _metadata
 
 from batchpart import _compat
+from batchpart._callback.adopt import partition_callback
 from batchpart._callback.api import io_callback, pure_callback
 from batchpart._explain import explain
 from batchpart._frontend.adopt import (
@@ -39,6 +40,7 @@ __all__ = [
     "is_batch_partitionable",
     "linalg",
     "mark_batch_partitionable",
+    "partition_callback",
     "partition_ffi_target",
     "partition_primitive",
     "pure_callback",

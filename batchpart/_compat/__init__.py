@@ -24,6 +24,8 @@ from batchpart._compat.callbacks import (
   check_result_shape_dtype as check_result_shape_dtype,
   host_callback_target as host_callback_target,
   io_effect as io_effect,
+  jax_callback_function as jax_callback_function,
+  jax_callback_primitives as jax_callback_primitives,
   register_uncached_lowering as register_uncached_lowering,
   require_devices_during_lowering as require_devices_during_lowering,
 )
@@ -75,6 +77,7 @@ from batchpart._compat.lowering import (
   ir as ir,
   ir_attribute as ir_attribute,
   ir_constant as ir_constant,
+  lower_fun as lower_fun,
   lowering_platforms as lowering_platforms,
   make_ir_context as make_ir_context,
   module_to_bytecode as module_to_bytecode,
@@ -106,6 +109,7 @@ from batchpart._compat.primitives import (
   standard_vma_rule as standard_vma_rule,
   typeof as typeof,
   wrap_abstract_eval as wrap_abstract_eval,
+  wrap_batching_rule as wrap_batching_rule,
 )
 from batchpart._compat.versions import (
   check_versions as check_versions,

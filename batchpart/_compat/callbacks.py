@@ -66,3 +66,24 @@ def check_result_shape_dtype(shape_dtype) -> None:
   """jax's check that a callback's declared result dtype is canonical."""
   from jax._src import callback as jax_callback
   jax_callback._check_shape_dtype(shape_dtype)
+
+
+def jax_callback_primitives() -> dict:
+  """jax's callback primitives ``bp.partition_callback`` adopts, each with
+  the kind of batchpart callback it becomes: ``jax.pure_callback``'s,
+  ``jax.experimental.io_callback``'s and ``buffer_callback``'s."""
+  from jax._src import buffer_callback as jax_buffer_callback, callback as jax_callback
+  return {jax_callback.pure_callback_p: "pure_callback",
+          jax_callback.io_callback_p: "io_callback",
+          jax_buffer_callback.buffer_callback_p: "buffer_callback"}
+
+
+def jax_callback_function(callback_param):
+  """The function a user passed to ``jax.pure_callback`` / ``io_callback``
+  and its ``(args, kwargs)`` tree, from the primitive's ``callback``
+  parameter (jax's flat wrapper); ``(callback_param, None)`` for anything
+  else (``buffer_callback``'s parameter is the user's function itself)."""
+  from jax._src import callback as jax_callback
+  if isinstance(callback_param, jax_callback._FlatCallback):
+    return callback_param.callback_func, callback_param.in_tree
+  return callback_param, None

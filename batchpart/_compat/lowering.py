@@ -34,6 +34,9 @@ ir_constant = mlir.ir_constant
 aval_to_ir_type = mlir.aval_to_ir_type
 dtype_to_ir_type = mlir.dtype_to_ir_type
 make_ir_context = mlir.make_ir_context
+# Lowers a Python function of the operands inside a rule (a jax callback a
+# declaration turns into batchpart's own call).
+lower_fun = mlir.lower_fun
 module_to_bytecode = mlir.module_to_bytecode
 module_to_string = mlir.module_to_string
 # The channel a collective inside an SPMD program carries (jax's psum uses

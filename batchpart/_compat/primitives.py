@@ -45,3 +45,12 @@ def wrap_abstract_eval(primitive, retype: Callable) -> None:
     return retype(avals, [out], params)[0], effects
 
   primitive.abstract_eval = abstract_eval
+
+
+def wrap_batching_rule(primitive, wrap: Callable) -> None:
+  """Replaces ``primitive``'s vmap rule ``rule(axis_data, args, dims,
+  **params)`` by ``wrap(rule)``. jax keeps the rules in
+  ``batching.fancy_primitive_batchers`` (``primitive_batchers`` is a
+  write-only proxy onto it)."""
+  table = batching.fancy_primitive_batchers
+  table[primitive] = wrap(table[primitive])

@@ -144,8 +144,9 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
 
 
 def unpartition(primitive_or_target_name) -> None:
-  """Restores the stock lowering of a primitive (``partition_primitive``) or
-  of the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``).
+  """Restores the stock lowering of a primitive (``partition_primitive``), of
+  the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``), or of the
+  jax callbacks of a function (``partition_callback``).
 
   Programs lowered from now on are lowered as without batchpart (a
   ``jax.jit`` function traces and compiles again on its next call, as after

@@ -1,5 +1,6 @@
-"""The declarations in force: which primitives (``partition_primitive``) and
-which FFI targets (``partition_ffi_target``) batchpart partitions now.
+"""The declarations in force: which primitives (``partition_primitive``),
+which FFI targets (``partition_ffi_target``) and which host callbacks
+(``partition_callback``) batchpart partitions now.
 
 A primitive's lowering rules, and jax's ``ffi_call`` lowering, are hooked
 once, by a dispatcher that reads the declaration in force and otherwise runs
@@ -41,6 +42,9 @@ class Snapshot:
   primitives: Mapping[object, foreign.BatchDeclaration] = dataclasses.field(
       default_factory=lambda: MappingProxyType({}))
   targets: Mapping[str, foreign.BatchDeclaration] = dataclasses.field(
+      default_factory=lambda: MappingProxyType({}))
+  # By the function (or method) ``partition_callback`` was given.
+  callbacks: Mapping[object, object] = dataclasses.field(
       default_factory=lambda: MappingProxyType({}))
 
 
@@ -144,21 +148,46 @@ def declare_target(target_name: str, declaration: foreign.BatchDeclaration, same
       f"batchpart.unpartition('{target_name}')")
 
 
-def withdraw(primitive_or_target_name) -> None:
-  """Takes the declaration of a primitive or target out of force.
+def declare_callback(function, declaration, same, hook) -> bool:
+  """Puts ``declaration`` in force for every jax callback whose function is
+  ``function`` (installing ``hook``, the callback primitives' dispatchers,
+  first)."""
+  return _declare("callbacks", function, declaration, same, hook,
+                  "batchpart.unpartition on the callback")
+
+
+def _kind_of(key) -> str:
+  """Which table ``unpartition``'s argument names an entry of."""
+  if isinstance(key, str):
+    return "targets"
+  if isinstance(key, compat.Primitive) or not callable(key):
+    return "primitives"
+  return "callbacks"
+
+
+_NOUNS = {"targets": ("FFI target", "batchpart.partition_ffi_target"),
+          "primitives": ("primitive", "batchpart.partition_primitive"),
+          "callbacks": ("callback", "batchpart.partition_callback")}
+
+
+def withdraw(key) -> None:
+  """Takes the declaration of a primitive, target or callback out of force.
 
   Raises:
     ValueError: naming it, if none is in force.
   """
-  kind = "targets" if isinstance(primitive_or_target_name, str) else "primitives"
+  kind = _kind_of(key)
   with _lock:
     table = dict(getattr(_latest, kind))
-    if primitive_or_target_name not in table:
-      what = getattr(primitive_or_target_name, "name", primitive_or_target_name)
-      noun = "FFI target" if kind == "targets" else "primitive"
+    try:
+      found = key in table
+    except TypeError:   # unhashable: never declared
+      found = False
+    if not found:
+      what = getattr(key, "name", None) or getattr(key, "__qualname__", None) or key
+      noun, entry = _NOUNS[kind]
       raise ValueError(
           f"batchpart.unpartition: the {noun} {what!r} is not partitioned by batchpart "
-          "(declare it with batchpart.partition_ffi_target or "
-          "batchpart.partition_primitive).")
-    del table[primitive_or_target_name]
+          f"(declare it with {entry}).")
+    del table[key]
     _put_in_force(kind, table)

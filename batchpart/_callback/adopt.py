@@ -1,0 +1,300 @@
+"""``bp.partition_callback``: a package's own ``jax.pure_callback``,
+``jax.experimental.io_callback`` and ``buffer_callback`` calls, per batch
+shard, with the package unchanged.
+
+jax binds one primitive per callback API, with the user's function in its
+``callback`` parameter. On the first declaration, those primitives' lowering
+rules get a dispatcher: a call whose function is declared in the snapshot in
+force is lowered as the matching batchpart call (``bp.pure_callback``,
+``bp.io_callback``, ``bp.buffer_callback``) through ``lower_fun``; every other
+call goes to jax's rule untouched, so it compiles exactly as before.
+
+vmap: jax's vectorised vmap methods (``expand_dims``, ``broadcast_all``,
+``legacy_vectorized``) bind the primitive again on operands with more
+leading dims; for a declared function, the batching dispatcher records how
+many each operand and result gained (``Vmapped``), so a ``num_batch_dims``
+declaration still names the function's own leading dims. The sequential
+methods keep jax's loop, each iteration's call partitioned as declared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from batchpart import _compat as compat
+from batchpart._callback.host import callback_name
+from batchpart._frontend import declarations
+from batchpart._frontend.signature import batch_rank, parse_declaration
+
+# jax's vmap methods after which the callback gets every vmapped dim at once.
+_VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackDeclaration:
+  """What ``partition_callback`` was told about a function."""
+  owner: str
+  num_batch_dims: int | None
+  signature: str | None
+  reduce: tuple[tuple[str, str], ...] | None
+  leads: bool   # a signature's '...' stands after a core dim somewhere
+
+  def options(self) -> dict:
+    return {"num_batch_dims": self.num_batch_dims, "signature": self.signature,
+            "reduce": dict(self.reduce) if self.reduce is not None else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Vmapped:
+  """A callback parameter after jax's vectorised vmap: the leading dims each
+  operand and each result gained (equal for equal inner callbacks, as jax's
+  caches need)."""
+  inner: Any
+  operand_dims: tuple[int, ...]
+  result_dims: int
+
+  def __call__(self, *args, **kwargs):
+    return self.inner(*args, **kwargs)
+
+
+def _candidates(fn):
+  """The objects a declaration of ``fn`` may have named: ``fn`` itself, the
+  function under a ``functools.partial``, a bound method's function, a
+  callable object's class ``__call__``."""
+  seen = 0
+  while fn is not None and seen < 16:
+    seen += 1
+    yield fn
+    if isinstance(fn, functools.partial):
+      fn = fn.func
+    elif inspect.ismethod(fn):
+      fn = fn.__func__
+    elif not (inspect.isfunction(fn) or inspect.isbuiltin(fn)) and callable(fn):
+      fn = type(fn).__call__
+    else:
+      fn = None
+
+
+def _declared(fn) -> CallbackDeclaration | None:
+  """The declaration in force for a jax callback's function, if any."""
+  table = declarations.in_force().callbacks
+  if not table:
+    return None
+  for candidate in _candidates(fn):
+    try:
+      found = table.get(candidate)
+    except TypeError:   # unhashable objects are never declared
+      continue
+    if found is not None:
+      return found
+  return None
+
+
+def _unwrap(callback_param) -> tuple[Any, Vmapped | None]:
+  if isinstance(callback_param, Vmapped):
+    return callback_param.inner, callback_param
+  return callback_param, None
+
+
+class _Leaves:
+  """The user's function returning its results' leaves, as jax's flat
+  callback does (jax never checks the structure against
+  ``result_shape_dtypes``); equal for the same function."""
+
+  __slots__ = ("fn", "__qualname__")
+
+  def __init__(self, fn):
+    self.fn = fn
+    self.__qualname__ = callback_name(fn)
+
+  def __eq__(self, other):
+    return isinstance(other, _Leaves) and self.fn == other.fn
+
+  def __hash__(self):
+    return hash((_Leaves, self.fn))
+
+  def __call__(self, *args, **kwargs):
+    return list(jax.tree_util.tree_leaves(self.fn(*args, **kwargs)))
+
+
+def _call_declaration(declaration: CallbackDeclaration, vmapped: Vmapped | None,
+                      operand_ranks, result_ranks) -> dict | None:
+  """The ``num_batch_dims`` / ``signature`` / ``reduce`` of the batchpart call
+  one jax call becomes; None where a vmapped call cannot keep the declared
+  layout (then jax's own lowering runs)."""
+  options = declaration.options()
+  if vmapped is None:
+    return options
+  if declaration.signature is not None:
+    # vmap puts its dims in front, where a '...' after a core dim is not.
+    return None if declaration.leads else options
+  k = declaration.num_batch_dims
+  names = iter(f"c{i}" for i in range(10 ** 6))
+  def group(rank, added):
+    core = rank - k - added
+    if core < 0:
+      raise ValueError(f"{declaration.owner}: num_batch_dims={k} exceeds the rank "
+                       f"({rank - added}) of an operand or result of the call.")
+    return "(" + ",".join(next(names) for _ in range(core)) + ")"
+  ins = ",".join(group(r, a) for r, a in zip(operand_ranks, vmapped.operand_dims))
+  outs = ",".join(group(r, vmapped.result_dims) for r in result_ranks)
+  # A signature (its batch dims broadcast) takes the size-1 dim expand_dims
+  # gives an operand vmap does not batch, and the dim legacy_vectorized omits.
+  return {"num_batch_dims": None, "signature": f"{ins}->{outs}", "reduce": None}
+
+
+def _batching(stock_rule):
+  """jax's batching rule, recording the dims a vectorised vmap adds to a
+  declared function's call."""
+  def rule(axis_data, args, dims, *, callback, vmap_method=None, **params):
+    inner, vmapped = _unwrap(callback)
+    fn, _ = compat.jax_callback_function(inner)
+    if vmap_method in _VECTORISED and _declared(fn) is not None:
+      gains = [int(d is not None or vmap_method != "legacy_vectorized") for d in dims]
+      before = vmapped.operand_dims if vmapped else (0,) * len(dims)
+      callback = Vmapped(inner, tuple(b + g for b, g in zip(before, gains)),
+                         (vmapped.result_dims if vmapped else 0) + 1)
+    return stock_rule(axis_data, args, dims, callback=callback, vmap_method=vmap_method,
+                      **params)
+  return rule
+
+
+def _lowering(kind: str):
+  """A dispatcher around jax's lowering rule of ``kind``'s primitive."""
+  def wrap(stock_rule):
+    def rule(ctx, *args, callback, **params):
+      inner, vmapped = _unwrap(callback)
+      fn, in_tree = compat.jax_callback_function(inner)
+      declaration = _declared(fn)
+      if declaration is None:
+        return stock_rule(ctx, *args, callback=callback, **params)
+      if params.get("ordered"):
+        warnings.warn(
+            f"{declaration.owner}: an ordered jax.experimental.io_callback runs once, on "
+            "one device, in program order; it is left to jax.", stacklevel=2)
+        return stock_rule(ctx, *args, callback=callback, **params)
+      options = _call_declaration(declaration, vmapped,
+                                  [len(a.shape) for a in ctx.avals_in],
+                                  [len(a.shape) for a in ctx.avals_out])
+      if options is None:
+        warnings.warn(
+            f"{declaration.owner}: under jax.vmap the signature's '...' no longer "
+            "stands where it was declared; this call is left to jax (one call on one "
+            "device).", stacklevel=2)
+        return stock_rule(ctx, *args, callback=callback, **params)
+      body = _BODIES[kind](fn, in_tree, ctx.avals_out, options, params)
+      try:
+        return compat.lower_fun(body, multiple_results=True)(ctx, *args)
+      except ValueError as e:
+        raise ValueError(f"{declaration.owner}: a jax {kind} of {callback_name(fn)} "
+                         f"does not fit the declaration: {e}") from e
+    return rule
+  return wrap
+
+
+def _results(avals):
+  return [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in avals]
+
+
+def _host_body(kind: str):
+  def body(fn, in_tree, avals_out, options, params):
+    from batchpart._callback import api
+
+    def call(*flat):
+      args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+      return list(api._call(kind, _Leaves(fn), _results(avals_out), args, kwargs,
+                            with_index=False, io=kind == "io_callback", **options))
+    return call
+  return body
+
+
+_BODIES: dict[str, Callable] = {
+    "pure_callback": _host_body("pure_callback"),
+    "io_callback": _host_body("io_callback"),
+}
+
+
+def _install() -> None:
+  """Puts the dispatchers on jax's callback primitives (once; each runs
+  jax's rule untouched for a function not declared)."""
+  for primitive, kind in compat.jax_callback_primitives().items():
+    if kind not in _BODIES:
+      continue
+    compat.wrap_lowering_rules(primitive, _lowering(kind))
+    if kind == "pure_callback":
+      compat.wrap_batching_rule(primitive, _batching)
+
+
+_installed = False
+
+
+def _hook() -> None:
+  global _installed
+  if not _installed:
+    _install()
+    _installed = True
+
+
+def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
+                       signature: str | None = None,
+                       reduce: dict[str, str] | None = None) -> Callable:
+  """Makes every jax host callback whose function is ``callback`` run per
+  batch shard.
+
+  From now on every ``jax.pure_callback``, unordered
+  ``jax.experimental.io_callback`` and ``jax.experimental.buffer_callback``
+  whose function is ``callback`` — called by any package, under ``jit``,
+  ``vmap``, ``custom_vjp`` — is lowered as the batchpart call with this
+  declaration (:func:`batchpart.pure_callback`, :func:`batchpart.io_callback`):
+  each device calls it on its own block of the batch, no all-gather.
+  Callbacks with other functions compile exactly as before.
+
+  A call is recognised by its function: ``callback`` itself, or a
+  ``functools.partial`` of it, or a method bound to any instance when
+  ``callback`` is the class's function (``Model.log_prob``), or an instance
+  whose class's ``__call__`` is ``callback``.
+
+  Args:
+    callback: the function (or the class's method) the package passes to
+      ``jax.pure_callback`` / ``io_callback`` / ``buffer_callback``.
+    num_batch_dims, signature, reduce: the batch declaration, as for
+      :func:`batchpart.pure_callback`, of the package's call (its flat
+      operands and results).
+
+  Returns:
+    ``callback`` itself. The same declaration again does nothing; another
+    raises ``ValueError`` (``batchpart.unpartition(callback)`` first). A
+    ``jax.jit`` function compiled before traces and compiles again on its
+    next call; ``batchpart.unpartition(callback)`` gives it its stock program
+    back. An ordered ``io_callback`` stays jax's (with a warning).
+
+  Raises:
+    ValueError: for a bad declaration; and, when a call is lowered, if it
+      does not fit the declaration (naming the function and the operand).
+  """
+  if not callable(callback):
+    raise TypeError(f"batchpart.partition_callback: callback must be callable, got "
+                    f"{type(callback).__name__}.")
+  owner = f"batchpart.partition_callback({callback_name(callback)})"
+  parsed, _ = parse_declaration(owner, num_batch_dims, signature, reduce)
+  if num_batch_dims is not None:
+    num_batch_dims = batch_rank(owner, num_batch_dims)
+  declaration = CallbackDeclaration(
+      owner=owner, num_batch_dims=num_batch_dims, signature=signature,
+      reduce=None if reduce is None else tuple(sorted(reduce.items())),
+      leads=parsed is not None and any(parsed.spec().operand_leads +
+                                       parsed.spec().result_leads))
+  try:
+    hash(callback)
+  except TypeError as e:
+    raise TypeError(f"{owner}: callback must be hashable (a function, method or "
+                    "callable object).") from e
+  declarations.declare_callback(callback, declaration, lambda a, b: a == b, _hook)
+  return callback
