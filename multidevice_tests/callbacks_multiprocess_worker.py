@@ -1,6 +1,7 @@
 """One process of a two-process jax.distributed job (4 CPU devices each)
 calling bp.pure_callback and bp.io_callback on a batch sharded over all 8
-devices, then a collective.
+devices, then a collective; and a package's own jax.pure_callback made per
+shard by bp.partition_callback.
 
 Run by test_callbacks_multiprocess.py as ``python
 callbacks_multiprocess_worker.py PORT ID OUT``: each process writes, to
@@ -63,9 +64,34 @@ for _ in range(3):
   w, who, total = f(xs)
 assert w.sharding.spec == P("x") and who.sharding.spec == P("x")
 text = f.lower(xs).compile().as_text()
+
+package_blocks = []
+
+
+def package_eig(block):
+  """A package's callback: jax's calling convention, no index."""
+  with lock:
+    package_blocks.append(np.asarray(block)[:, 0, 0].copy())
+  return np.linalg.eigvalsh(block)
+
+
+@jax.jit
+def package(x):
+  w = jax.pure_callback(package_eig, jax.ShapeDtypeStruct((32, 6), np.float32), x,
+                        vmap_method="expand_dims")
+  return w, jnp.sum(w)
+
+
+bp.partition_callback(package_eig, num_batch_dims=1)
+package_w, package_total = package(xs)
+jax.block_until_ready(package_total)
 np.savez(f"{out}.{process_id}.npz",
          w=multihost_utils.process_allgather(w, tiled=True),
          who=multihost_utils.process_allgather(who, tiled=True),
          total=np.asarray(total), pure_rows=np.array(sorted(pure_rows)),
-         io_rows=np.array(sorted(io_rows)), hlo=np.array(text))
+         io_rows=np.array(sorted(io_rows)), hlo=np.array(text),
+         package_w=multihost_utils.process_allgather(package_w, tiled=True),
+         package_total=np.asarray(package_total),
+         package_block_rows=np.array([len(b) for b in package_blocks]),
+         package_firsts=np.sort(np.concatenate(package_blocks)))
 jax.distributed.shutdown()

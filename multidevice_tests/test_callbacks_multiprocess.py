@@ -1,6 +1,7 @@
 """A two-process jax.distributed job (gloo, 4 CPU devices per process):
 each process's host callbacks get that process's batch shards only, and
-the results are ordinary sharded arrays."""
+the results are ordinary sharded arrays; so are a package's own
+jax.pure_callback's once declared with bp.partition_callback."""
 
 import os
 
@@ -30,6 +31,11 @@ def test_each_process_calls_back_for_its_own_shards(tmp_path):
     assert list(r[i]["pure_rows"]) == sorted(mine * 3)
     assert list(r[i]["io_rows"]) == sorted(mine * 3)
     np.testing.assert_array_equal(r[i]["who"], np.repeat([0, 1], 16))
+    np.testing.assert_allclose(r[i]["package_w"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(r[i]["package_total"], want.sum(), rtol=1e-4)
+    # One call per local device, on that device's 4 rows of this process.
+    assert list(r[i]["package_block_rows"]) == [4] * 4
+    np.testing.assert_array_equal(r[i]["package_firsts"], np.sort(x[mine, 0, 0]))
   text = str(r[0]["hlo"])
   calls = _hlo.custom_calls(text, "xla_ffi_python_cpu_callback")
   assert len(calls) == 2
