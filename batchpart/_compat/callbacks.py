@@ -10,6 +10,10 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
   compiler with the module and held by the executable, never in a batchpart
   table.
 - ``jax._src.dispatch``: primitives that need a backend while lowering.
+- ``jax._src.callback`` / ``jax._src.buffer_callback``: the callback
+  primitives ``bp.partition_callback`` puts its dispatcher on, and jax's flat
+  wrapper (``_FlatCallback``: ``callback_func``, ``in_tree``) around the
+  user's function in their ``callback`` parameter.
 """
 
 from __future__ import annotations
