@@ -185,3 +185,27 @@ def run_sharing_a_cache(body: str, cache_dir, args, timeout: float = 240) -> lis
     outputs.append(proc.stdout)
   assert any(os.scandir(cache_dir))
   return outputs
+
+
+def run_concurrently(*bodies, timeout: float = 120) -> None:
+  """Runs each body on its own thread, all released at once by a barrier;
+  fails if one does not finish in ``timeout`` s, re-raising what they raised."""
+  import threading
+  errors: list[BaseException] = []
+  barrier = threading.Barrier(len(bodies))
+
+  def run(body):
+    try:
+      barrier.wait(timeout=30)
+      body()
+    except BaseException as e:  # noqa: BLE001 - re-raised below
+      errors.append(e)
+
+  threads = [threading.Thread(target=run, args=(body,)) for body in bodies]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=timeout)
+  assert not any(t.is_alive() for t in threads), "a thread did not finish"
+  if errors:
+    raise errors[0]

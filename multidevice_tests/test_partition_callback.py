@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 
-from helpers import collective_kinds, compiled_text, put, rng
+from helpers import collective_kinds, compiled_text, put, rng, run_concurrently
 
 S = jax.ShapeDtypeStruct
 f32 = np.float32
@@ -337,11 +337,8 @@ def test_drawn_interleavings_leave_right_values_and_no_stale_program(partitioner
   x = _x(seed=12)
   xs = put(x, mesh8, P("x"))
   functions = [_fresh_program() for _ in pauses]
-  errors: list[BaseException] = []
-  barrier = threading.Barrier(2)
 
   def changer():
-    barrier.wait(timeout=30)
     for after_declare, after_withdraw in changes:
       bp.partition_callback(rowsum, num_batch_dims=1)
       time.sleep(after_declare)
@@ -349,24 +346,11 @@ def test_drawn_interleavings_leave_right_values_and_no_stale_program(partitioner
       time.sleep(after_withdraw)
 
   def caller():
-    barrier.wait(timeout=30)
     for f, after in zip(functions, pauses):
       np.testing.assert_allclose(np.asarray(f(xs)), x.sum(-1), rtol=1e-6)
       time.sleep(after)
 
-  def run(body):
-    try:
-      body()
-    except BaseException as e:  # noqa: BLE001 - reported below
-      errors.append(e)
-
-  threads = [threading.Thread(target=run, args=(body,)) for body in (changer, caller)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(timeout=120)
-  assert not any(t.is_alive() for t in threads), "a thread did not finish"
-  assert not errors, errors
+  run_concurrently(changer, caller)
   CALLS.take()
   # Withdrawn at the end: every function finds the stock program (one call).
   for f in functions:

@@ -5,7 +5,6 @@ process, also while another thread calls; Explicit-mode types; errors naming
 the entry point. Under Shardy and GSPMD."""
 
 import re
-import threading
 import time
 
 import jax
@@ -18,7 +17,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import batchpart as bp
 from batchpart import testing as kernels
 
-from helpers import collective_kinds, local_shapes, put, the_custom_call
+from helpers import collective_kinds, local_shapes, put, run_concurrently, the_custom_call
 
 SOFTMAX = "batchpart_test_softmax"
 f32 = np.float32
@@ -363,11 +362,8 @@ def test_drawn_interleavings_of_changes_and_first_calls_leave_no_stale_program(
   changes, calls = schedule
   xs = put(_x(10), mesh8, P("x"))
   functions = [_fresh_package_program() for _ in calls]
-  errors: list[BaseException] = []
-  barrier = threading.Barrier(2)
 
   def changer():
-    barrier.wait(timeout=30)
     for after_declare, after_withdraw in changes:
       _declare()
       time.sleep(after_declare)
@@ -375,25 +371,14 @@ def test_drawn_interleavings_of_changes_and_first_calls_leave_no_stale_program(
       time.sleep(after_withdraw)
 
   def caller():
-    barrier.wait(timeout=30)
     for f, (in_lowering, after) in zip(functions, calls):
       _at_lowering.append(lambda s=in_lowering: time.sleep(s))
       jax.block_until_ready(f(xs))
       time.sleep(after)
 
-  def run(body):
-    try:
-      body()
-    except BaseException as e:  # noqa: BLE001 - reported below
-      errors.append(e)
-
-  threads = [threading.Thread(target=run, args=(body,)) for body in (changer, caller)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(timeout=120)
-  _at_lowering.clear()
-  assert not any(t.is_alive() for t in threads), "a thread did not finish"
-  assert not errors, errors
+  try:
+    run_concurrently(changer, caller)
+  finally:
+    _at_lowering.clear()
   # Withdrawn at the end: every function runs the stock program now.
   assert [_processed(f, xs) for f in functions] == [STOCK] * len(functions)
