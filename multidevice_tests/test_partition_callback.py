@@ -355,3 +355,25 @@ def test_drawn_interleavings_leave_right_values_and_no_stale_program(partitioner
   # Withdrawn at the end: every function finds the stock program (one call).
   for f in functions:
     assert _run(f, xs)[1] == [(16, 4)]
+
+
+@pytest.mark.timeout(120)
+def test_explicit_mode_types_results_with_the_batch_sharding(partitioner, declared):
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+  declared(rowsum, num_batch_dims=1)
+  x = _x(seed=13)
+  types = []
+
+  @jax.jit
+  def f(x):
+    y = jax.pure_callback(rowsum, S(x.shape[:1], x.dtype), x)
+    types.append(jax.typeof(y).sharding.spec)
+    return y * 2
+
+  with jax.set_mesh(mesh):
+    xs = put(x, mesh, P("x"))
+    out, calls = _run(f, xs)
+    assert types == [P("x")]
+    assert calls == [(2, 4)] * 8
+    np.testing.assert_allclose(out, 2 * x.sum(-1), rtol=1e-6)
+    assert collective_kinds(compiled_text(f, xs)) == set()

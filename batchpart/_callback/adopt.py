@@ -31,7 +31,9 @@ import jax
 from batchpart import _compat as compat
 from batchpart._callback.host import callback_name
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, parse_declaration
+from batchpart._frontend.signature import batch_rank, declared_spec, parse_declaration
+from batchpart._primitive.batch_spec import check_spec
+from batchpart._primitive.primitive import explicit_result_types
 
 # jax's vmap methods after which the callback gets every vmapped dim at once.
 _VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
@@ -199,6 +201,32 @@ def _lowering(kind: str):
   return wrap
 
 
+def _explicit_retype(avals_in, avals_out, params):
+  """Result types in Explicit mode: those the batchpart call a declared
+  callback becomes gives its results (their batch sharding); jax's
+  otherwise."""
+  inner, vmapped = _unwrap(params.get("callback"))
+  declaration = _declared(compat.jax_callback_function(inner)[0])
+  if declaration is None or params.get("ordered"):
+    return avals_out
+  in_shapes = [tuple(a.shape) for a in avals_in]
+  out_shapes = [tuple(a.shape) for a in avals_out]
+  try:
+    options = _call_declaration(declaration, vmapped, [len(s) for s in in_shapes],
+                                [len(s) for s in out_shapes])
+    if options is None:
+      return avals_out
+    parsed, reductions = parse_declaration(declaration.owner, options["num_batch_dims"],
+                                           options["signature"], options["reduce"])
+    spec = declared_spec(declaration.owner, parsed, options["num_batch_dims"], in_shapes,
+                         out_shapes, reductions)
+    batch = check_spec(declaration.owner, spec, in_shapes, out_shapes)
+  except ValueError:   # the lowering raises for a call that does not fit
+    return avals_out
+  typed = explicit_result_types(avals_in, avals_out, spec, batch)
+  return avals_out if typed is None else list(typed)
+
+
 def _results(avals):
   return [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in avals]
 
@@ -228,6 +256,7 @@ def _install() -> None:
     if kind not in _BODIES:
       continue
     compat.wrap_lowering_rules(primitive, _lowering(kind))
+    compat.wrap_abstract_eval(primitive, _explicit_retype)
     if kind == "pure_callback":
       compat.wrap_batching_rule(primitive, _batching)
 
