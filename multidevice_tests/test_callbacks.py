@@ -309,7 +309,7 @@ def test_explain_lists_callbacks(partitioner, mesh8):
   (call,) = report.calls
   assert call.callback == "batchpart.pure_callback(test_explain_lists_callbacks.<locals>." \
                           "my_eigvalsh)"
-  assert call.device_operand_shapes == ((2,), (2, 4, 4))
+  assert call.device_operand_shapes == ((2, 4, 4),)   # the user's operand only
   assert call.collectives_before == () and call.collectives_after == ()
   assert call.replication == 1
   assert "batchpart.pure_callback(" in str(report)

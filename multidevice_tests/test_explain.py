@@ -9,10 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
+from jax.experimental.buffer_callback import buffer_callback
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
-from batchpart import _core, testing as kernels
+from batchpart import _core, _hlo, testing as kernels
 from batchpart._explain.lowered import lowered_calls
 
 from helpers import compiled_text, local_shapes, put, rng, the_custom_call
@@ -310,3 +312,158 @@ def test_target_with_a_quote(partitioner, mesh8):
   (call,) = report.calls   # no phantom call, none reported missing
   assert call.target == QUOTED and not call.removed
   assert call.device_operand_shapes == ((8, 16),) and call.replication == 1
+
+
+# Host callbacks. jax's own are checked against what the compiled program
+# holds: the all-gathers in front, the conditional on partition-id that
+# runs the call on device 0 only, the collectives that carry its results on.
+
+S = jax.ShapeDtypeStruct
+
+
+def _hlo_kinds(text, kind):
+  return [c for c in _hlo.collectives(text) if c.opcode == kind]
+
+
+def _stock_pure(x, y):
+  return jax.pure_callback(lambda a, b: a + b.sum(), S(x.shape, x.dtype), x, y)
+
+
+def _stock_io(x, y):
+  return io_callback(lambda a, b: a, S(x.shape, x.dtype), x, y)
+
+
+def _stock_io_ordered(x, y):
+  return io_callback(lambda a, b: a, S(x.shape, x.dtype), x, y, ordered=True)
+
+
+def _stock_debug(x, y):
+  jax.debug.callback(lambda a, b: None, x, y)
+  return x * 2
+
+
+STOCK = [
+    ("pure_callback", _stock_pure, "jax.pure_callback"),
+    ("io_callback", _stock_io, "jax.experimental.io_callback"),
+    ("io_callback_ordered", _stock_io_ordered, "jax.experimental.io_callback (ordered)"),
+    ("debug_callback", _stock_debug, "jax.debug.callback"),
+]
+
+
+def _two_operands(mesh):
+  x = put(rng(20).standard_normal((64, 16), dtype=np.float32), mesh, P("x"))
+  y = put(rng(21).standard_normal((64, 3), dtype=np.float32), mesh, P("x"))
+  return x, y
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", STOCK, ids=[c[0] for c in STOCK])
+def test_stock_callback_is_one_call_on_device_0_after_a_gather(partitioner, mesh8, case):
+  _, fn, name = case
+  x, y = _two_operands(mesh8)
+  report = bp.explain(fn, x, y)
+  (call,) = report.calls
+  assert call.callback == name and call.target == "xla_ffi_python_cpu_callback"
+  assert call.single_device == 0 and call.replication == 1
+  # every operand is gathered whole, as many all-gathers as the program has
+  gathers = _hlo_kinds(report.hlo_text, "all-gather")
+  assert _kinds(call.collectives_before) == ["all-gather"] * len(gathers) == [
+      "all-gather"] * 2
+  assert sorted(c.bytes for c in call.collectives_before) == sorted(
+      [_nbytes((64, 16)), _nbytes((64, 3))]) == sorted(
+      t.nbytes for g in gathers for t in g.result_types)
+  assert call.device_operand_shapes == call.global_operand_shapes == ((64, 16), (64, 3))
+  # the call itself sits in the true branch of a conditional on partition-id
+  module = _hlo.parse_module(report.hlo_text)
+  (cond,) = [i for i in module.all_instructions() if i.opcode == "conditional"]
+  assert module.computation_of[call.hlo_name] == cond.called[0]
+  assert "partition-id" in {i.opcode for i in module.operands(module.operands(cond)[0])}
+  text = str(report)
+  assert f"[0] {name} (xla_ffi_python_cpu_callback)" in text
+  assert "runs on:     device 0 only: one call on the whole arrays, after all-gathering " \
+         "4.8 KiB per device" in text
+  assert "computed by 8 of 8" not in text
+
+
+@pytest.mark.timeout(120)
+def test_stock_callback_results_broadcast_from_device_0(partitioner, mesh8):
+  x, y = _two_operands(mesh8)
+  f = jax.jit(lambda x, y: _stock_pure(x, y) * 2, out_shardings=NamedSharding(mesh8, P("x")))
+  report = bp.explain(f, x, y)
+  (call,) = report.calls
+  assert call.single_device == 0
+  # XLA broadcasts device 0's results as select-on-partition-id + all-reduce
+  (reduce,) = _hlo_kinds(report.hlo_text, "all-reduce")
+  assert [(c.kind, c.name, c.bytes) for c in call.collectives_after] == [
+      ("all-reduce", reduce.name, _nbytes((64, 16)))]
+  assert "all-reduce 4.0 KiB (device 0's results to the others)" in str(report)
+
+
+@pytest.mark.timeout(120)
+def test_stock_buffer_callback_runs_on_every_device(partitioner, mesh8):
+  def f(x):
+    return buffer_callback(lambda ctx, out, a: None, S(x.shape, x.dtype))(x)
+
+  x, _ = _two_operands(mesh8)
+  report = bp.explain(f, x)
+  (call,) = report.calls
+  assert call.callback == "jax.experimental.buffer_callback"
+  assert call.target == "xla_buffer_python_cpu_callback"
+  # no maximal sharding: every device gathers and runs it on the whole array
+  assert call.single_device is None and call.replication == 8
+  (gather,) = _hlo_kinds(report.hlo_text, "all-gather")
+  assert [(c.kind, c.name, c.bytes) for c in call.collectives_before] == [
+      ("all-gather", gather.name, _nbytes((64, 16)))]
+  assert call.device_operand_shapes == ((64, 16),)
+  assert "replication: 8 (each batch element computed by 8 of 8 devices)" in str(report)
+
+
+BP_CALLBACKS = [
+    ("signature", lambda x, y: bp.pure_callback(lambda a, b: a.sum(-1) + b.sum(-1),
+                                                 S((64,), np.float32), x, y,
+                                                 signature="(n),(m)->()"),
+     "signature='(n),(m)->()'"),
+    ("num_batch_dims", lambda x, y: bp.io_callback(lambda a, b: a, S((64, 16), np.float32),
+                                                   x, y, num_batch_dims=1),
+     "num_batch_dims=1"),
+    ("reduce", lambda x, y: bp.pure_callback(lambda a: a.sum(-1), S((64,), np.float32), x,
+                                             signature="(n)->()", reduce={"n": "sum"}),
+     "signature='(n)->()', reduce={'n': 'sum'}"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", BP_CALLBACKS, ids=[c[0] for c in BP_CALLBACKS])
+def test_batchpart_callback_shows_the_users_operands_and_declaration(partitioner, mesh8,
+                                                                     case):
+  _, fn, declared = case
+  x, y = _two_operands(mesh8)
+  report = bp.explain(fn, x, y)
+  (call,) = report.calls
+  assert call.declaration == declared and call.num_batch_dims == 1
+  n = len(call.global_operand_shapes)
+  assert call.global_operand_shapes == ((64, 16), (64, 3))[:n]
+  assert call.device_operand_shapes == ((8, 16), (8, 3))[:n]
+  # the compiled call has one operand more: the block vector, batchpart's own
+  hlo_call = the_custom_call(report.hlo_text, "xla_ffi_python_cpu_callback")
+  assert local_shapes(hlo_call) == [(2,), *call.device_operand_shapes]
+  assert call.single_device is None and call.replication == 1
+  assert call.collectives_before == () and _hlo_kinds(report.hlo_text, "all-gather") == []
+  text = str(report)
+  assert f"declared:    {declared}" in text and "s64[" not in text
+  assert "(num_batch_dims)" not in text
+
+
+@pytest.mark.timeout(120)
+def test_ffi_call_declarations_as_written(partitioner, mesh8):
+  xs = put(rng(22).standard_normal((64, 16), dtype=np.float32), mesh8, P("x"))
+  (call,) = bp.explain(kernels.softmax, xs).calls
+  assert call.declaration == "signature='(n)->(n),()'" and call.num_batch_dims == 1
+  w = put(np.ones((64, 16), np.float32), mesh8, P("x"))
+  x3 = put(np.ones((64, 16, 3), np.float32), mesh8, P("x"))
+  (call,) = bp.explain(kernels.reduce_rows, x3, w).calls
+  assert call.declaration == "signature='(n,k),(n)->(k)', reduce={'n': 'sum'}"
+  # the decorator places each call's batch dims from its wrapper's flow:
+  # nothing written for that call, so nothing claimed
+  (call,) = bp.explain(wrapped_softmax, xs).calls
+  assert call.declaration is None and call.num_batch_dims == 1

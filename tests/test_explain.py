@@ -126,3 +126,90 @@ def test_source_file_with_a_quote_and_non_ascii(tmp_path):
   compiled = _hlo.parse_module(report.hlo_text)
   (inst,) = [i for i in compiled.all_instructions() if i.target == SOFTMAX]
   assert compiled.stack(inst.stack_frame_id)[:len(low.frames)] == low.frames
+
+
+def test_the_declaration_as_written():
+  # "(n)->(n),()" and num_batch_dims=1 give softmax the same batch dims; the
+  # report says which the user wrote
+  x = np.ones((6, 5), np.float32)
+  (call,) = bp.explain(kernels.softmax, x).calls
+  assert call.num_batch_dims == 1 and call.declaration == "signature='(n)->(n),()'"
+  text = str(bp.explain(kernels.softmax, x))
+  assert "declared:    signature='(n)->(n),()'" in text and "(num_batch_dims)" not in text
+  by_k = lambda v: bp.ffi_call(SOFTMAX, (jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                         jax.ShapeDtypeStruct(v.shape[:-1], v.dtype)),
+                               num_batch_dims=np.int64(1))(v)
+  (call,) = bp.explain(by_k, x).calls
+  assert call.declaration == "num_batch_dims=1"
+  w = np.ones((6, 4), np.float32)
+  (call,) = bp.explain(lambda x, w: kernels.reduce_rows(x, w, "max"), np.ones((6, 4, 3),
+                                                                              np.float32), w).calls
+  assert call.declaration == "signature='(n,k),(n)->(k)', reduce={'n': 'max'}"
+
+
+def _row_sums(x):
+  return x.sum(-1)
+
+
+def test_batchpart_callbacks_report_the_users_operands_and_declaration():
+  S = jax.ShapeDtypeStruct
+  x = np.ones((6, 5), np.float32)
+  w = np.ones((5,), np.float32)
+  cases = [
+      (lambda x, w: bp.pure_callback(lambda a, b: a @ b, S((6,), np.float32), x, w,
+                                     signature="(n),(n)->()"),
+       "signature='(n),(n)->()'", ((6, 5), (5,))),
+      (lambda x, w: bp.io_callback(_row_sums, S((6,), np.float32), x, num_batch_dims=1),
+       "num_batch_dims=1", ((6, 5),)),
+      (lambda x, w: bp.pure_callback(_row_sums, S((6,), np.float32), x, signature="(n)->()",
+                                     reduce={"n": "sum"}),
+       "signature='(n)->()', reduce={'n': 'sum'}", ((6, 5),)),
+  ]
+  for f, declared, shapes in cases:
+    (call,) = bp.explain(f, x, w).calls
+    assert call.callback.startswith(("batchpart.pure_callback(", "batchpart.io_callback("))
+    # the block vector (custom-call operand 0) is batchpart's, not the user's
+    assert call.global_operand_shapes == call.device_operand_shapes == shapes
+    assert call.operand_dtypes == ("float32",) * len(shapes)
+    assert call.declaration == declared and call.replication == 1
+    assert "s64[" not in str(bp.explain(f, x, w))
+  (low,) = lowered_calls(jax.jit(cases[0][0]).lower(x, w).compiler_ir())
+  assert low.operands == (("float32", (6, 5)), ("float32", (5,)))
+
+
+def test_stock_callbacks_on_one_device():
+  from jax.experimental import io_callback
+  S = jax.ShapeDtypeStruct
+  x = np.ones((6, 5), np.float32)
+  for f, name in [
+      (lambda x: jax.pure_callback(np.sin, S(x.shape, x.dtype), x), "jax.pure_callback"),
+      (lambda x: io_callback(np.sin, S(x.shape, x.dtype), x, ordered=True),
+       "jax.experimental.io_callback (ordered)"),
+  ]:
+    (call,) = bp.explain(f, x).calls
+    assert call.callback == name and call.declaration is None
+    # an ordered callback's token is jax's, not an operand of the user's
+    assert call.global_operand_shapes == call.device_operand_shapes == ((6, 5),)
+    assert call.global_result_shapes == call.device_result_shapes == ((6, 5),)
+    assert call.single_device is None and call.replication == 1
+
+
+ADOPTED = "explain_adopted_softmax"
+jax.ffi.register_ffi_target(ADOPTED, _core.testing.handlers()["softmax"], platform="cpu")
+
+
+def test_partition_ffi_target_declaration_as_written():
+  x = np.ones((6, 5), np.float32)
+  f = lambda v: jax.ffi.ffi_call(ADOPTED, (jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                           jax.ShapeDtypeStruct(v.shape[:-1], v.dtype)))(v)
+  for declaration, written in [({"signature": "(n)->(n),()"}, "signature='(n)->(n),()'"),
+                               ({"num_batch_dims": 1}, "num_batch_dims=1"),
+                               ({"num_batch_dims": lambda ins, outs: 1}, None)]:
+    bp.partition_ffi_target(ADOPTED, **declaration)
+    try:
+      (call,) = bp.explain(f, x).calls
+    finally:
+      bp.unpartition(ADOPTED)
+    assert call.num_batch_dims == 1 and call.declaration == written
+  (call,) = bp.explain(f, x).calls
+  assert call.num_batch_dims is None and call.declaration is None

@@ -42,8 +42,34 @@ def test_render_types_and_no_redundant_work():
   text = _text(_call())
   assert "operand 0  bf16[8,2]  bf16[1,2]" in text
   assert "result 0   pred[8]    pred[1]" in text
-  assert "batch dims:  1 leading (num_batch_dims)" in text
+  assert "batch dims:  1 leading\n" in text and "declared:" not in text
   assert "(each batch element computed by 1 of 8 devices; no redundant work)" in text
+
+
+def test_render_the_declaration_as_written():
+  # the derived name's ranks say "1 leading" for num_batch_dims=1 and for
+  # this signature alike; the declaration line says which the user wrote
+  text = _text(_call(declaration="signature='(n)->()', reduce={'n': 'sum'}"))
+  assert "batch dims:  1 leading\n" in text
+  assert "declared:    signature='(n)->()', reduce={'n': 'sum'}" in text
+  assert "(num_batch_dims)" not in text
+
+
+def test_render_a_call_on_one_device():
+  gather = Collective("all-gather", 4096, "ag", "jit(f)/pure_callback")
+  back = Collective("all-reduce", 4096, "ar", "jit(f)/mul")
+  text = _text(_call(target="xla_ffi_python_cpu_callback", callback="jax.pure_callback",
+                     num_batch_dims=None, device_operand_shapes=((8, 2),),
+                     device_result_shapes=((8,),), collectives_before=(gather,),
+                     collectives_after=(back,), single_device=0,
+                     op_name="jit(f)/pure_callback"))
+  assert "[0] jax.pure_callback (xla_ffi_python_cpu_callback)" in text
+  assert ("runs on:     device 0 only: one call on the whole arrays, after all-gathering "
+          "4.0 KiB per device") in text
+  assert "collectives after:  all-reduce 4.0 KiB (device 0's results to the others)" in text
+  assert ("replication: 1 (device 0 alone computes every element; the other 7 devices "
+          "compute none of it)") in text
+  assert "no redundant work" not in text
 
 
 def test_render_removed_call():

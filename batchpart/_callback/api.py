@@ -26,6 +26,7 @@ from batchpart._primitive.batch_spec import (
   checked_operand_avals,
   inverse,
 )
+from batchpart._primitive.lowering import declaration_text
 from batchpart._primitive.reductions import Reduction, check_result_dtypes
 
 
@@ -178,6 +179,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
               result_core_ranks=tuple(lead + core for lead, core in
                                       zip(res_leads, spec.result_core_ranks)),
               broadcast_batch=parsed is not None, io=io,
+              declaration=declaration_text(num_batch_dims, signature, reduce),
               **_reduction_params(spec))
   outs = [_batch_back(y, lead, core)
           for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]

@@ -26,6 +26,7 @@ from batchpart._callback.primitive import batchpart_callback_p
 from batchpart._partition import derived_names, emit, sharding_rule, targets
 from batchpart._partition.description import describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._primitive.lowering import FRONTEND_DECLARATION
 
 ir = compat.ir
 hlo = compat.hlo
@@ -41,7 +42,7 @@ def _with_unit_dim(values, avals, ctx):
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              reductions=(), **_):
+              reductions=(), declaration="", **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
@@ -89,6 +90,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                input_output_aliases=(), has_side_effect=io, reductions=reductions)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
+  if declaration:
+    frontend[FRONTEND_DECLARATION] = declaration
   extra = {}
   result_types = [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_out]
   if partitioned:

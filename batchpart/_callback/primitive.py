@@ -6,7 +6,8 @@ Parameters: ``callback`` (a ``host.FlatCallback``), ``result_avals``,
 dims is batch), optionally ``reductions`` (reduced core dims, as trailing
 core axes; absent: none), ``broadcast_batch`` (operands' batch dims broadcast, as under
 a signature) and ``io`` (``io_callback``: jax's unordered IO effect, so the
-call is kept and never deduplicated).
+call is kept and never deduplicated), optionally ``declaration`` (the
+declaration as written, for ``batchpart.explain``).
 
 vmap adds one leading batch dim: one call, no loop. There is no JVP or
 transpose, as for jax's callbacks: wrap the function in ``jax.custom_jvp`` /

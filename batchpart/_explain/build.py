@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 import jax
 
 from batchpart import _dtypes, _hlo
-from batchpart._explain import collectives, matching, replication
+from batchpart._explain import callbacks, collectives, matching, replication
 from batchpart._explain.lowered import (
+  FRONTEND_CALLBACK,
   LoweredCall,
   batch_dims,
   leading_core_dims,
@@ -20,6 +21,7 @@ from batchpart._explain.lowered import (
   reductions,
 )
 from batchpart._explain.report import CallReport, ExplainReport, ReducedDim
+from batchpart._primitive.lowering import FRONTEND_DECLARATION
 from batchpart._primitive.reductions import absolute_dim
 
 
@@ -74,31 +76,37 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
 
 def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
             module: _hlo.Module, num_devices: int) -> CallReport:
+  callback = _callback_name(low, inst)
+  hidden = _hidden_operands(low, inst)
   device_operands = device_results = None
   before = after = ()
+  one_device = None
   if inst is not None:
     operand_types = inst.operand_types or tuple(
         t for o in module.operands(inst) for t in o.result_types)
-    device_operands = tuple(t.shape for t in operand_types)
+    device_operands = tuple(t.shape for t in operand_types)[hidden:]
     device_results = tuple(t.shape for t in inst.result_types)
-    before = collectives.collectives(module, inst, forward=False)
-    after = collectives.collectives(module, inst, forward=True)
+    around, one_device = _placement(module, inst)
+    before = collectives.collectives(module, around, forward=False)
+    after = collectives.collectives(module, around, forward=True)
   if low is not None:
     operand_dtypes = tuple(d for d, _ in low.operands)
     result_dtypes = tuple(d for d, _ in low.results)
     global_operands = tuple(s for _, s in low.operands)
     global_results = tuple(s for _, s in low.results)
   else:
-    operand_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.operand_types)
+    operand_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.operand_types)[hidden:]
     result_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.result_types)
     global_operands = global_results = None
   shared_by = None
   derived = low.derived_name if low is not None else inst.derived_name
-  leads = leading_core_dims(derived)
-  reduced = _reduced_dims(reductions(derived), global_operands, device_operands)
+  leads = leading_core_dims(derived, hidden)
+  reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
     after = _mark_declared(module, inst, after)
-  if (low is not None and inst is not None and not low.in_shard_map):
+  if one_device is not None:
+    shared_by = 1   # one device computes everything, so nothing twice
+  elif low is not None and inst is not None and not low.in_shard_map:
     shared_by = replication.replication(
         num_devices, global_operands, global_results, device_operands,
         device_results, low.num_batch_dims, leads)
@@ -108,12 +116,13 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
   frames = low.frames if low is not None and low.frames else (
       module.stack(inst.stack_frame_id) if inst is not None else ())
   if low is not None:
-    num_batch_dims = low.num_batch_dims
+    num_batch_dims, declaration = low.num_batch_dims, low.declaration
   else:
     # A call explain could not tie to the lowered program is still known as
     # a batchpart call by the attributes it carries into the compiled one.
     num_batch_dims = batch_dims(inst.frontend_attribute("num_batch_dims"),
                                 inst.derived_name)
+    declaration = inst.frontend_attribute(FRONTEND_DECLARATION)
   return CallReport(
       target=low.target if low is not None else inst.target,
       num_batch_dims=num_batch_dims,
@@ -125,9 +134,42 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       source=_source(frames), hlo_name=inst.name if inst is not None else None,
       op_name=inst.op_name if inst is not None else "",
       in_shard_map=low.in_shard_map if low is not None else False,
-      removed=inst is None,
-      callback=inst.frontend_attribute("batchpart.callback") if inst is not None else None,
-      leading_core_dims=leads, reduced_dims=reduced)
+      removed=inst is None, callback=callback,
+      leading_core_dims=leads, reduced_dims=reduced, declaration=declaration,
+      single_device=one_device)
+
+
+def _hidden_operands(low: LoweredCall | None, inst: _hlo.Instruction | None) -> int:
+  """How many leading custom-call operands are batchpart's, not the user's:
+  1 for a batchpart callback (its block vector), else 0."""
+  if low is not None and low.callback is not None:
+    return 1
+  return int(inst is not None and inst.frontend_attribute(FRONTEND_CALLBACK) is not None)
+
+
+def _placement(module: _hlo.Module, inst: _hlo.Instruction
+               ) -> tuple[_hlo.Instruction, int | None]:
+  """The instruction to walk collectives from, and the one device that runs
+  ``inst`` (None: every device). A call XLA runs on one device sits in a
+  conditional, whose parameter would end a walk started inside it, so its
+  collectives are those around the conditional."""
+  only = callbacks.single_device(module, inst)
+  return (inst, None) if only is None else only
+
+
+def _callback_name(low: LoweredCall | None, inst: _hlo.Instruction | None) -> str | None:
+  """The entry point that made a host callback (batchpart's, as its
+  frontend attribute names it; jax's, from the op name of its target's
+  call); None for an FFI call."""
+  if low is not None and low.callback is not None:
+    return low.callback
+  if inst is not None and inst.frontend_attribute(FRONTEND_CALLBACK) is not None:
+    return inst.frontend_attribute(FRONTEND_CALLBACK)
+  target = low.target if low is not None else inst.target
+  if not callbacks.is_stock_target(target):
+    return None
+  op_name = inst.op_name if inst is not None else ""
+  return callbacks.entry_point(target, op_name, ordered=low is not None and low.ordered)
 
 
 def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDim, ...]:

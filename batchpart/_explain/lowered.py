@@ -7,7 +7,9 @@ import dataclasses
 import re
 
 from batchpart import _hlo, _stablehlo
+from batchpart._callback.lowering import FRONTEND_CALLBACK
 from batchpart._partition import derived_names
+from batchpart._primitive.lowering import FRONTEND_DECLARATION
 
 # MLIR prints a string's backslash as two and every other byte outside
 # printable ASCII, and the quote, as a backslash and two hex digits.
@@ -26,6 +28,13 @@ class LoweredCall:
   #: a batchpart call's derived target name (its target where XLA
   #: partitions it, else its frontend attribute); None for a plain call
   derived_name: str | None = None
+  #: a batchpart host callback's entry point (``batchpart.pure_callback(fn)``),
+  #: whose block vector (custom-call operand 0) is left out of ``operands``
+  callback: str | None = None
+  #: the batch declaration as the user wrote it, where the call carries it
+  declaration: str | None = None
+  #: the call threads jax's ordering token (left out of operands and results)
+  ordered: bool = False
 
 
 def _description(derived_name: str | None):
@@ -53,22 +62,28 @@ def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | No
                                     default=0)
 
 
-def leading_core_dims(derived_name: str | None
+def leading_core_dims(derived_name: str | None, hidden: int = 0
                       ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
   """The operands' and results' core dims before their batch dims (a
-  signature's ``...`` not in front), from a derived name; None where every
+  signature's ``...`` not in front), from a derived name, the first
+  ``hidden`` operands (a callback's block vector) left out; None where every
   array's batch dims lead, or for a plain call."""
   d = _description(derived_name)
   if d is None or not (d.operand_lead_ranks or d.result_lead_ranks):
     return None
-  return d.operand_leads, d.result_leads
+  return d.operand_leads[hidden:], d.result_leads
 
 
-def reductions(derived_name: str | None) -> tuple:
+def reductions(derived_name: str | None, hidden: int = 0) -> tuple:
   """The reduced core dims a derived name declares (``_primitive/reductions``
-  ``Reduction``s); () for none or a plain call."""
+  ``Reduction``s), operands numbered without the first ``hidden``; () for
+  none or a plain call."""
   d = _description(derived_name)
-  return () if d is None else d.reductions
+  if d is None:
+    return ()
+  return tuple(dataclasses.replace(r, dims=tuple((k - hidden, a) for k, a in r.dims
+                                                 if k >= hidden))
+               for r in d.reductions)
 
 
 def _mlir_unescape(text: str) -> str:
@@ -88,6 +103,13 @@ def _frames(location) -> tuple[_hlo.Frame, ...]:
                for function, file, line, column in _stablehlo.location_frames(location))
 
 
+def _arrays(values) -> tuple[tuple[str, tuple[int, ...]], ...]:
+  """(dtype, shape) of each array among ``values``, tokens left out (a
+  dialect type such as ``!stablehlo.token`` prints with a leading ``!``)."""
+  types = (_stablehlo.array_type(v) for v in values)
+  return tuple(t for t in types if not t[0].startswith("!"))
+
+
 def lowered_calls(module) -> list[LoweredCall]:
   """The FFI calls of a lowered module (``lowered.compiler_ir()``) in
   program order, calls inside functions once per call site."""
@@ -98,12 +120,16 @@ def lowered_calls(module) -> list[LoweredCall]:
       continue
     target = _stablehlo.string_attribute(op.attributes, "call_target_name") or ""
     derived = _stablehlo.derived_name(op)
+    callback = _stablehlo.frontend_attribute(op, FRONTEND_CALLBACK)
+    operands = _arrays(op.operands)
     out.append(LoweredCall(
         target=derived_names.user_target(target),
-        operands=tuple(_stablehlo.array_type(v) for v in op.operands),
-        results=tuple(_stablehlo.array_type(v) for v in op.results),
+        operands=operands[1:] if callback is not None else operands,
+        results=_arrays(op.results),
         num_batch_dims=batch_dims(_stablehlo.frontend_attribute(op, "num_batch_dims"),
                                   derived),
         in_shard_map=call.in_manual_region, frames=_frames(op.location),
-        derived_name=derived))
+        derived_name=derived, callback=callback,
+        declaration=_stablehlo.frontend_attribute(op, FRONTEND_DECLARATION),
+        ordered=len(operands) < len(op.operands)))
   return out

@@ -31,14 +31,17 @@ def _bytes(n: int) -> str:
   return f"{n} B"
 
 
-def _collective_text(cs: Sequence[Any], call_op_names: set[str]) -> str:
-  """``cs``: ``Collective``s."""
+def _collective_text(cs: Sequence[Any], call_op_names: set[str], from_device=None) -> str:
+  """``cs``: ``Collective``s; ``from_device``: the one device whose results
+  they carry, for a call that runs there only."""
   if not cs:
     return "none"
   parts = []
   for c in cs:
     text = f"{c.kind} {_bytes(c.bytes)}"
-    if getattr(c, "declared_reduction", False):
+    if from_device is not None:
+      text += f" (device {from_device}'s results to the others)"
+    elif getattr(c, "declared_reduction", False):
       text += " (the declared reduction)"
     elif c.op_name and c.op_name not in call_op_names:
       text += f" (for {c.op_name})"
@@ -60,51 +63,85 @@ def render(report: Any) -> str:
     return head + "\nno FFI call in this program"
   lines = [head]
   for k, call in enumerate(report.calls):
-    lines.append("")
-    where = f"  at {os.path.basename(call.source)}" if call.source else ""
-    label = call.target if call.callback is None else f"{call.callback} ({call.target})"
-    lines.append(f"[{k}] {label}{where}")
-    if call.removed:
-      lines.append("    not in the compiled program (XLA removed it: unused, "
-                   "or merged with an identical call)")
-    rows = [("", "shard_map body" if call.in_shard_map else "global", "per device")]
-    for i, dtype in enumerate(call.operand_dtypes):
-      rows.append((f"operand {i}", _type(dtype, _at(call.global_operand_shapes, i)),
-                   _type(dtype, _at(call.device_operand_shapes, i))))
-    for i, dtype in enumerate(call.result_dtypes):
-      rows.append((f"result {i}", _type(dtype, _at(call.global_result_shapes, i)),
-                   _type(dtype, _at(call.device_result_shapes, i))))
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    for r in rows:
-      lines.append(f"    {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip())
-    if not call.removed:
-      own = {call.op_name}
-      lines.append(f"    collectives before: "
-                   f"{_collective_text(call.collectives_before, own)}")
-      lines.append(f"    collectives after:  "
-                   f"{_collective_text(call.collectives_after, own)}")
-    if call.num_batch_dims is None:
-      batch = "none declared (replication judged over all dims)"
-    elif call.leading_core_dims is None:
-      batch = f"{call.num_batch_dims} leading (num_batch_dims)"
-    else:
-      ins, outs = call.leading_core_dims
-      batch = (f"{call.num_batch_dims}, after leading core dims (signature '...'): "
-               f"operands {_counts(ins)}, results {_counts(outs)}")
-    lines.append(f"    batch dims:  {batch}")
-    if call.reduced_dims:
-      lines.append(f"    reduced:     {_reduced_text(call)}")
-    if call.in_shard_map:
-      rep = "n/a (inside shard_map: each device runs the body on its own block)"
-    elif call.replication is None:
-      rep = "unknown"
-    else:
-      rep = (f"{call.replication} (each batch element computed by "
-             f"{call.replication} of {call.num_devices} devices"
-             + ("; no redundant work)" if call.replication == 1 else ")"))
-    lines.append(f"    replication: {rep}")
+    lines += ["", *_call_lines(k, call)]
   return "\n".join(lines)
+
+
+def _call_lines(k: int, call: Any) -> list[str]:
+  """The lines of one ``CallReport``."""
+  where = f"  at {os.path.basename(call.source)}" if call.source else ""
+  label = call.target if call.callback is None else f"{call.callback} ({call.target})"
+  lines = [f"[{k}] {label}{where}"]
+  if call.removed:
+    lines.append("    not in the compiled program (XLA removed it: unused, "
+                 "or merged with an identical call)")
+  lines += _type_table(call)
+  one = getattr(call, "single_device", None)
+  if not call.removed:
+    own = {call.op_name}
+    lines.append(f"    collectives before: "
+                 f"{_collective_text(call.collectives_before, own)}")
+    lines.append(f"    collectives after:  "
+                 f"{_collective_text(call.collectives_after, own, one)}")
+  if one is not None:
+    lines.append(f"    runs on:     {_single_device_text(call)}")
+  lines.append(f"    batch dims:  {_batch_text(call)}")
+  if getattr(call, "declaration", None):
+    lines.append(f"    declared:    {call.declaration}")
+  if call.reduced_dims:
+    lines.append(f"    reduced:     {_reduced_text(call)}")
+  lines.append(f"    replication: {_replication_text(call)}")
+  return lines
+
+
+def _type_table(call: Any) -> list[str]:
+  """Global and per-device types of a call's operands and results."""
+  rows = [("", "shard_map body" if call.in_shard_map else "global", "per device")]
+  for i, dtype in enumerate(call.operand_dtypes):
+    rows.append((f"operand {i}", _type(dtype, _at(call.global_operand_shapes, i)),
+                 _type(dtype, _at(call.device_operand_shapes, i))))
+  for i, dtype in enumerate(call.result_dtypes):
+    rows.append((f"result {i}", _type(dtype, _at(call.global_result_shapes, i)),
+                 _type(dtype, _at(call.device_result_shapes, i))))
+  w0 = max(len(r[0]) for r in rows)
+  w1 = max(len(r[1]) for r in rows)
+  return [f"    {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip() for r in rows]
+
+
+def _batch_text(call: Any) -> str:
+  """The batch dims a call has (where, not how they were declared)."""
+  if call.num_batch_dims is None:
+    if getattr(call, "single_device", None) is not None:
+      return "none declared"
+    return "none declared (replication judged over all dims)"
+  if call.leading_core_dims is None:
+    return f"{call.num_batch_dims} leading"
+  ins, outs = call.leading_core_dims
+  return (f"{call.num_batch_dims}, after leading core dims (signature '...'): "
+          f"operands {_counts(ins)}, results {_counts(outs)}")
+
+
+def _replication_text(call: Any) -> str:
+  if call.in_shard_map:
+    return "n/a (inside shard_map: each device runs the body on its own block)"
+  if call.replication is None:
+    return "unknown"
+  one = getattr(call, "single_device", None)
+  if one is not None:
+    return (f"{call.replication} (device {one} alone computes every element; the "
+            f"other {call.num_devices - 1} devices compute none of it)")
+  return (f"{call.replication} (each batch element computed by "
+          f"{call.replication} of {call.num_devices} devices"
+          + ("; no redundant work)" if call.replication == 1 else ")"))
+
+
+def _single_device_text(call: Any) -> str:
+  """Where a call XLA runs on one device only runs, and what it gathers."""
+  text = f"device {call.single_device} only: one call on the whole arrays"
+  gathered = sum(c.bytes for c in call.collectives_before if c.kind == "all-gather")
+  if gathered:
+    text += f", after all-gathering {_bytes(gathered)} per device"
+  return text
 
 
 def _reduced_text(call: Any) -> str:

@@ -63,15 +63,28 @@ class CallReport:
     in_shard_map: the call runs inside a ``shard_map`` body.
     removed: the call is not in the compiled program (XLA dropped it as
       unused or merged it with an identical call).
-    callback: for a host callback, who calls it
-      (``"batchpart.pure_callback(fn)"``); its operand 0 is the block
-      vector. None for an FFI call.
+    callback: for a host callback, the entry point that made it:
+      ``"batchpart.pure_callback(fn)"``, or for jax's own
+      ``"jax.pure_callback"``, ``"jax.experimental.io_callback"`` (with
+      ``" (ordered)"`` when it threads a token), ``"jax.debug.callback"``,
+      ``"jax.experimental.buffer_callback"``. Operands are the user's
+      arrays only (batchpart's block vector and jax's ordering token are
+      left out). None for an FFI call.
     leading_core_dims: for a call whose signature puts batch dims after some
       core dims (``"(a,...,n)->(...)"``), the operands' and the results'
       number of core dims before their batch dims, e.g. ``((1,), (0,))``;
       None where every array's batch dims lead.
     reduced_dims: the call's reduced core dims (``reduce=``), each as
       ``ReducedDim``; () for none.
+    declaration: the batch declaration as the user wrote it,
+      ``"signature='(n)->()'"``, ``"num_batch_dims=1"``, with
+      ``", reduce={'n': 'sum'}"``; None for a plain call, or a batchpart call
+      whose declaration the program does not carry (one the decorator
+      placed from its wrapper's declaration).
+    single_device: the one device that runs the call where XLA runs it on
+      one device only (jax's ``pure_callback``, ``io_callback`` and
+      ``debug.callback`` under sharding: on device 0, after collectives that
+      bring it every operand whole); None where every device runs it.
   """
   target: str
   num_batch_dims: int | None
@@ -93,6 +106,8 @@ class CallReport:
   callback: str | None = None
   leading_core_dims: tuple[tuple[int, ...], tuple[int, ...]] | None = None
   reduced_dims: tuple[ReducedDim, ...] = ()
+  declaration: str | None = None
+  single_device: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

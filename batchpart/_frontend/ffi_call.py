@@ -8,6 +8,7 @@ from typing import Any
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._primitive.lowering import declaration_text
 from batchpart._primitive.reductions import check_result_dtypes
 
 
@@ -133,6 +134,7 @@ def ffi_call(
         input_output_aliases=aliases,
         attributes=_primitive.typed_attributes(compat.wrap_kwargs_hashable(attributes)),
         broadcast_batch=parsed is not None,
+        declaration=declaration_text(num_batch_dims, signature, reduce),
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)

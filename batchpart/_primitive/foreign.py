@@ -19,7 +19,7 @@ from batchpart import _compat as compat, _dtypes, _stablehlo
 from batchpart._partition import attributes
 from batchpart._partition.description import describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
-from batchpart._primitive.lowering import place
+from batchpart._primitive.lowering import declaration_text, place
 from batchpart._primitive.reductions import check_result_dtypes
 
 ir = compat.ir
@@ -35,6 +35,14 @@ class BatchDeclaration:
   core_ranks: BatchSpec | None = None   # from a signature
   signature: str = ""                   # its text, for messages
   attribute_rule: attributes.AttributeRule | None = None
+
+  def text(self) -> str:
+    """The declaration as written, for ``batchpart.explain``; "" where
+    ``num_batch_dims`` is a function of the shapes."""
+    if self.core_ranks is not None:
+      reduce = {r.name: r.op for r in self.core_ranks.reductions}
+      return declaration_text(None, self.signature, reduce)
+    return "" if callable(self.num_batch_dims) else declaration_text(self.num_batch_dims, None)
 
   def spec(self, target, operand_shapes, result_shapes) -> BatchSpec:
     where = f"{self.owner} (its call to '{target}')"
@@ -102,7 +110,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],
-                      result_types=[r.type for r in op.results])
+                      result_types=[r.type for r in op.results],
+                      declaration=declaration.text())
   frontend = {}
   if "mhlo.frontend_attributes" in attrs:
     frontend = {a.name: a.attr for a in ir.DictAttr(attrs["mhlo.frontend_attributes"])}

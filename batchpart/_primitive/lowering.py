@@ -7,16 +7,34 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from batchpart import _compat as compat
 from batchpart._partition import declared, derived_names, emit, sharding_rule, targets
 from batchpart._partition.description import CallDescription, describe
 from batchpart._primitive.batch_spec import BatchSpec, check_spec
 from batchpart._primitive.primitive import batchpart_ffi_call_p, ffi_call_owner
 
+#: frontend attribute holding a call's batch declaration as the user wrote it
+#: (``signature='(n)->()'``), which the derived name's ranks cannot tell apart
+#: from ``num_batch_dims``; read by ``batchpart.explain``.
+FRONTEND_DECLARATION = "batchpart.declaration"
+
+
+def declaration_text(num_batch_dims, signature, reduce=None) -> str:
+  """A batch declaration as the user wrote it: ``"signature='(n)->()',
+  reduce={'n': 'sum'}"`` or ``"num_batch_dims=1"``."""
+  if signature is not None:
+    text = f"signature={signature!r}"
+  else:   # np.int64(1) reads as the 1 it means
+    k = num_batch_dims
+    text = f"num_batch_dims={int(k) if isinstance(k, (int, np.integer)) else repr(k)}"
+  return text if not reduce else f"{text}, reduce={dict(reduce)!r}"
+
 
 def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
-          operand_shapes, result_shapes, batch_shape, operand_types, result_types
-          ) -> tuple[str, dict]:
+          operand_shapes, result_shapes, batch_shape, operand_types, result_types,
+          declaration: str = "") -> tuple[str, dict]:
   """The target name a lowered batchpart call gets and its extra attributes
   (``mhlo.frontend_attributes`` and, under Shardy, ``sdy.sharding_rule``).
 
@@ -30,6 +48,8 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
                                    rule=rule)
   declared.declare(d.target)
   frontend = {"num_batch_dims": str(len(batch_shape))}
+  if declaration:
+    frontend[FRONTEND_DECLARATION] = declaration
   if not compat.xla_partitions(ctx):
     frontend[derived_names.FRONTEND_ATTRIBUTE] = derived
     return d.target, {"mhlo.frontend_attributes": compat.ir_attribute(frontend)}
@@ -62,7 +82,7 @@ def _ir_types(ctx, avals):
 def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
               has_side_effect, input_layouts, output_layouts, input_output_aliases,
               attributes, operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
-              dim_names=(), **_):
+              dim_names=(), declaration="", **_):
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
@@ -80,7 +100,7 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=_ir_types(ctx, avals_in),
-                      result_types=result_types)
+                      result_types=result_types, declaration=declaration)
   attrs = compat.unwrap_kwargs_hashable(tuple((k, v) for k, _, v in attributes))
   config = {k: compat.ir_attribute(v) for k, v in attrs.items()}
   return emit.custom_call(name, description, operands, result_types, config,

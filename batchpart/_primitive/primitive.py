@@ -15,7 +15,8 @@ Parameters: ``target_name``, ``result_avals``, ``operand_core_ranks``,
 (reduced core dims and where named core dims are; absent: none),
 ``broadcast_batch`` (whether operands'
 batch dims may broadcast, as under a signature, or must be equal, as under
-``num_batch_dims``).
+``num_batch_dims``), optionally ``declaration`` (the declaration as written,
+for ``batchpart.explain``).
 """
 
 from __future__ import annotations
