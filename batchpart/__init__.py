@@ -10,6 +10,7 @@ import importlib.metadata as _metadata
 from batchpart import _compat
 from batchpart._callback.adopt import partition_callback
 from batchpart._callback.api import io_callback, pure_callback
+from batchpart._callback.buffer import buffer_callback
 from batchpart._explain import explain
 from batchpart._frontend.adopt import (
     ffi_lowering,
@@ -33,6 +34,7 @@ from batchpart import linalg  # noqa: E402  (a client of the names above)
 
 __all__ = [
     "batch_partitionable",
+    "buffer_callback",
     "explain",
     "ffi_call",
     "ffi_lowering",

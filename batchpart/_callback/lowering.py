@@ -12,6 +12,11 @@ manual ``shard_map``) it calls jax's target directly with the whole block:
 offsets zero, no padding. jax's target has an ``instantiate`` stage that
 cannot be registered again under another name, so a derived name is never
 left in an executable (as for every batchpart call).
+
+``bp.buffer_callback`` binds the same primitive with ``buffer=True``: jax's
+in-place target (``xla_buffer_python_{cpu,gpu}_callback``) instead, a
+``BufferHostCall``, and its operand-to-result aliases (shifted past the
+block vector).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import numpy as np
 
 from batchpart import _compat as compat
+from batchpart._callback.buffer_host import BufferHostCall
 from batchpart._callback.host import HostCall
 from batchpart._callback.primitive import batchpart_callback_p
 from batchpart._partition import derived_names, emit, sharding_rule, targets
@@ -42,11 +48,16 @@ def _with_unit_dim(values, avals, ctx):
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              reductions=(), declaration="", **_):
+              reductions=(), declaration="", buffer=False, input_output_aliases=(), **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
                               f"callbacks is not supported (got {platforms}).")
+  target = (compat.buffer_callback_target(platforms[0]) if buffer
+            else compat.host_callback_target(platforms[0]))
+  if target is None:
+    raise NotImplementedError(f"{callback.owner}: jax has no buffer callback on "
+                              f"{platforms[0]}.")
   if compat.is_partially_manual_lowering(ctx):
     raise NotImplementedError(
         f"{callback.owner}: host callbacks inside a shard_map over some mesh axes only "
@@ -69,17 +80,18 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   result_shapes = [tuple(a.shape) for a in avals_out]
   rank = len(batch)
   operand_batch_ranks = [len(s) - c for s, c in zip(operand_shapes, operand_core_ranks)]
-  host = HostCall(callback, batch=batch, operand_shapes=operand_shapes,
-                  operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
-                  result_dtypes=[a.dtype for a in avals_out], unit=unit)
+  host_call = BufferHostCall if buffer else HostCall
+  host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
+                   operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
+                   result_dtypes=[a.dtype for a in avals_out], unit=unit)
   index = compat.add_host_callback(ctx, host)
-  target = compat.host_callback_target(platforms[0])
   block = compat.ir_constant(np.asarray([0] * rank + list(batch), np.int64))
   block_shape = (2 * rank,)
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
+  aliases = tuple((i + 1, o) for i, o in input_output_aliases)
   reductions = tuple(dataclasses.replace(r, dims=tuple((k + 1, a) for k, a in r.dims))
                      for r in reductions)
   d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
@@ -87,7 +99,7 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
-               input_output_aliases=(), has_side_effect=io, reductions=reductions)
+               input_output_aliases=aliases, has_side_effect=io, reductions=reductions)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:

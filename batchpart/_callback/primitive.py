@@ -7,7 +7,9 @@ dims is batch), optionally ``reductions`` (reduced core dims, as trailing
 core axes; absent: none), ``broadcast_batch`` (operands' batch dims broadcast, as under
 a signature) and ``io`` (``io_callback``: jax's unordered IO effect, so the
 call is kept and never deduplicated), optionally ``declaration`` (the
-declaration as written, for ``batchpart.explain``).
+declaration as written, for ``batchpart.explain``); ``bp.buffer_callback``
+adds ``buffer=True`` (in place, ``buffer_host``) and
+``input_output_aliases`` (flat operand -> result pairs).
 
 vmap adds one leading batch dim: one call, no loop. There is no JVP or
 transpose, as for jax's callbacks: wrap the function in ``jax.custom_jvp`` /
@@ -30,9 +32,12 @@ def _batching_rule(args, dims, *, result_avals, operand_core_ranks, broadcast_ba
                    **params):
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   # num_batch_dims: every operand has the full batch shape. signature: a
-  # missing leading dim broadcasts.
+  # missing leading dim broadcasts, except on an operand its result aliases
+  # (buffer callbacks), which must keep the result's shape.
+  must_broadcast = ({i for i, _ in params.get("input_output_aliases", ())}
+                    if broadcast_batch else range(len(args)))
   out, _ = align_operands(args, dims, operand_core_ranks, (0,) * len(args), size,
-                          () if broadcast_batch else range(len(args)))
+                          must_broadcast)
   result_avals = tuple(r.update(shape=(size, *r.shape)) for r in result_avals)
   outs = batchpart_callback_p.bind(
       *out, result_avals=result_avals, operand_core_ranks=operand_core_ranks,

@@ -20,6 +20,7 @@ versions it was checked against and holds its own version branches;
 
 from batchpart._compat.callbacks import (
   add_host_callback as add_host_callback,
+  buffer_callback_target as buffer_callback_target,
   canonicalize_value as canonicalize_value,
   check_result_shape_dtype as check_result_shape_dtype,
   host_callback_target as host_callback_target,

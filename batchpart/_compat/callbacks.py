@@ -6,9 +6,10 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
 - ``jax._src.callback``: the unordered IO effect of
   ``jax.experimental.io_callback`` and its result dtype check.
 - ``mlir.ModuleContext.add_host_callback`` and the typed-FFI targets
-  ``xla_ffi_python_{cpu,gpu}_callback``: the callable is handed to the
-  compiler with the module and held by the executable, never in a batchpart
-  table.
+  ``xla_ffi_python_{cpu,gpu}_callback`` (NumPy copies in, arrays returned)
+  and ``xla_buffer_python_{cpu,gpu}_callback`` (``bp.buffer_callback``:
+  XLA's buffers in place): the callable is handed to the compiler with the
+  module and held by the executable, never in a batchpart table.
 - ``jax._src.dispatch``: primitives that need a backend while lowering.
 - ``jax._src.callback`` / ``jax._src.buffer_callback``: the callback
   primitives ``bp.partition_callback`` puts its dispatcher on, and jax's flat
@@ -57,6 +58,15 @@ def host_callback_target(platform: str) -> str:
   arrays into the result buffers."""
   device = "gpu" if platform in ("cuda", "rocm") else "cpu"
   return f"xla_ffi_python_{device}_callback"
+
+
+def buffer_callback_target(platform: str) -> str | None:
+  """jax's in-place host callback target for a lowering platform (None where
+  jax has none): it calls ``host_callbacks[index](ExecutionContext, *operand
+  Buffers, *result Buffers)`` and expects the result buffers written in
+  place."""
+  device = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu"}.get(platform)
+  return None if device is None else f"xla_buffer_python_{device}_callback"
 
 
 def canonicalize_value(x):
