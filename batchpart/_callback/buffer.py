@@ -96,7 +96,9 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
     prim_results = [a.update(shape=_batch_first_shape(a.shape, lead, core))
                     for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
     for i, o in aliases:
-      if tuple(compat.typeof(prim_args[i]).shape) != tuple(prim_results[o].shape):
+      # Same shape is not enough: the buffer must hold the same elements in
+      # the same place in the user's layout and in the primitive's.
+      if (op_leads[i], spec.operand_core_ranks[i]) != (res_leads[o], spec.result_core_ranks[o]):
         raise ValueError(
             f"{owner}: input_output_aliases {i}:{o}: the declaration places the batch "
             "dims of the operand and the result differently, so they cannot share a "
