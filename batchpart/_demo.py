@@ -111,6 +111,54 @@ def _callbacks(mesh, a, repeats: int) -> None:
         "  jax.pure_callback gathers all rows onto device 0 and calls once). docs/callbacks.md")
 
 
+def _buffer_callbacks(mesh, a, repeats: int) -> None:
+  """The same factorization written in place by a buffer callback, through
+  bp.buffer_callback and jax.experimental.buffer_callback: how many calls,
+  on how many rows, and how long."""
+  import threading
+
+  import jax
+  import numpy as np
+  from jax.experimental import buffer_callback as jax_buffer_callback
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from batchpart import _hlo
+
+  out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+  rows, lock = {}, threading.Lock()
+
+  def cholesky_in_place(name):
+    def write(ctx, factor, x):
+      with lock:
+        rows.setdefault(name, []).append(x.shape[0])
+      np.asarray(factor)[...] = np.linalg.cholesky(np.asarray(x))
+    return write
+
+  fns = {
+      "bp.buffer_callback": jax.jit(bp.buffer_callback(
+          cholesky_in_place("bp.buffer_callback"), out, num_batch_dims=1)),
+      "jax buffer_callback": jax.jit(jax_buffer_callback.buffer_callback(
+          cholesky_in_place("jax buffer_callback"), out)),
+  }
+  a_sharded = jax.device_put(a, NamedSharding(mesh, P("x")))
+  print("buffer callback (np.linalg.cholesky written into the result buffer), "
+        "batch-sharded input:")
+  for f in fns.values():
+    np.testing.assert_allclose(f(a_sharded), np.linalg.cholesky(a), rtol=1e-3, atol=1e-3)
+  rows.clear()
+  times = _interleaved(fns, a_sharded, repeats)
+  for name, f in fns.items():
+    text = f.lower(a_sharded).compile().as_text()
+    moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
+    per_run = len(rows[name]) // repeats
+    print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
+          f"{times[name] * 1e3:9.2f}ms  {per_run} calls per run of "
+          f"{max(rows[name])} rows each")
+  print("  jax's buffer_callback gathers the batch onto every device and each runs it all;\n"
+        "  batchpart's calls each device once, in place, on its own rows. docs/callbacks.md")
+
+
 def _reductions(mesh, num_devices: int, repeats: int) -> None:
   """A call that sums over a sharded dim (reduce=): a weighted column sum
   through an FFI kernel, and a log-likelihood through a host callback, each
@@ -228,6 +276,8 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
         "each call's time over batchpart's, measured interleaved. The shard_map wrapper is\n"
         "right here only because its in_specs name the batch dim; it cannot follow other specs.\n")
   _callbacks(mesh, a, repeats)
+  print()
+  _buffer_callbacks(mesh, a, repeats)
   print()
   _reductions(mesh, num_devices, repeats)
   return 0
