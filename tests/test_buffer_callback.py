@@ -365,7 +365,3 @@ def test_block_vector_is_read_on_the_call_stream():
 
   with pytest.raises(buffer_host.CallbackError, match="status 700"):
     buffer_host.device_to_host(vector.ctypes.data, 4, 0, Failing())
-
-
-def test_exported_and_listed():
-  assert "buffer_callback" in bp.__all__
