@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import buffer_callback as jax_buffer_callback
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo
@@ -187,3 +187,27 @@ def test_callback_then_collective_in_a_loop_does_not_hang(partitioner, mesh8):
   want = np.asarray(x).sum()
   for _ in range(10):
     np.testing.assert_allclose(f(x), want, rtol=1e-4)
+
+
+@pytest.mark.timeout(120)
+def test_inside_shard_map_and_eager_and_explicit(partitioner, mesh8):
+  """shard_map: each device's call gets what shard_map hands it; eager on a
+  sharded array and Explicit mode: one call per device, results typed with
+  the batch sharding."""
+  x = rng(7).standard_normal((16, 3)).astype(np.float32)
+  xs = put(x, mesh8, P("x"))
+  rec = Recorder(_row_sums)
+  inner = _row_sum_call(rec, 2)
+  g = jax.shard_map(inner, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))
+  np.testing.assert_allclose(jax.jit(g)(xs), x.sum(-1), rtol=1e-5)
+  assert len(rec.calls) == 8 and all(i == (slice(0, 2),) for _, i in rec.calls)
+  rec.calls.clear()
+  np.testing.assert_allclose(_row_sum_call(rec, 16)(xs), x.sum(-1), rtol=1e-5)
+  assert rec.rows() == list(range(16)) and len(rec.calls) == 8
+  rec.calls.clear()
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    y = jax.jit(_row_sum_call(rec, 16))(put(x, mesh, P("x")))
+    assert jax.typeof(y).sharding.spec == P("x")
+  np.testing.assert_allclose(y, x.sum(-1), rtol=1e-5)
+  assert rec.rows() == list(range(16)) and len(rec.calls) == 8

@@ -365,3 +365,10 @@ def test_block_vector_is_read_on_the_call_stream():
 
   with pytest.raises(buffer_host.CallbackError, match="status 700"):
     buffer_host.device_to_host(vector.ctypes.data, 4, 0, Failing())
+
+
+def test_export_is_refused_as_for_jax_callbacks():
+  f = bp.buffer_callback(_add_rows, S((4,), np.float32), num_batch_dims=1)
+  x = np.ones(4, np.float32)
+  with pytest.raises(NotImplementedError, match="serialization of host_callbacks"):
+    jax.export.export(jax.jit(lambda x: f(x, x)))(x)
