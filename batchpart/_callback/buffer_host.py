@@ -199,7 +199,8 @@ class BufferHostCall:
                "unit", "operand_orders", "result_orders", "__weakref__")
 
   def __init__(self, flat: BufferCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, unit: bool, **_):
+               result_shapes, unit: bool, result_dtypes=None):
+    del result_dtypes   # XLA's buffers carry them: nothing to check or convert
     self.flat = flat
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
