@@ -195,6 +195,18 @@ def test_cuda_lowering_targets_jax_gpu_buffer_callback():
   assert "xla_buffer_python_cpu_callback" not in text
 
 
+@pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()), reason="no GPU")
+def test_cuda_buffer_callback_gets_device_views():
+  seen = []
+
+  def note(ctx, out, x):
+    seen.append((x.shape, x.__cuda_array_interface__["shape"], out.writeable))
+
+  f = bp.buffer_callback(note, S((8,), np.float32), num_batch_dims=1, has_side_effect=True)
+  jax.jit(f)(jax.device_put(np.ones(8, np.float32), jax.devices()[0])).block_until_ready()
+  assert seen == [((8,), (8,), True)]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({}, "exactly one of num_batch_dims and signature"),
     ({"num_batch_dims": 1, "signature": "(n)->(n)"}, "exactly one"),
