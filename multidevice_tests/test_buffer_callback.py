@@ -211,3 +211,15 @@ def test_inside_shard_map_and_eager_and_explicit(partitioner, mesh8):
     assert jax.typeof(y).sharding.spec == P("x")
   np.testing.assert_allclose(y, x.sum(-1), rtol=1e-5)
   assert rec.rows() == list(range(16)) and len(rec.calls) == 8
+
+
+@pytest.mark.timeout(120)
+def test_explain_names_the_callback_and_its_declaration(partitioner, mesh8):
+  xs = put(np.ones((16, 3), np.float32), mesh8, P("x"))
+  f = bp.buffer_callback(_row_sums, S((16,), np.float32), signature="(k)->()")
+  call = bp.explain(jax.jit(f), xs).calls[0]
+  assert call.callback == "batchpart.buffer_callback(_row_sums)"
+  assert call.declaration == "signature='(k)->()'"
+  assert call.device_operand_shapes == ((2, 3),)   # the block vector is not listed
+  assert call.collectives_before == () and call.collectives_after == ()
+  assert call.replication == 1

@@ -17,7 +17,7 @@ def test_public_names():
   assert set(bp.__all__) == {"register_ffi_target", "mark_batch_partitionable",
                              "is_batch_partitionable", "ffi_call", "batch_partitionable",
                              "explain", "linalg", "partition_primitive", "ffi_lowering",
-                             "partition_ffi_target", "unpartition",
+                             "partition_ffi_target", "partition_callback", "unpartition",
                              "pure_callback", "io_callback", "buffer_callback"}
 
 

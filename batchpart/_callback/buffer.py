@@ -24,6 +24,7 @@ from batchpart._callback.host import Layouts, callback_name
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import checked_operand_avals, fmt
+from batchpart._primitive.lowering import declaration_text
 
 
 def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
@@ -116,7 +117,8 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
                 result_core_ranks=tuple(lead + core for lead, core in
                                         zip(res_leads, spec.result_core_ranks)),
                 broadcast_batch=parsed is not None, io=bool(has_side_effect),
-                buffer=True, input_output_aliases=aliases)
+                buffer=True, input_output_aliases=aliases,
+                declaration=declaration_text(num_batch_dims, signature))
     outs = [_batch_back(y, lead, core)
             for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]
     return jax.tree_util.tree_unflatten(out_tree, list(outs))
