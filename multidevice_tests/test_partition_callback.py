@@ -377,3 +377,35 @@ def test_explicit_mode_types_results_with_the_batch_sharding(partitioner, declar
     assert calls == [(2, 4)] * 8
     np.testing.assert_allclose(out, 2 * x.sum(-1), rtol=1e-6)
     assert collective_kinds(compiled_text(f, xs)) == set()
+
+
+@pytest.mark.timeout(120)
+def test_a_packages_buffer_callback_runs_per_shard_in_place(partitioner, mesh8, declared):
+  from jax.experimental.buffer_callback import buffer_callback
+
+  def double_into(ctx, out, x):
+    CALLS.record(x)
+    np.asarray(out)[...] = 2 * np.asarray(x)
+
+  f = jax.jit(lambda x: buffer_callback(double_into, S(x.shape, x.dtype))(x))
+  x = _x(seed=14)
+  xs = put(x, mesh8, P("x"))
+  stock, calls = _run(f, xs)
+  assert calls == [(16, 4)] * 8   # stock: every device on the whole array
+  declared(double_into, num_batch_dims=1)
+  out, calls = _run(f, xs)
+  assert calls == [(2, 4)] * 8
+  np.testing.assert_array_equal(out, stock)
+  np.testing.assert_array_equal(out, 2 * x)
+  assert collective_kinds(compiled_text(f, xs)) == set()
+
+
+@pytest.mark.timeout(120)
+def test_reduce_is_refused_for_a_packages_io_callback(mesh8, declared):
+  def count(x):
+    return np.zeros((), np.int32)
+
+  declared(count, signature="(n)->()", reduce={"n": "sum"})
+  f = jax.jit(lambda x: jax.experimental.io_callback(count, S((), np.int32), x))
+  with pytest.raises(ValueError, match=r"partition_callback\(.*count\).*pure_callback"):
+    f.lower(put(_x(8, 1)[:, 0], mesh8, P("x")))

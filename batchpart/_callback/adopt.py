@@ -174,6 +174,7 @@ def _lowering(kind: str):
     def rule(ctx, *args, callback, **params):
       inner, vmapped = _unwrap(callback)
       fn, in_tree = compat.jax_callback_function(inner)
+      in_tree = params.get("in_tree", in_tree)   # buffer_callback's own parameter
       declaration = _declared(fn)
       if declaration is None:
         return stock_rule(ctx, *args, callback=callback, **params)
@@ -191,6 +192,11 @@ def _lowering(kind: str):
             "stands where it was declared; this call is left to jax (one call on one "
             "device).", stacklevel=2)
         return stock_rule(ctx, *args, callback=callback, **params)
+      if options["reduce"] is not None and kind != "pure_callback":
+        raise ValueError(
+            f"{declaration.owner}: reduce= applies to jax.pure_callback calls only; this "
+            f"is a jax {kind}, whose side effects would happen once per part of the "
+            "reduced dim.")
       body = _BODIES[kind](fn, in_tree, ctx.avals_out, options, params)
       try:
         return compat.lower_fun(body, multiple_results=True)(ctx, *args)
@@ -243,9 +249,27 @@ def _host_body(kind: str):
   return body
 
 
+def _buffer_body(fn, in_tree, avals_out, options, params):
+  """jax's ``buffer_callback`` call as ``bp.buffer_callback``'s: the same
+  function, result tree, side effect and aliases."""
+  from batchpart._callback.buffer import buffer_callback
+
+  results = jax.tree_util.tree_unflatten(params["out_tree"], _results(avals_out))
+  call = buffer_callback(fn, results, has_side_effect=params["has_side_effect"],
+                         input_output_aliases=dict(params["input_output_aliases"]) or None,
+                         num_batch_dims=options["num_batch_dims"],
+                         signature=options["signature"])
+
+  def body(*flat):
+    args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+    return jax.tree_util.tree_leaves(call(*args, **kwargs))
+  return body
+
+
 _BODIES: dict[str, Callable] = {
     "pure_callback": _host_body("pure_callback"),
     "io_callback": _host_body("io_callback"),
+    "buffer_callback": _buffer_body,
 }
 
 
@@ -253,11 +277,9 @@ def _install() -> None:
   """Puts the dispatchers on jax's callback primitives (once; each runs
   jax's rule untouched for a function not declared)."""
   for primitive, kind in compat.jax_callback_primitives().items():
-    if kind not in _BODIES:
-      continue
     compat.wrap_lowering_rules(primitive, _lowering(kind))
     compat.wrap_abstract_eval(primitive, _explicit_retype)
-    if kind == "pure_callback":
+    if kind != "io_callback":   # io_callback's vmap is jax's loop
       compat.wrap_batching_rule(primitive, _batching)
 
 
