@@ -402,3 +402,47 @@ def test_batch_dims_in_the_middle_one_block_per_device(partitioner, mesh8):
     jax.effects_barrier()
     assert sorted(shapes[0] for shapes, _ in rec.calls) == [(3, 2, 5)] * 8
     assert rec.rows() == list(range(16))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [16, 13])
+def test_arrays_jax_each_device_gets_its_block_as_a_jax_array(partitioner, mesh8, n):
+  seen = []
+  lock = threading.Lock()
+
+  def fn(x, index):
+    with lock:
+      seen.append((isinstance(x, jax.Array), x.shape, index[0].start))
+    return jnp.cos(x.at[0].set(x[0]))
+
+  x = rng(3).standard_normal(n).astype(np.float32)
+  sharding = NamedSharding(mesh8, P("x"))
+  f = jax.jit(lambda x: bp.pure_callback(fn, S((n,), np.float32),
+                                         jax.lax.with_sharding_constraint(x, sharding),
+                                         num_batch_dims=1, with_index=True, arrays="jax"))
+  np.testing.assert_allclose(f(x), np.cos(x), rtol=1e-6)
+  assert all(is_jax for is_jax, _, _ in seen)
+  assert sorted(start for *_, start in seen) == list(range(0, n, 2))
+  assert sum(shape[0] for _, shape, _ in seen) == n   # no padding reached the callback
+
+
+@pytest.mark.timeout(300)
+def test_arrays_jax_then_collective_in_a_loop_does_not_hang(partitioner, mesh8):
+  """Blocks of 512 KiB per device, imported as jax.Arrays and put through
+  jnp and .at[] inside the callback, then a global sum: the import aliases
+  host memory, so nothing waits on the thread pool the collective holds
+  (a device_put copy of blocks this size stalls such a program)."""
+  n = 1 << 20
+  x = np.linspace(0, 1, n, dtype=np.float32)
+  xs = put(x, mesh8, P("x"))
+
+  def fn(v):
+    return jnp.sin(v.at[0].set(v[0]))
+
+  f = jax.jit(lambda x: jnp.sum(bp.pure_callback(fn, S((n,), np.float32), x,
+                                                 num_batch_dims=1, arrays="jax")))
+  want = np.sin(x.astype(np.float64)).sum()
+  start = time.monotonic()
+  for _ in range(30):
+    np.testing.assert_allclose(float(f(xs)), want, rtol=1e-4)
+  assert time.monotonic() - start < 240

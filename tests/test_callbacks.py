@@ -416,3 +416,211 @@ def test_batch_dims_in_the_middle_reach_the_callback_in_its_layout():
   np.testing.assert_allclose(got, np.stack([np.moveaxis((v * y).sum(-1), 0, -1)
                                             for v in xs]), rtol=1e-5)
   assert seen == [(3, 2, 5, 4, 6)]
+
+
+# What the callback gets: arrays="numpy" (default) or "jax".
+
+def _types_seen(arrays, *args, **kwargs):
+  seen = []
+
+  def fn(*a, **k):
+    seen.extend(type(v) for v in (*a, *k.values()))
+    return a[0] * 2
+
+  x = np.arange(6, dtype=np.float32).reshape(3, 2)
+  y = jax.jit(lambda x: bp.pure_callback(fn, S((3, 2), np.float32), x, *args,
+                                         num_batch_dims=1, arrays=arrays, **kwargs))(x)
+  np.testing.assert_array_equal(y, 2 * x)
+  return seen
+
+
+def test_arrays_numpy_is_the_default_and_hands_numpy_arrays():
+  assert _types_seen("numpy") == [np.ndarray]
+  seen = []
+  bp.pure_callback(lambda x: seen.append(type(x)) or x, S((2,), np.float32),
+                   np.ones(2, np.float32), num_batch_dims=1)
+  assert seen == [np.ndarray]
+
+
+def test_arrays_jax_hands_jax_arrays_on_the_cpu_device():
+  seen = []
+
+  def fn(x, *, scale):
+    seen.append((type(x), x.devices(), type(scale)))
+    return x * scale
+
+  x = np.arange(6, dtype=np.float32).reshape(3, 2)
+  y = jax.jit(lambda x: bp.pure_callback(fn, S((3, 2), np.float32), x, num_batch_dims=1,
+                                         arrays="jax", scale=3 * x))(x)
+  np.testing.assert_array_equal(y, 3 * x * x)
+  (t, devices, t_scale), = seen
+  assert issubclass(t, jax.Array) and issubclass(t_scale, jax.Array)
+  assert devices == {jax.local_devices(backend="cpu")[0]}
+
+
+def test_arrays_jax_supports_at_and_jnp_inside_the_callback():
+  def fn(x):
+    assert isinstance(x, jax.Array)
+    return jnp.sin(x.at[0].set(0.0))
+
+  x = np.linspace(1, 2, 8, dtype=np.float32)
+  for kind in (bp.pure_callback, bp.io_callback):
+    y = jax.jit(functools.partial(kind, fn, S((8,), np.float32), num_batch_dims=1,
+                                  arrays="jax"))(x)
+    want = np.sin(x)
+    want[0] = 0
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+
+
+def test_arrays_jax_with_pytrees_unit_calls_and_layouts():
+  seen = []
+
+  def fn(pair, w):
+    a, b = pair
+    seen.append(tuple(type(v).__name__ == "ArrayImpl" for v in (a, b, w)))
+    return {"s": (a + b).sum(-1) * w}
+
+  x = np.arange(8, dtype=np.float32).reshape(4, 2)
+  out = jax.jit(lambda x: bp.pure_callback(fn, {"s": S((4,), np.float32)}, (x, x),
+                                           np.float32(2), signature="(n),(n),()->()",
+                                           arrays="jax"))(x)
+  np.testing.assert_allclose(out["s"], 4 * x.sum(-1))
+  assert seen == [(True, True, True)]
+  # No batch dims: a 0-d jax.Array.
+  got = []
+  bp.pure_callback(lambda s: got.append((type(s).__name__, s.shape)) or s,
+                   S((), np.float32), np.float32(3), signature="()->()", arrays="jax")
+  assert got == [("ArrayImpl", ())]
+  # '...' after a core dim: the block in the user's layout (a transposed,
+  # non-contiguous view, imported through an aligned copy).
+  z = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+  w = jax.jit(lambda z: bp.pure_callback(lambda v: jnp.moveaxis(v.sum(-1), 0, -1),
+                                         S((3, 2), np.float32), z,
+                                         signature="(a,...,n)->(...,a)", arrays="jax"))(z)
+  np.testing.assert_allclose(w, np.moveaxis(z.sum(-1), 0, -1))
+
+
+def test_bad_arrays_value_names_the_callback():
+  def my_cb(x):
+    return x
+
+  for kind in (bp.pure_callback, bp.io_callback):
+    with pytest.raises(ValueError, match=r"my_cb\): arrays='torch'"):
+      kind(my_cb, S((2,), np.float32), np.ones(2, np.float32), num_batch_dims=1,
+           arrays="torch")
+
+
+def test_arrays_is_part_of_the_callbacks_identity():
+  flat = functools.partial(host.FlatCallback, np.sin, jax.tree_util.tree_structure(((0,), {})),
+                           jax.tree_util.tree_structure(0), with_index=False,
+                           kind="pure_callback")
+  assert flat(arrays="jax") == flat(arrays="jax")
+  assert flat(arrays="jax") != flat(arrays="numpy")
+  assert flat().arrays == "numpy"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(1000, dtype=np.float32),                       # maybe aligned
+    lambda: np.arange(1001, dtype=np.int32)[1:],                     # 4 bytes off
+    lambda: np.arange(24, dtype=np.float32).reshape(4, 6).T,         # not contiguous
+    lambda: np.arange(6, dtype=np.int8)[1:],
+    lambda: np.zeros((0, 3), np.float32),
+])
+def test_imported_operands_alias_host_memory_never_a_transfer(make):
+  """arrays='jax' makes the jax.Array over the block's own (or an aligned
+  copy's) memory: nothing is copied by the CPU client, whose large copies
+  run on the thread pool that devices blocked in a collective hold."""
+  from batchpart import _compat as compat
+  x = make()
+  a = host._aligned(x)
+  np.testing.assert_array_equal(a, x)
+  assert a.flags.c_contiguous
+  assert a.ctypes.data % compat.HOST_ARRAY_ALIGNMENT == 0 or not a.size
+  if x.flags.c_contiguous and x.ctypes.data % compat.HOST_ARRAY_ALIGNMENT == 0:
+    assert a is x
+  y = compat.import_host_array(a, compat.callback_cpu_device())
+  np.testing.assert_array_equal(np.asarray(y), x)
+  if a.size:
+    assert y.addressable_data(0).unsafe_buffer_pointer() == a.ctypes.data
+
+
+# The call path: per-block work done once, no-op work skipped, results checked.
+
+def _host_call(fn, *, batch, operand_shapes, operand_batch_ranks, result_shapes,
+               unit=False, with_index=True, n_in=1, out_tree=None):
+  flat = host.FlatCallback(fn, jax.tree_util.tree_structure((tuple(range(n_in)), {})),
+                           out_tree or jax.tree_util.tree_structure(0),
+                           with_index=with_index, kind="pure_callback")
+  return host.HostCall(flat, batch=batch, operand_shapes=operand_shapes,
+                       operand_batch_ranks=operand_batch_ranks,
+                       result_shapes=result_shapes,
+                       result_dtypes=[np.float32] * len(result_shapes), unit=unit)
+
+
+def test_even_block_passes_the_operand_itself_and_returns_the_result_as_is():
+  got = []
+  call = _host_call(lambda x, index: got.append((x, index)) or x + 1, batch=(16,),
+                    operand_shapes=[(16, 2)], operand_batch_ranks=(1,),
+                    result_shapes=[(16, 2)])
+  x = np.ones((2, 2), np.float32)
+  (y,) = call(np.array([4, 2]), x)
+  assert got[0][0] is x and got[0][1] == (slice(4, 6),)
+  np.testing.assert_array_equal(y, 2)
+  call(np.array([4, 2]), x)
+  call(np.array([6, 2]), x)
+  assert len(call._blocks) == 2      # one entry per distinct block vector
+
+
+def test_broadcast_operand_is_never_trimmed_on_a_short_block():
+  got = []
+  call = _host_call(lambda x, w, index: got.append((x.shape, w.shape)) or x * w,
+                    batch=(13,), operand_shapes=[(13, 2), (1, 2)],
+                    operand_batch_ranks=(1, 1), result_shapes=[(13, 2)], n_in=2)
+  (y,) = call(np.array([12, 2]), np.ones((2, 2), np.float32), np.full((1, 2), 3, np.float32))
+  assert got == [((1, 2), (1, 2))]
+  np.testing.assert_array_equal(y, [[3, 3], [0, 0]])   # padded back
+
+
+def test_unit_call_gets_and_returns_no_batch_dim():
+  got = []
+  call = _host_call(lambda x, index: got.append((x.shape, index)) or x * 2, batch=(1,),
+                    operand_shapes=[(1, 3)], operand_batch_ranks=(1,),
+                    result_shapes=[(1, 3)], unit=True)
+  (y,) = call(np.array([0, 1]), np.ones((1, 3), np.float32))
+  assert got == [((3,), ())] and y.shape == (1, 3)
+  (z,) = call(np.array([1, 1]), np.ones((1, 3), np.float32))   # the padding device
+  assert z.shape == (1, 3) and len(got) == 1
+  with pytest.raises(host.CallbackError, match=r"result 0 has shape \(1, 3\).*needs shape "
+                     r"\(3,\)"):
+    _host_call(lambda x, index: x[None], batch=(1,), operand_shapes=[(1, 3)],
+               operand_batch_ranks=(1,), result_shapes=[(1, 3)], unit=True)(
+                   np.array([0, 1]), np.ones((1, 3), np.float32))
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda x, index: x[:1], r"result 0 has shape \(1, 2\).*block \[4:6\].*needs shape "
+                             r"\(2, 2\)"),
+    (lambda x, index: x.astype(np.int32), "dtype int32.*dtype float32"),
+    (lambda x, index: (x,), "structure"),
+    (lambda x, index: [x], "structure"),
+    (lambda x, index: None, "structure"),
+    (lambda x, index: 1.5, r"result 0 has shape \(\)"),
+])
+def test_wrong_results_are_caught_on_the_fast_path(fn, match):
+  call = _host_call(fn, batch=(16,), operand_shapes=[(16, 2)], operand_batch_ranks=(1,),
+                    result_shapes=[(16, 2)])
+  with pytest.raises(host.CallbackError, match=match) as info:
+    call(np.array([4, 2]), np.ones((2, 2), np.float32))
+  assert "batchpart.pure_callback(" in str(info.value)
+
+
+def test_tuple_results_fast_path_checks_count_and_shapes():
+  tree = jax.tree_util.tree_structure((0, 0))
+  ok = _host_call(lambda x, index: (x, x * 2), batch=(4,), operand_shapes=[(4,)],
+                  operand_batch_ranks=(1,), result_shapes=[(4,), (4,)], out_tree=tree)
+  a, b = ok(np.array([0, 4]), np.ones(4, np.float32))
+  np.testing.assert_array_equal(b, 2)
+  short = _host_call(lambda x, index: (x,), batch=(4,), operand_shapes=[(4,)],
+                     operand_batch_ranks=(1,), result_shapes=[(4,), (4,)], out_tree=tree)
+  with pytest.raises(host.CallbackError, match="structure"):
+    short(np.array([0, 4]), np.ones(4, np.float32))

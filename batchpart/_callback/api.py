@@ -17,7 +17,13 @@ import jax
 
 from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
-from batchpart._callback.host import FlatCallback, Layouts as _Layouts, callback_name
+from batchpart._callback.host import (
+  DEFAULT_ARRAYS,
+  FlatCallback,
+  Layouts as _Layouts,
+  callback_name,
+  check_arrays,
+)
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import (
@@ -34,7 +40,7 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                   num_batch_dims: int | None = None, signature: str | None = None,
                   reduce: dict[str, str] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
-                  **kwargs: Any):
+                  arrays: str = DEFAULT_ARRAYS, **kwargs: Any):
   """Calls a pure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.pure_callback`, but the leading dims of every operand and
@@ -84,13 +90,14 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                     "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=False, reduce=reduce)
+               io=False, reduce=reduce, arrays=arrays)
 
 
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
-                reduce: dict[str, str] | None = None, **kwargs: Any):
+                reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
+                **kwargs: Any):
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -131,15 +138,16 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "for an ordered callback (it runs once, on one device, on the whole batch).")
   return _call("io_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=True)
+               io=True, arrays=arrays)
 
 
 def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
-          signature, with_index, io, reduce=None):
+          signature, with_index, io, reduce=None, arrays=DEFAULT_ARRAYS):
   owner = f"batchpart.{kind}({callback_name(callback)})"
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
                     f"{type(callback).__name__}.")
+  check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
@@ -168,6 +176,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                   for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
   flat_args = compat.auto_insert_reshard(*flat_args) if flat_args else ()
   flat = FlatCallback(callback, in_tree, out_tree, with_index=with_index, kind=kind,
+                      arrays=arrays,
                       layouts=_Layouts(op_leads, spec.operand_core_ranks, res_leads,
                                        spec.result_core_ranks) if any(
                                            op_leads + res_leads) else None)

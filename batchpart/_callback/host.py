@@ -7,9 +7,16 @@ result buffers, trusting their sizes. The object registered there is a
 ``HostCall``: it reads the block vector (operand 0), trims the padding of an
 uneven shard, calls the user's function on the block, checks the results'
 shapes and dtypes in Python (a wrong size would otherwise be copied as is)
-and pads them back to the local shape. Nothing goes through a device (jax's
-own callbacks ``device_put`` every operand onto CPU device 0 first, which
-stalls programs whose devices meet in a collective afterwards).
+and pads them back to the local shape. Nothing goes through a device: with
+``arrays="jax"`` the NumPy copies become ``jax.Array``s on the CPU device
+over the same memory (``_aligned``), never by a transfer, which is what
+stalls jax's own callbacks in programs whose devices meet in a collective.
+
+Per call, only what depends on the call is done: a ``HostCall`` works out
+once per distinct block vector (one per partition) what that block needs
+(``_Block``: which operands to trim, the ``index``, the result shapes to
+check, whether to pad), and a ``FlatCallback`` knows from its trees whether
+the user's arguments and results need pytree work at all.
 
 Lifetime: the primitive's ``callback`` parameter is a ``FlatCallback``, a
 callable object comparing equal for the same function and argument
@@ -20,6 +27,7 @@ is kept in a table here.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from batchpart import _compat as compat
@@ -70,21 +78,75 @@ def _move_batch(x, lead: int, core: int, *, to_front: bool):
   return np.transpose(x, order if to_front else inverse(order))
 
 
+ARRAYS = ("jax", "numpy")
+# NumPy by default: importing operands as jax.Arrays is safe (no transfer)
+# but costs tens of microseconds per call under eight device threads, more
+# than the whole call path otherwise (docs/callbacks.md, "What the callback
+# gets").
+DEFAULT_ARRAYS = "numpy"
+
+
+def check_arrays(owner: str, arrays) -> str:
+  """``arrays=`` as given, or a ValueError naming the callback."""
+  if arrays not in ARRAYS:
+    raise ValueError(f"{owner}: arrays={arrays!r}; expected 'jax' (jax.Array operands, as "
+                     "jax's callbacks get) or 'numpy' (NumPy operands).")
+  return arrays
+
+
+def _aligned(x) -> np.ndarray:
+  """``x`` as a C-contiguous array aligned for jaxlib to alias: ``x`` itself
+  where it is one, else a copy made on the host."""
+  x = np.asarray(x)
+  align = compat.HOST_ARRAY_ALIGNMENT
+  if not x.size or (x.flags.c_contiguous and x.ctypes.data % align == 0):
+    return x
+  raw = np.empty(x.nbytes + align, np.uint8)
+  start = -raw.ctypes.data % align
+  out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+  np.copyto(out, x)
+  return out
+
+
+def _leaf_arity(tree) -> int | None:
+  """-1 where ``tree`` is one leaf, ``n`` where it is a tuple of ``n``
+  leaves, None for any other structure (then results are flattened)."""
+  if tree == jax.tree_util.tree_structure(0):
+    return -1
+  n = tree.num_leaves
+  if tree == jax.tree_util.tree_structure((0,) * n):
+    return n
+  return None
+
+
+_ARRAY_TYPES = (np.ndarray, np.generic, jax.Array)
+
+
 class FlatCallback:
   """The user's function with flat operands and results: the primitive's
-  ``callback`` parameter. Equal for the same function, pytrees and options."""
+  ``callback`` parameter. Equal for the same function, pytrees and options.
 
-  __slots__ = ("fn", "in_tree", "out_tree", "with_index", "kind", "layouts",
-               "__weakref__")
+  ``arrays``: what the function gets, ``"jax"`` (``jax.Array``s on the CPU
+  device, as jax's callbacks) or ``"numpy"`` (the NumPy arrays as they are)."""
+
+  __slots__ = ("fn", "in_tree", "out_tree", "with_index", "kind", "layouts", "arrays",
+               "owner", "_positional", "_out_arity", "__weakref__")
 
   def __init__(self, fn, in_tree, out_tree, *, with_index: bool, kind: str,
-               layouts: Layouts | None = None):
+               layouts: Layouts | None = None, arrays: str = DEFAULT_ARRAYS):
     self.fn, self.in_tree, self.out_tree = fn, in_tree, out_tree
     self.with_index, self.kind, self.layouts = bool(with_index), kind, layouts
+    self.owner = f"batchpart.{kind}({callback_name(fn)})"
+    self.arrays = check_arrays(self.owner, arrays)
+    # Positional leaves only (no nesting, no kwargs): the flat list is the
+    # argument list, nothing to unflatten.
+    self._positional = in_tree == jax.tree_util.tree_structure(
+        (tuple(range(in_tree.num_leaves)), {}))
+    self._out_arity = _leaf_arity(out_tree)
 
   def _key(self):
     return (self.fn, self.in_tree, self.out_tree, self.with_index, self.kind,
-            self.layouts)
+            self.layouts, self.arrays)
 
   def __eq__(self, other):
     return isinstance(other, FlatCallback) and self._key() == other._key()
@@ -93,26 +155,57 @@ class FlatCallback:
     return hash(self._key())
 
   def __repr__(self):
-    return f"{self.owner}"
-
-  @property
-  def owner(self) -> str:
-    return f"batchpart.{self.kind}({callback_name(self.fn)})"
+    return self.owner
 
   def __call__(self, *flat_args, index=None):
-    import jax
+    """The user's results' leaves (batch dims in front) for these flat
+    operands (batch dims in front), in the user's types and layout."""
     if self.layouts is not None:
       flat_args = self.layouts.to_user(flat_args)
-    args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, list(flat_args))
+    if self.arrays == "jax":
+      device = compat.callback_cpu_device()
+      flat_args = [compat.import_host_array(_aligned(x), device) for x in flat_args]
+      with compat.jax_callback_scope(device):
+        out = self._call_user(flat_args, index)
+    else:
+      out = self._call_user(flat_args, index)
+    leaves = self._leaves(out)
+    return leaves if self.layouts is None else self.layouts.from_user(leaves)
+
+  def _call_user(self, flat_args, index):
+    if self._positional:
+      args, kwargs = flat_args, {}
+    else:
+      args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, list(flat_args))
     if self.with_index:
       kwargs = {**kwargs, "index": index}
-    out = self.fn(*args, **kwargs)
+    return self.fn(*args, **kwargs)
+
+  def _leaves(self, out) -> list:
+    """``out``'s leaves, or CallbackError where its structure is not
+    ``out_tree``'s."""
+    arity = self._out_arity
+    if arity == -1 and isinstance(out, _ARRAY_TYPES):
+      return [out]
+    if (arity is not None and arity >= 0 and type(out) is tuple and len(out) == arity
+        and all(isinstance(r, _ARRAY_TYPES) for r in out)):
+      return list(out)
     leaves, tree = jax.tree_util.tree_flatten(out)
     if tree != self.out_tree:
       raise CallbackError(
           f"{self.owner} returned a result with structure {tree}, but "
           f"result_shape_dtypes has structure {self.out_tree}.")
-    return leaves if self.layouts is None else self.layouts.from_user(leaves)
+    return leaves
+
+
+class _Block:
+  """What one block vector means for a ``HostCall``, worked out once: the
+  ``index`` passed to the user, each operand's cut (None: nothing to trim),
+  each result's shape as the user must return it, its shape for jaxlib
+  where that differs (the unit dim, else None), and its padded local shape
+  (None: no padding); ``empty``: all padding, with ``zeros`` to return."""
+
+  __slots__ = ("empty", "zeros", "index", "cuts", "wants", "reshapes", "pads")
 
 
 class HostCall:
@@ -125,7 +218,12 @@ class HostCall:
   made once)."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
-               "result_shapes", "result_dtypes", "unit", "__weakref__")
+               "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
+               "__weakref__")
+
+  # One entry per partition is all a program makes; the cap only bounds a
+  # caller that invents block vectors.
+  _MAX_BLOCKS = 1 << 16
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
                result_shapes, result_dtypes, unit: bool):
@@ -136,61 +234,111 @@ class HostCall:
     self.result_shapes = [tuple(int(d) for d in s) for s in result_shapes]
     self.result_dtypes = [np.dtype(t) for t in result_dtypes]
     self.unit = bool(unit)
-
-  def __call__(self, block, *args):
     rank = len(self.batch)
-    block = np.asarray(block).reshape(-1)
-    offsets = [int(v) for v in block[:rank]]
-    local = [int(v) for v in block[rank:2 * rank]]
+    # Per operand, the (dim, batch dim) pairs that span the whole batch (not
+    # broadcast): those a short block trims.
+    self._trimmed_dims = [
+        tuple((m, rank - b + m) for m in range(b)
+              if shape[m] == self.batch[rank - b + m] != 1)
+        for shape, b in zip(self.operand_shapes, self.operand_batch_ranks)]
+    self._blocks: dict[bytes, _Block] = {}
+
+  def _block(self, block) -> _Block:
+    """The ``_Block`` of this block vector, made on its first call."""
+    key = block.tobytes()
+    found = self._blocks.get(key)
+    if found is None:
+      found = self._make_block(block)
+      if len(self._blocks) < self._MAX_BLOCKS:
+        self._blocks[key] = found
+    return found
+
+  def _make_block(self, block) -> _Block:
+    rank = len(self.batch)
+    values = [int(v) for v in np.asarray(block).reshape(-1)]
+    offsets, local = values[:rank], values[rank:2 * rank]
     valid = [max(0, min(b - o, n)) for b, o, n in zip(self.batch, offsets, local)]
     local_results = [tuple(local) + s[rank:] for s in self.result_shapes]
-    if any(v == 0 for v in valid) and rank:
-      # All padding: nothing of the batch is here, and nothing is called.
-      return tuple(np.zeros(s, t) for s, t in zip(local_results, self.result_dtypes))
-    trimmed = []
-    for x, shape, b in zip(args, self.operand_shapes, self.operand_batch_ranks):
-      cut = tuple(slice(0, valid[rank - b + m])
-                  if shape[m] == self.batch[rank - b + m] != 1 else slice(None)
-                  for m in range(b))
-      x = x[cut] if any(c.stop is not None and c.stop < n
-                        for c, n in zip(cut, x.shape)) else x
-      trimmed.append(x[0] if self.unit else x)
+    out = _Block()
+    out.empty = bool(rank) and any(v == 0 for v in valid)
+    out.zeros = (tuple(_frozen_zeros(s, t) for s, t in zip(local_results, self.result_dtypes))
+                 if out.empty else ())
+    out.cuts = [_cut(b, dims, valid, local) for b, dims in
+                zip(self.operand_batch_ranks, self._trimmed_dims)]
+    if all(c is None for c in out.cuts):
+      out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
+    out.index = index[1:] if self.unit else index
+    wants = [tuple(valid) + s[rank:] for s in self.result_shapes]
+    out.wants = [w[1:] for w in wants] if self.unit else wants
+    out.reshapes = wants if self.unit else [None] * len(wants)
+    out.pads = [None if w == full else full for w, full in zip(wants, local_results)]
+    return out
+
+  def __call__(self, block, *args):
+    b = self._block(block)
+    if b.empty:
+      # All padding: nothing of the batch is here, and nothing is called.
+      return b.zeros
+    if b.cuts is not None:
+      args = [x if c is None else x[c] for x, c in zip(args, b.cuts)]
     if self.unit:
-      index = index[1:]
-    owner = self.flat.owner
+      args = [x[0] for x in args]
     try:
-      outs = self.flat(*trimmed, index=index)
+      outs = self.flat(*args, index=b.index)
     except CallbackError:
       raise
     except Exception as e:
       raise CallbackError(
-          f"{owner} raised {type(e).__name__}: {e} (on the block {_fmt_index(index)} "
-          "of the batch)") from e
+          f"{self.flat.owner} raised {type(e).__name__}: {e} (on the block "
+          f"{_fmt_index(b.index)} of the batch)") from e
     if len(outs) != len(self.result_shapes):
-      raise CallbackError(f"{owner} returned {len(outs)} results; "
+      raise CallbackError(f"{self.flat.owner} returned {len(outs)} results; "
                           f"result_shape_dtypes has {len(self.result_shapes)}.")
-    block_shape = tuple(valid)
-    padded = []
-    for i, (r, shape, dtype, local_shape) in enumerate(
-        zip(outs, self.result_shapes, self.result_dtypes, local_results)):
-      r = compat.canonicalize_value(np.asarray(r))
-      want = block_shape + shape[rank:]
-      got = ((1,) + tuple(r.shape)) if self.unit else tuple(r.shape)
-      if got != want or r.dtype != dtype:
-        user_want = want[1:] if self.unit else want
-        raise CallbackError(
-            f"{owner}: result {i} has shape {fmt(r.shape)} and dtype {r.dtype}, but "
-            f"the block {_fmt_index(index)} of the batch needs shape {fmt(user_want)} "
-            f"and dtype {dtype} (the global result is {fmt(shape[1:] if self.unit else shape)}"
-            f" {dtype}).")
-      r = r.reshape(want)
-      if want != local_shape:
-        full = np.zeros(local_shape, dtype)
-        full[tuple(slice(0, n) for n in want)] = r
+    results = []
+    for i, r in enumerate(outs):
+      if type(r) is not np.ndarray:
+        r = np.asarray(r)
+      dtype = self.result_dtypes[i]
+      if r.dtype != dtype:
+        r = np.asarray(compat.canonicalize_value(r))
+      if r.shape != b.wants[i] or r.dtype != dtype:
+        raise self._mismatch(i, r, b)
+      if b.reshapes[i] is not None:
+        r = r.reshape(b.reshapes[i])
+      if b.pads[i] is not None:
+        full = np.zeros(b.pads[i], dtype)
+        full[tuple(slice(0, n) for n in r.shape)] = r
         r = full
-      padded.append(r)
-    return tuple(padded)
+      results.append(r)
+    return tuple(results)
+
+  def _mismatch(self, i: int, r, b: _Block) -> CallbackError:
+    """The error for result ``i`` not fitting the block."""
+    shape, dtype = self.result_shapes[i], self.result_dtypes[i]
+    return CallbackError(
+        f"{self.flat.owner}: result {i} has shape {fmt(r.shape)} and dtype {r.dtype}, but "
+        f"the block {_fmt_index(b.index)} of the batch needs shape {fmt(b.wants[i])} "
+        f"and dtype {dtype} (the global result is {fmt(shape[1:] if self.unit else shape)}"
+        f" {dtype}).")
+
+
+def _cut(batch_rank: int, dims, valid, local):
+  """An operand's slice to the valid part of its block, or None where the
+  block is whole along every dim it spans."""
+  if not any(valid[k] < local[k] for _, k in dims):
+    return None
+  cut = [slice(None)] * batch_rank
+  for m, k in dims:
+    cut[m] = slice(0, valid[k])
+  return tuple(cut)
+
+
+def _frozen_zeros(shape, dtype) -> np.ndarray:
+  """Zeros returned for every all-padding call: read-only, since shared."""
+  z = np.zeros(shape, dtype)
+  z.flags.writeable = False
+  return z
 
 
 def _fmt_index(index) -> str:

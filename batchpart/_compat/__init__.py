@@ -19,14 +19,18 @@ versions it was checked against and holds its own version branches;
 """
 
 from batchpart._compat.callbacks import (
+  HOST_ARRAY_ALIGNMENT as HOST_ARRAY_ALIGNMENT,
   add_host_callback as add_host_callback,
   buffer_callback_target as buffer_callback_target,
+  callback_cpu_device as callback_cpu_device,
   canonicalize_value as canonicalize_value,
   check_result_shape_dtype as check_result_shape_dtype,
   host_callback_target as host_callback_target,
+  import_host_array as import_host_array,
   io_effect as io_effect,
   jax_callback_function as jax_callback_function,
   jax_callback_primitives as jax_callback_primitives,
+  jax_callback_scope as jax_callback_scope,
   register_uncached_lowering as register_uncached_lowering,
   require_devices_during_lowering as require_devices_during_lowering,
 )

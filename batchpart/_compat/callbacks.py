@@ -11,6 +11,9 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
   XLA's buffers in place): the callable is handed to the compiler with the
   module and held by the executable, never in a batchpart table.
 - ``jax._src.dispatch``: primitives that need a backend while lowering.
+- ``pxla.batched_device_put``, ``config.default_device`` and the empty
+  meshes: handing a callback ``jax.Array``s on the CPU device as jax's own
+  callbacks do (``arrays="jax"``), without a transfer.
 - ``jax._src.callback`` / ``jax._src.buffer_callback``: the callback
   primitives ``bp.partition_callback`` puts its dispatcher on, and jax's flat
   wrapper (``_FlatCallback``: ``callback_func``, ``in_tree``) around the
@@ -19,6 +22,8 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 
 from jax._src import dispatch
@@ -101,3 +106,49 @@ def jax_callback_function(callback_param):
   if isinstance(callback_param, jax_callback._FlatCallback):
     return callback_param.callback_func, callback_param.in_tree
   return callback_param, None
+
+
+# jaxlib's CPU client aliases a host buffer this aligned (and C-contiguous)
+# instead of copying it; a copy of a large buffer runs as a task on the
+# client's thread pool, which devices blocked in a collective may hold.
+HOST_ARRAY_ALIGNMENT = 64
+
+
+def callback_cpu_device():
+  """The CPU device jax's own callbacks put their operands on: the first
+  local one (RuntimeError where jax runs without a CPU backend)."""
+  from jax._src import xla_bridge
+  return xla_bridge.local_devices(backend="cpu")[0]
+
+
+@functools.lru_cache(maxsize=1024)
+def _aval(shape: tuple, dtype):
+  from jax._src import core
+  return core.ShapedArray(shape, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _single_device_sharding(device):
+  from jax.sharding import SingleDeviceSharding
+  return SingleDeviceSharding(device)
+
+
+def import_host_array(x, device):
+  """A ``jax.Array`` on CPU ``device`` over ``x``'s memory: no copy and no
+  work on a device where ``x`` is C-contiguous and ``HOST_ARRAY_ALIGNMENT``
+  aligned (jax's ``device_put`` without its per-call Python layers)."""
+  from jax._src.interpreters import pxla
+  return pxla.batched_device_put(_aval(x.shape, x.dtype), _single_device_sharding(device),
+                                 [x], [device])
+
+
+@contextlib.contextmanager
+def jax_callback_scope(device):
+  """What jax's callback implementations enter around the user's function:
+  ``device`` as the default device and no mesh (the callback may run on a
+  thread that has one set)."""
+  from jax._src import config, mesh as mesh_lib, sharding_impls
+  with (config.default_device(device),
+        sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh),
+        mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh)):
+    yield
