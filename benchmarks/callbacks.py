@@ -22,7 +22,13 @@ gathered onto device 0, one call) and ``jax.shard_map`` around
 devices: jax's callback ``device_put``s its operands onto device 0 while
 device 0 waits in the collective, docs/callbacks.md).
 
-  python benchmarks/callbacks.py           # prints two markdown tables
+Then the call path's own cost, with tiny work (``np.sin`` on 64 and 1024
+float32 rows): batchpart's host code per device call (``HostCall`` around a
+function that returns its operand, ``arrays="numpy"`` and ``"jax"``), the
+whole program against ``jax.pure_callback``'s one gathered call, and the
+compile time of a program of 10 callbacks against 10 of jax's.
+
+  python benchmarks/callbacks.py           # prints the markdown tables
   python benchmarks/callbacks.py --quick   # (256, 48, 48) and 2**18 rows, fewer repeats
 """
 
@@ -44,6 +50,12 @@ def main(argv):
   eigvalsh(quick)
   print()
   log_likelihood(quick)
+  print()
+  host_overhead()
+  print()
+  tiny_work(quick)
+  print()
+  compile_time(quick)
 
 
 def eigvalsh(quick: bool) -> None:
@@ -130,6 +142,129 @@ def log_likelihood(quick: bool) -> None:
   print(f"norm.logpdf summed over ({n}, 4) float64 rows, sharded over 8 simulated CPU "
         f"devices, jax {jax.__version__}\n")
   print_comparison(rows, "bp.pure_callback(reduce=)", "callback")
+
+
+def host_overhead() -> None:
+  """batchpart's own host work per device call: ``HostCall`` around a
+  function that returns its operand, on an even block and on the short last
+  block of an uneven batch (trim and pad), for both ``arrays=``."""
+  import functools
+  import timeit
+
+  import jax
+  import numpy as np
+
+  from batchpart._callback import host
+
+  def call_of(batch, arrays):
+    flat = host.FlatCallback(lambda x: x, jax.tree_util.tree_structure(((0,), {})),
+                             jax.tree_util.tree_structure(0), with_index=False,
+                             kind="pure_callback", arrays=arrays)
+    return host.HostCall(flat, batch=(batch,), operand_shapes=[(batch,)],
+                         operand_batch_ranks=(1,), result_shapes=[(batch,)],
+                         result_dtypes=[np.float32], unit=False)
+
+  print("batchpart's host code per device call (one float32 operand of 8 rows, a function "
+        "returning it; best of 5)\n")
+  print("| block | arrays | us per call |")
+  print("| --- | --- | ---: |")
+  for label, batch, block in (("even (rows 8:16 of 64)", 64, [8, 8]),
+                              ("short last (row 12 of 13, 1 of 2 valid)", 13, [12, 2])):
+    for arrays in ("numpy", "jax"):
+      args = (np.array(block, np.int64), np.zeros(block[1], np.float32))
+      n = 20000
+      best = min(timeit.repeat(functools.partial(call_of(batch, arrays), *args), number=n,
+                               repeat=5)) / n
+      print(f"| {label} | {arrays} | {best * 1e6:.1f} |")
+
+
+def tiny_work(quick: bool) -> None:
+  """``np.sin`` on a few rows: the call path's cost against jax's one
+  gathered call, each candidate blocking on its result."""
+  import functools
+
+  import jax
+  import numpy as np
+  from _timing import print_comparison, under_both_partitioners
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+  for n in (64, 1024):
+    x = np.linspace(0, 1, n, dtype=np.float32)
+    out = jax.ShapeDtypeStruct((n,), np.float32)
+    named = {
+        "bp.pure_callback": functools.partial(bp.pure_callback, np.sin, out,
+                                              num_batch_dims=1),
+        'bp.pure_callback(arrays="jax")': functools.partial(
+            bp.pure_callback, np.sin, out, num_batch_dims=1, arrays="jax"),
+        "jax.pure_callback": functools.partial(jax.pure_callback, np.sin, out),
+    }
+    candidates = functools.partial(_blocking_candidates, named)
+    check = functools.partial(np.testing.assert_allclose, desired=np.sin(x), rtol=1e-6)
+    rows = under_both_partitioners(candidates, (jax.device_put(x, NamedSharding(mesh, P("x"))),),
+                                   check, repeats=5 if quick else 11)
+    print(f"np.sin on {n} float32 rows, batch-sharded over 8 simulated CPU devices\n")
+    print_comparison(rows, "jax.pure_callback", "callback")
+    print()
+
+
+def _blocking_candidates(named: dict) -> dict:
+  """``under_both_partitioners``' candidates: each jitted function, timed
+  waiting on every result (jax's gathered callback, dispatched again before
+  the last finished, can stall on simulated devices)."""
+  import jax
+  out = {}
+  for name, f in named.items():
+    jitted = jax.jit(f)
+    out[name] = (lambda x, g=jitted: jax.block_until_ready(g(x)), jitted)
+  return out
+
+
+def compile_time(quick: bool) -> None:
+  """Lowering and compiling a program of 10 chained callbacks (fresh
+  functions each time, so nothing is cached), batchpart's against jax's,
+  interleaved, under both partitioners."""
+  import statistics
+  import time
+
+  import jax
+  import numpy as np
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+  xs = jax.device_put(np.linspace(0, 1, 64, dtype=np.float32), NamedSharding(mesh, P("x")))
+  out = jax.ShapeDtypeStruct((64,), np.float32)
+  calls = {"bp.pure_callback": lambda fn, x: bp.pure_callback(fn, out, x, num_batch_dims=1),
+           "jax.pure_callback": lambda fn, x: jax.pure_callback(fn, out, x)}
+
+  def seconds(call) -> float:
+    def f(x):
+      for i in range(10):
+        x = call(lambda v, i=i: np.sin(v) + np.float32(i), x)
+      return x
+    start = time.perf_counter()
+    jax.jit(f).lower(xs).compile()
+    return time.perf_counter() - start
+
+  print("lower + compile, a program of 10 chained callbacks on 8 devices (median)\n")
+  print("| partitioner | callback | time | vs jax.pure_callback |")
+  print("| --- | --- | ---: | ---: |")
+  for partitioner in ("shardy", "gspmd"):
+    jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
+    for call in calls.values():
+      seconds(call)
+    samples = {name: [] for name in calls}
+    for _ in range(5 if quick else 15):
+      for name, call in calls.items():
+        samples[name].append(seconds(call))
+    median = {name: statistics.median(v) for name, v in samples.items()}
+    for name in calls:
+      print(f"| {partitioner} | {name} | {median[name] * 1e3:.1f} ms | "
+            f"{median[name] / median['jax.pure_callback']:.2f}x |")
 
 
 if __name__ == "__main__":
