@@ -409,3 +409,28 @@ def test_reduce_is_refused_for_a_packages_io_callback(mesh8, declared):
   f = jax.jit(lambda x: jax.experimental.io_callback(count, S((), np.int32), x))
   with pytest.raises(ValueError, match=r"partition_callback\(.*count\).*pure_callback"):
     f.lower(put(_x(8, 1)[:, 0], mesh8, P("x")))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("arrays", [None, "jax", "numpy"])
+def test_the_function_gets_jax_arrays_as_from_jax_unless_told(partitioner, mesh8, declared,
+                                                               arrays):
+  types = Calls()
+
+  def bump_first(x):
+    types.record(x)
+    with types.lock:
+      types.shapes[-1] = type(x)
+    return x.at[:, 0].add(1) if isinstance(x, jax.Array) else np.asarray(x) + [1, 0, 0, 0]
+
+  f = jax.jit(lambda x: jax.pure_callback(bump_first, S(x.shape, x.dtype), x))
+  x = _x(seed=15)
+  xs = put(x, mesh8, P("x"))
+  stock = np.asarray(jax.block_until_ready(f(xs)))
+  assert all(issubclass(t, jax.Array) for t in types.shapes)   # jax's own convention
+  types.shapes.clear()
+  declared(bump_first, num_batch_dims=1, **({} if arrays is None else {"arrays": arrays}))
+  out = np.asarray(jax.block_until_ready(f(xs)))
+  np.testing.assert_array_equal(out, stock)
+  want = np.ndarray if arrays == "numpy" else jax.Array
+  assert len(types.shapes) == 8 and all(issubclass(t, want) for t in types.shapes)

@@ -116,3 +116,8 @@ def test_unpartition_of_a_callback_never_declared_names_it():
 def test_returns_the_callback_and_the_same_declaration_again_is_a_no_op(declare):
   assert bp.partition_callback(rowsum, num_batch_dims=1) is rowsum
   declare(rowsum, num_batch_dims=1)
+
+
+def test_a_bad_arrays_value_names_the_entry_point():
+  with pytest.raises(ValueError, match=r"partition_callback\(rowsum\): arrays='torch'"):
+    bp.partition_callback(rowsum, num_batch_dims=1, arrays="torch")

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from batchpart import _compat as compat
-from batchpart._callback.host import callback_name
+from batchpart._callback.host import callback_name, check_arrays
 from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, declared_spec, parse_declaration
 from batchpart._primitive.batch_spec import check_spec
@@ -47,6 +47,7 @@ class CallbackDeclaration:
   signature: str | None
   reduce: tuple[tuple[str, str], ...] | None
   leads: bool   # a signature's '...' stands after a core dim somewhere
+  arrays: str = "jax"   # what a pure/io callback's function gets
 
   def options(self) -> dict:
     return {"num_batch_dims": self.num_batch_dims, "signature": self.signature,
@@ -197,7 +198,7 @@ def _lowering(kind: str):
             f"{declaration.owner}: reduce= applies to jax.pure_callback calls only; this "
             f"is a jax {kind}, whose side effects would happen once per part of the "
             "reduced dim.")
-      body = _BODIES[kind](fn, in_tree, ctx.avals_out, options, params)
+      body = _BODIES[kind](declaration, fn, in_tree, ctx.avals_out, options, params)
       try:
         return compat.lower_fun(body, multiple_results=True)(ctx, *args)
       except ValueError as e:
@@ -238,18 +239,19 @@ def _results(avals):
 
 
 def _host_body(kind: str):
-  def body(fn, in_tree, avals_out, options, params):
+  def body(declaration, fn, in_tree, avals_out, options, params):
     from batchpart._callback import api
 
     def call(*flat):
       args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
       return list(api._call(kind, _Leaves(fn), _results(avals_out), args, kwargs,
-                            with_index=False, io=kind == "io_callback", **options))
+                            with_index=False, io=kind == "io_callback",
+                            arrays=declaration.arrays, **options))
     return call
   return body
 
 
-def _buffer_body(fn, in_tree, avals_out, options, params):
+def _buffer_body(declaration, fn, in_tree, avals_out, options, params):
   """jax's ``buffer_callback`` call as ``bp.buffer_callback``'s: the same
   function, result tree, side effect and aliases."""
   from batchpart._callback.buffer import buffer_callback
@@ -295,7 +297,8 @@ def _hook() -> None:
 
 def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                        signature: str | None = None,
-                       reduce: dict[str, str] | None = None) -> Callable:
+                       reduce: dict[str, str] | None = None,
+                       arrays: str = "jax") -> Callable:
   """Makes every jax host callback whose function is ``callback`` run per
   batch shard.
 
@@ -318,6 +321,13 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
     num_batch_dims, signature, reduce: the batch declaration, as for
       :func:`batchpart.pure_callback`, of the package's call (its flat
       operands and results).
+    arrays: what the function gets from a ``pure_callback`` / ``io_callback``
+      call: ``"jax"`` (the default: ``jax.Array``s, as jax hands them, made
+      over the block's host memory without a transfer, so code written for
+      jax's callbacks, ``.at[]`` and ``jnp`` included, behaves alike) or
+      ``"numpy"`` (read-only NumPy arrays: tens of microseconds less per call;
+      docs/callbacks.md, "What the callback gets"). A ``buffer_callback``'s
+      function gets buffers either way.
 
   Returns:
     ``callback`` itself. The same declaration again does nothing; another
@@ -335,13 +345,15 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
   parsed, _ = parse_declaration(owner, num_batch_dims, signature, reduce)
+  check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)
   declaration = CallbackDeclaration(
       owner=owner, num_batch_dims=num_batch_dims, signature=signature,
       reduce=None if reduce is None else tuple(sorted(reduce.items())),
       leads=parsed is not None and any(parsed.spec().operand_leads +
-                                       parsed.spec().result_leads))
+                                       parsed.spec().result_leads),
+      arrays=arrays)
   try:
     hash(callback)
   except TypeError as e:
