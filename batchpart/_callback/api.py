@@ -160,48 +160,64 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
-  for i, r in enumerate(flat_results):
-    if not (hasattr(r, "shape") and hasattr(r, "dtype")):
-      raise TypeError(f"{owner}: result_shape_dtypes leaf {i} must have shape and "
-                      f"dtype, got {type(r).__name__}.")
-    compat.check_result_shape_dtype(r)
-  result_avals = [compat.ShapedArray(tuple(r.shape), r.dtype) for r in flat_results]
+  result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   check_result_dtypes(owner, reductions, [a.dtype for a in result_avals])
+  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions)
+  outs = bind_batch_first(
+      flat_args, result_avals, spec,
+      lambda layouts: FlatCallback(callback, in_tree, out_tree, with_index=with_index,
+                                   kind=kind, arrays=arrays, layouts=layouts),
+      broadcast_batch=parsed is not None, io=io,
+      declaration=declaration_text(num_batch_dims, signature, reduce),
+      **_reduction_params(spec))
+  return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+
+def result_aval(owner: str, i: int, r):
+  """A result leaf's aval, once it has a canonical shape and dtype."""
+  if not (hasattr(r, "shape") and hasattr(r, "dtype")):
+    raise TypeError(f"{owner}: result_shape_dtypes leaf {i} must have shape and "
+                    f"dtype, got {type(r).__name__}.")
+  compat.check_result_shape_dtype(r)
+  return compat.ShapedArray(tuple(r.shape), r.dtype)
+
+
+def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
+             reductions=()) -> tuple[list, BatchSpec]:
+  """The operands' checked avals and the batch spec a callback's declaration
+  gives its flat operands and results."""
   in_avals = checked_operand_avals(owner, flat_args, result_avals)
-  operand_shapes = [tuple(a.shape) for a in in_avals]
-  result_shapes = [tuple(a.shape) for a in result_avals]
   if not flat_args and parsed is None and num_batch_dims:
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")
-  spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
-                       reductions)
-  # Core dims before a signature's '...': the primitive takes batch dims in
-  # front (transposes XLA runs on each device's block), and the user's
-  # function gets and returns its own layout (FlatCallback moves them back).
+  spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
+                       [tuple(a.shape) for a in result_avals], reductions)
+  return in_avals, spec
+
+
+def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **params
+                     ) -> list:
+  """Binds the callback primitive with every batch dim in front and returns
+  its results in the user's layout. Core dims before a signature's '...' are
+  moved behind the batch dims by transposes XLA runs on each device's block;
+  the host side (``make_callback(layouts)``) moves them back for the user's
+  function, which gets and returns its own layout."""
   op_leads, res_leads = spec.operand_leads, spec.result_leads
-  flat_args = [_batch_first(x, lead, core)
-               for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
-  result_avals = [a.update(shape=_batch_first_shape(a.shape, lead, core))
-                  for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
-  flat_args = compat.auto_insert_reshard(*flat_args) if flat_args else ()
-  flat = FlatCallback(callback, in_tree, out_tree, with_index=with_index, kind=kind,
-                      arrays=arrays,
-                      layouts=_Layouts(op_leads, spec.operand_core_ranks, res_leads,
-                                       spec.result_core_ranks) if any(
-                                           op_leads + res_leads) else None)
-  outs = bind(*flat_args,
-              callback=flat,
-              result_avals=tuple(result_avals),
+  args = [_batch_first(x, lead, core)
+          for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
+  avals = [a.update(shape=_batch_first_shape(a.shape, lead, core))
+           for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
+  args = compat.auto_insert_reshard(*args) if args else ()
+  layouts = (_Layouts(op_leads, spec.operand_core_ranks, res_leads, spec.result_core_ranks)
+             if any(op_leads + res_leads) else None)
+  outs = bind(*args, callback=make_callback(layouts), result_avals=tuple(avals),
               operand_core_ranks=tuple(lead + core for lead, core in
                                        zip(op_leads, spec.operand_core_ranks)),
               result_core_ranks=tuple(lead + core for lead, core in
                                       zip(res_leads, spec.result_core_ranks)),
-              broadcast_batch=parsed is not None, io=io,
-              declaration=declaration_text(num_batch_dims, signature, reduce),
-              **_reduction_params(spec))
-  outs = [_batch_back(y, lead, core)
+              **params)
+  return [_batch_back(y, lead, core)
           for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]
-  return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
 
 def _reduction_params(spec: BatchSpec) -> dict:

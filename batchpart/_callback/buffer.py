@@ -16,14 +16,12 @@ from typing import Any
 
 import jax
 
-from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
-from batchpart._callback.api import _batch_back, _batch_first, _batch_first_shape
+from batchpart._callback.api import bind_batch_first, result_aval, spec_for
 from batchpart._callback.buffer_host import BufferCallback
-from batchpart._callback.host import Layouts, callback_name
-from batchpart._callback.primitive import bind
-from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import checked_operand_avals, fmt
+from batchpart._callback.host import callback_name
+from batchpart._frontend.signature import check_vmap_method, parse_declaration
+from batchpart._primitive.batch_spec import fmt
 from batchpart._primitive.lowering import declaration_text
 
 
@@ -77,62 +75,31 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
   check_vmap_method(owner, vmap_method, "jax.experimental.buffer_callback")
   parsed, _ = parse_declaration(owner, num_batch_dims, signature)
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
-  result_avals = [_result_aval(owner, i, r) for i, r in enumerate(flat_results)]
+  result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   aliases = _alias_pairs(owner, input_output_aliases, len(result_avals))
 
   def wrapped(*args, **kwargs):
     flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-    in_avals = checked_operand_avals(owner, flat_args, result_avals)
+    in_avals, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals)
     _check_aliases(owner, aliases, in_avals, result_avals)
-    if not flat_args and parsed is None and num_batch_dims:
-      raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
-                       "the batch comes from the operands.")
-    spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
-                         [tuple(a.shape) for a in result_avals])
-    op_leads, res_leads = spec.operand_leads, spec.result_leads
-    # The primitive takes batch dims in front; the buffers reach the user's
-    # function in its own layout (views, no copy: buffer_host).
-    prim_args = [_batch_first(x, lead, core)
-                 for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
-    prim_results = [a.update(shape=_batch_first_shape(a.shape, lead, core))
-                    for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
     for i, o in aliases:
       # Same shape is not enough: the buffer must hold the same elements in
       # the same place in the user's layout and in the primitive's.
-      if (op_leads[i], spec.operand_core_ranks[i]) != (res_leads[o], spec.result_core_ranks[o]):
+      if ((spec.operand_leads[i], spec.operand_core_ranks[i]) !=
+          (spec.result_leads[o], spec.result_core_ranks[o])):
         raise ValueError(
             f"{owner}: input_output_aliases {i}:{o}: the declaration places the batch "
             "dims of the operand and the result differently, so they cannot share a "
             "buffer. Give them the same core-dim group.")
-    prim_args = compat.auto_insert_reshard(*prim_args) if prim_args else ()
-    layouts = (Layouts(op_leads, spec.operand_core_ranks, res_leads, spec.result_core_ranks)
-               if any(op_leads + res_leads) else None)
-    flat = BufferCallback(callback, in_tree, out_tree, with_index=with_index,
-                          layouts=layouts)
-    outs = bind(*prim_args,
-                callback=flat,
-                result_avals=tuple(prim_results),
-                operand_core_ranks=tuple(lead + core for lead, core in
-                                         zip(op_leads, spec.operand_core_ranks)),
-                result_core_ranks=tuple(lead + core for lead, core in
-                                        zip(res_leads, spec.result_core_ranks)),
-                broadcast_batch=parsed is not None, io=bool(has_side_effect),
-                buffer=True, input_output_aliases=aliases,
-                declaration=declaration_text(num_batch_dims, signature))
-    outs = [_batch_back(y, lead, core)
-            for y, lead, core in zip(outs, res_leads, spec.result_core_ranks)]
+    outs = bind_batch_first(
+        flat_args, result_avals, spec,
+        lambda layouts: BufferCallback(callback, in_tree, out_tree, with_index=with_index,
+                                       layouts=layouts),
+        broadcast_batch=parsed is not None, io=bool(has_side_effect), buffer=True,
+        input_output_aliases=aliases, declaration=declaration_text(num_batch_dims, signature))
     return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
   return wrapped
-
-
-def _result_aval(owner: str, i: int, r):
-  """A result leaf's aval, once it has a canonical shape and dtype."""
-  if not (hasattr(r, "shape") and hasattr(r, "dtype")):
-    raise TypeError(f"{owner}: result_shape_dtypes leaf {i} must have shape and "
-                    f"dtype, got {type(r).__name__}.")
-  compat.check_result_shape_dtype(r)
-  return compat.ShapedArray(tuple(r.shape), r.dtype)
 
 
 def _alias_pairs(owner: str, aliases, n_results: int) -> tuple[tuple[int, int], ...]:
