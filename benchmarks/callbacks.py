@@ -22,6 +22,11 @@ gathered onto device 0, one call) and ``jax.shard_map`` around
 devices: jax's callback ``device_put``s its operands onto device 0 while
 device 0 waits in the collective, docs/callbacks.md).
 
+Then a package's own ``jax.pure_callback`` (eigvalsh as above) made per shard
+by ``bp.partition_callback`` (jax.Array operands, the default, and
+``arrays="numpy"``), the package unchanged, against the same package
+undeclared and against ``jax.shard_map`` by hand.
+
 Then the call path's own cost, with tiny work (``np.sin`` on 64 and 1024
 float32 rows): batchpart's host code per device call (``HostCall`` around a
 function that returns its operand, ``arrays="numpy"`` and ``"jax"``), the
@@ -50,6 +55,8 @@ def main(argv):
   eigvalsh(quick)
   print()
   log_likelihood(quick)
+  print()
+  package_callback(quick)
   print()
   host_overhead()
   print()
@@ -142,6 +149,62 @@ def log_likelihood(quick: bool) -> None:
   print(f"norm.logpdf summed over ({n}, 4) float64 rows, sharded over 8 simulated CPU "
         f"devices, jax {jax.__version__}\n")
   print_comparison(rows, "bp.pure_callback(reduce=)", "callback")
+
+
+def package_callback(quick: bool) -> None:
+  """The partition_callback table: a package's jitted function calling
+  ``jax.pure_callback`` itself. The undeclared package calls an identical
+  copy of the declared function, so both run interleaved in one process."""
+  import jax
+  import numpy as np
+  from _timing import print_comparison, under_both_partitioners
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+
+  n, k = (256, 48) if quick else (1024, 48)
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+  a = np.random.default_rng(0).standard_normal((n, k, k))
+  x = a + np.swapaxes(a, -1, -2)
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+  want = np.linalg.eigvalsh(x)
+
+  def package(host_fn):
+    """What a package writes: its callback inside its own jitted function."""
+    return jax.jit(lambda x: jax.pure_callback(
+        host_fn, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype), x, vmap_method="expand_dims"))
+
+  def eig_jax(x):
+    return np.linalg.eigvalsh(x)
+
+  def eig_numpy(x):
+    return np.linalg.eigvalsh(x)
+
+  def eig_stock(x):
+    return np.linalg.eigvalsh(x)
+
+  bp.partition_callback(eig_jax, num_batch_dims=1)
+  bp.partition_callback(eig_numpy, num_batch_dims=1, arrays="numpy")
+  by_hand = jax.jit(jax.shard_map(
+      lambda x: jax.pure_callback(eig_stock, jax.ShapeDtypeStruct((n // 8, k), x.dtype), x),
+      mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  named = {"partition_callback": package(eig_jax),
+           'partition_callback(arrays="numpy")': package(eig_numpy),
+           "the package, stock": package(eig_stock),
+           "shard_map(jax.pure_callback)": by_hand}
+
+  def candidates():
+    return {name: (f, f) for name, f in named.items()}
+
+  check = lambda y: np.testing.assert_allclose(y, want, rtol=1e-8, atol=1e-8)
+  try:
+    rows = under_both_partitioners(candidates, (xs,), check, repeats=3 if quick else 11)
+  finally:
+    bp.unpartition(eig_jax)
+    bp.unpartition(eig_numpy)
+  print(f"a package's jax.pure_callback(eigvalsh) on ({n}, {k}, {k}) float64, batch-sharded "
+        f"over 8 simulated CPU devices, jax {jax.__version__}\n")
+  print_comparison(rows, "partition_callback", "callback")
 
 
 def host_overhead() -> None:
