@@ -434,3 +434,17 @@ def test_the_function_gets_jax_arrays_as_from_jax_unless_told(partitioner, mesh8
   np.testing.assert_array_equal(out, stock)
   want = np.ndarray if arrays == "numpy" else jax.Array
   assert len(types.shapes) == 8 and all(issubclass(t, want) for t in types.shapes)
+
+
+@pytest.mark.timeout(120)
+def test_explain_shows_the_stock_gather_then_the_adopted_call(partitioner, mesh8, declared):
+  xs = put(_x(), mesh8, P("x"))
+  fn = lambda x: jax.pure_callback(rowsum, S(x.shape[:-1], x.dtype), x)  # noqa: E731
+  stock, = bp.explain(fn, xs).calls
+  assert stock.single_device == 0 and stock.collectives_before
+  declared(rowsum, num_batch_dims=1)
+  adopted, = bp.explain(fn, xs).calls
+  assert "partition_callback(rowsum)" in str(bp.explain(fn, xs))
+  assert adopted.single_device is None
+  assert not adopted.collectives_before and not adopted.collectives_after
+  assert [tuple(s) for s in adopted.device_operand_shapes] == [(2, 4)]

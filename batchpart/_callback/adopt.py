@@ -202,6 +202,8 @@ def _lowering(kind: str):
       try:
         return compat.lower_fun(body, multiple_results=True)(ctx, *args)
       except ValueError as e:
+        if str(e).startswith(declaration.owner):
+          raise
         raise ValueError(f"{declaration.owner}: a jax {kind} of {callback_name(fn)} "
                          f"does not fit the declaration: {e}") from e
     return rule
@@ -244,8 +246,10 @@ def _host_body(kind: str):
 
     def call(*flat):
       args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
-      return list(api._call(kind, _Leaves(fn), _results(avals_out), args, kwargs,
-                            with_index=False, io=kind == "io_callback",
+      # Named after the declaration in messages, the explain report and the
+      # error a raising function gives.
+      return list(api._call("partition_callback", _Leaves(fn), _results(avals_out), args,
+                            kwargs, with_index=False, io=kind == "io_callback",
                             arrays=declaration.arrays, **options))
     return call
   return body
