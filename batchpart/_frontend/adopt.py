@@ -145,7 +145,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
 
 def unpartition(primitive_or_target_name) -> None:
   """Restores the stock lowering of a primitive (``partition_primitive``), of
-  the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``), or of the
+  the ``jax.ffi.ffi_call`` calls to a target (``partition_ffi_target``), or of the
   jax callbacks of a function (``partition_callback``).
 
   Programs lowered from now on are lowered as without batchpart (a

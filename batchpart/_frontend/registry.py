@@ -97,7 +97,7 @@ def mark_batch_partitionable(name: str) -> None:
   ``batchpart.batch_partitionable`` wrapper) are partitioned by batchpart
   under Shardy and GSPMD, marked or not; marking records the declaration
   (``is_batch_partitionable``) and checks the target exists. Plain
-  ``jax.ffi.ffi_call``s to ``name`` are unaffected: batchpart partitions its
+  ``jax.ffi.ffi_call`` calls to ``name`` are unaffected: batchpart partitions its
   own calls under derived target names and never gives ``name`` itself a
   partitioner. Idempotent.
 
