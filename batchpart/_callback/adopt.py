@@ -326,7 +326,7 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
       :func:`batchpart.pure_callback`, of the package's call (its flat
       operands and results).
     arrays: what the function gets from a ``pure_callback`` / ``io_callback``
-      call: ``"jax"`` (the default: ``jax.Array``s, as jax hands them, made
+      call: ``"jax"`` (the default: ``jax.Array`` objects, as jax hands them, made
       over the block's host memory without a transfer, so code written for
       jax's callbacks, ``.at[]`` and ``jnp`` included, behaves alike) or
       ``"numpy"`` (read-only NumPy arrays: tens of microseconds less per call;

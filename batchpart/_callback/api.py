@@ -56,7 +56,7 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
 
   Args:
     callback: the host function, called as ``callback(*args, **kwargs)``
-      with NumPy arrays or ``jax.Array``s (``arrays``), plus ``index=`` if
+      with NumPy arrays or ``jax.Array`` objects (``arrays``), plus ``index=`` if
       ``with_index``.
     result_shape_dtypes: a pytree of objects with ``shape`` and ``dtype``
       (e.g. ``jax.ShapeDtypeStruct``): the results' global shapes.
@@ -77,10 +77,10 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
     vmap_method: accepted for compatibility with :func:`jax.pure_callback`
       and validated; not needed: a vmapped call is one call with one more
       leading batch dim (no loop), whatever the value.
-    with_index: also pass ``index=``, a tuple of ``slice``s (one per batch
+    with_index: also pass ``index=``, a tuple of ``slice`` objects (one per batch
       dim) locating the block in the global batch shape.
     arrays: what ``callback`` gets: ``"numpy"`` (read-only NumPy arrays) or
-      ``"jax"`` (``jax.Array``s on the first CPU device, as
+      ``"jax"`` (``jax.Array`` objects on the first CPU device, as
       :func:`jax.pure_callback` passes them, made over the same host memory,
       never by a transfer; about 20 us more per call). Take ``"jax"`` for
       code that uses jax on its arguments (``.at[]``, ``jnp``): ``jnp`` on a
@@ -117,17 +117,27 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
   in no particular order.
 
   Args:
-    callback, result_shape_dtypes, *args, num_batch_dims, signature,
-    with_index, arrays, **kwargs: as for :func:`batchpart.pure_callback`
-      (``with_index=True`` tells the callback where its rows go, e.g. to
-      write them to the right place).
+    callback: the host function, called as ``callback(*args, **kwargs)``, as
+      for :func:`batchpart.pure_callback`.
+    result_shape_dtypes: a pytree of objects with ``shape`` and ``dtype``:
+      the results' global shapes.
+    *args: the operands, a pytree of arrays.
+    num_batch_dims: as for :func:`batchpart.pure_callback`.
+    signature: as for :func:`batchpart.pure_callback`.
     ordered: must be False. Per-shard calls run on several devices at once
       and cannot be ordered across them; for an ordered callback use
       ``jax.experimental.io_callback(..., ordered=True)``, which runs once,
       on one device, on the whole batch.
+    with_index: also pass ``index=``, a tuple of ``slice`` objects locating
+      the block in the global batch shape: it tells the callback where its
+      rows go, e.g. to write them to the right place.
+    reduce: must be None: a callback with side effects would have them once
+      per part, and a part's calls cannot be told from the whole's.
+    arrays: ``"numpy"`` or ``"jax"``, as for :func:`batchpart.pure_callback`.
+    **kwargs: more operands (arrays), passed to ``callback`` by keyword.
 
-  ``reduce=`` is refused: a callback with side effects would have them once
-  per part, and a part's calls cannot be told from the whole's.
+  Returns:
+    A pytree of arrays like ``result_shape_dtypes``.
 
   Raises:
     ValueError: for ``ordered=True``, ``reduce=...``, or a batch declaration

@@ -50,7 +50,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
 
   Args:
     callback: the host function, called as above (plus ``index=``, a tuple
-      of ``slice``s locating the block in the global batch, if
+      of ``slice`` objects locating the block in the global batch, if
       ``with_index``).
     result_shape_dtypes: a pytree of objects with ``shape`` and ``dtype``:
       the results' global shapes.

@@ -41,7 +41,7 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
       is (so its ``static_argnums``, ``in_shardings`` and ``out_shardings``
       apply); anything else is wrapped in ``jax.jit``.
     *args: positional arguments for ``fn``: arrays (their shardings are used)
-      or ``jax.ShapeDtypeStruct``s with a ``sharding``.
+      or ``jax.ShapeDtypeStruct`` objects with a ``sharding``.
     **kwargs: keyword arguments for ``fn``. ``explain`` takes no options of
       its own, so every keyword goes to ``fn``.
 

@@ -126,7 +126,14 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
       :func:`batchpart.partition_primitive`, describing the custom call as
       emitted (its shapes are what ``bp.explain`` of the stock program shows).
 
+  Returns:
+    None. The declaration is in force, process-wide, from this call on.
+
   Raises:
+    TypeError: if ``target_name`` is not a non-empty string, or
+      ``shard_attributes`` is neither None nor a callable (or captures a
+      value batchpart cannot digest, as for
+      :func:`batchpart.partition_primitive`).
     ValueError: for a bad declaration, or another declaration already in
       force for the target (``batchpart.unpartition`` it first); and, when a
       call to the target is lowered, if it does not fit the declaration (the
@@ -145,13 +152,19 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
 
 def unpartition(primitive_or_target_name) -> None:
   """Restores the stock lowering of a primitive (``partition_primitive``), of
-  the ``jax.ffi.ffi_call``s to a target (``partition_ffi_target``), or of the
+  the ``jax.ffi.ffi_call`` calls to a target (``partition_ffi_target``), or of the
   jax callbacks of a function (``partition_callback``).
 
   Programs lowered from now on are lowered as without batchpart (a
   ``jax.jit`` function traces and compiles again on its next call, as after
   every change of the declarations in force). Declaring again afterwards
   works.
+
+  Args:
+    primitive_or_target_name: what was declared: the primitive given to
+      :func:`batchpart.partition_primitive`, the target name given to
+      :func:`batchpart.partition_ffi_target`, or the function given to
+      :func:`batchpart.partition_callback`.
 
   Raises:
     ValueError: naming it, if it is not partitioned by batchpart.
@@ -171,6 +184,33 @@ def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None
   an optional ``reduce``, as :func:`batchpart.partition_primitive` does.
   Register the returned rule
   with ``jax.interpreters.mlir.register_lowering`` as usual.
+
+  Args:
+    target_name: the FFI target the rule's custom call calls.
+    num_batch_dims: the number of leading batch dims of every operand and
+      result of the emitted call: an int, or a callable
+      ``(operand_shapes, result_shapes) -> int``.
+    signature: alternatively, a gufunc signature of the emitted call.
+    shard_attributes: None, or a per-device attribute rule, as for
+      :func:`batchpart.partition_primitive`.
+    reduce: ``{core dim name: op}``, with a signature, as for
+      :func:`batchpart.ffi_call`.
+    operand_layouts: as for :func:`jax.ffi.ffi_lowering`.
+    result_layouts: as for :func:`jax.ffi.ffi_lowering`.
+    **lowering_args: every other argument of :func:`jax.ffi.ffi_lowering`
+      (``backend_config``, ...), passed on.
+
+  Returns:
+    A lowering rule, ``(ctx, *operands, **params) -> results``, that emits
+    the call as ``jax.ffi.ffi_lowering``'s rule does, batch partitionable
+    where XLA partitions it.
+
+  Raises:
+    TypeError: if ``shard_attributes`` is neither None nor a callable.
+    ValueError: for a bad declaration (both or neither of
+      ``num_batch_dims`` and ``signature``, a bad signature or ``reduce``);
+      and, when a call is lowered, if it does not fit the declaration
+      (naming the target and the operand).
   """
   owner = f"batchpart.ffi_lowering('{target_name}')"
   declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)

@@ -28,7 +28,7 @@ from batchpart._primitive.reductions import Reduction, absolute_dim, check_resul
 def batch_partitionable(fn=None, *, signature: str | None = None,
                         num_batch_dims: int | None = None,
                         reduce: dict[str, str] | None = None):
-  """Makes the ``jax.ffi.ffi_call``s inside an existing wrapper batch partitionable.
+  """Makes the ``jax.ffi.ffi_call`` calls inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
   ``num_batch_dims``) exactly as the operands of :func:`batchpart.ffi_call`

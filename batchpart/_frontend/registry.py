@@ -97,13 +97,17 @@ def mark_batch_partitionable(name: str) -> None:
   ``batchpart.batch_partitionable`` wrapper) are partitioned by batchpart
   under Shardy and GSPMD, marked or not; marking records the declaration
   (``is_batch_partitionable``) and checks the target exists. Plain
-  ``jax.ffi.ffi_call``s to ``name`` are unaffected: batchpart partitions its
+  ``jax.ffi.ffi_call`` calls to ``name`` are unaffected: batchpart partitions its
   own calls under derived target names and never gives ``name`` itself a
   partitioner. Idempotent.
 
+  Args:
+    name: the FFI target name, as registered.
+
   Raises:
+    TypeError: if ``name`` is not a non-empty string.
     ValueError: if ``name`` has no typed-FFI handler registered on any
-      platform (register it first).
+      platform (register it first), or only a legacy (``api_version=0``) one.
   """
   if not isinstance(name, str) or not name:
     raise TypeError(f"batchpart.mark_batch_partitionable: name must be a "
@@ -125,5 +129,14 @@ def mark_batch_partitionable(name: str) -> None:
 
 
 def is_batch_partitionable(name: str) -> bool:
-  """Whether ``name`` was marked batch partitionable, or called through batchpart."""
+  """Whether ``name`` was marked batch partitionable, or called through batchpart.
+
+  Args:
+    name: an FFI target name.
+
+  Returns:
+    True if ``name`` was registered with :func:`batchpart.register_ffi_target`,
+    marked with :func:`batchpart.mark_batch_partitionable`, or called through
+    batchpart in this process; False otherwise.
+  """
   return declared.is_declared(name)

@@ -55,6 +55,13 @@ def cholesky(a, *, lower: bool = True, symmetrize_input: bool = True):
   Returns:
     The factor, ``(..., n, n)``; a batch element that is not positive definite
     is all NaN.
+
+  Raises:
+    ValueError: if ``a`` has fewer than 2 dims or is not square.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for floating dtypes LAPACK lacks (float16,
+      bfloat16); float32, float64, complex64 and complex128 are supported
+      (integer and bool inputs are promoted to jax's default float).
   """
   a, = as_inexact("cholesky", a)
   check_matrix("cholesky", "a", a, square=True)
@@ -100,6 +107,13 @@ def lu(a):
     ``(lu, pivots, permutation)``: ``lu`` holds the unit-lower ``L`` below the
     diagonal and ``U`` on and above it; ``pivots`` ``(..., min(m, n))`` and
     ``permutation`` ``(..., m)`` are int32, with ``a[..., permutation, :] = L @ U``.
+
+  Raises:
+    ValueError: if ``a`` has fewer than 2 dims.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for floating dtypes LAPACK lacks (float16,
+      bfloat16); float32, float64, complex64 and complex128 are supported
+      (integer and bool inputs are promoted to jax's default float).
   """
   a, = as_inexact("lu", a)
   check_matrix("lu", "a", a)
@@ -157,6 +171,15 @@ def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
     ``EighResult(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
     ``(..., n, n)`` with eigenvectors in columns. A batch element whose
     decomposition fails (e.g. non-finite input) is NaN.
+
+  Raises:
+    ValueError: if ``a`` has fewer than 2 dims or is not square, or
+      ``implementation`` is not None or an ``EighImplementation``.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for ``JACOBI`` and ``QDWH`` (as jax on CPU), and for
+      floating dtypes LAPACK lacks (float16, bfloat16); float32, float64,
+      complex64 and complex128 are supported (integer and bool inputs are
+      promoted to jax's default float).
   """
   del sort_eigenvalues  # always sorted
   _check_eigh_implementation(implementation)

@@ -53,6 +53,15 @@ def qr(a, *, mode: str = "reduced", pivoting: bool = False):
     ``QRResult(Q, R)`` (a named tuple), ``r`` for ``mode="r"``, ``(h, tau)`` for
     ``"raw"``; with ``pivoting``, ``PivotedQRResult(Q, R, P)`` or ``(r, p)``,
     ``p`` int32 ``(..., n)``.
+
+  Raises:
+    ValueError: if ``mode`` is not one of the modes above, or ``a`` has fewer
+      than 2 dims.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for ``mode="raw"`` with ``pivoting``, for
+      derivatives of ``mode="raw"``, for ``mode="raw"`` or ``pivoting`` off
+      CPU (CPU-only LAPACK targets), and for floating dtypes LAPACK lacks
+      (float16, bfloat16).
   """
   if mode not in _QR_MODES:
     raise ValueError(f"batchpart.linalg.qr: mode must be one of {', '.join(map(repr, _QR_MODES))}"
@@ -178,6 +187,15 @@ def svd(a, *, full_matrices: bool = False, compute_uv: bool = True, hermitian: b
   Returns:
     ``SVDResult(U, S, Vh)`` with ``a = U @ diag(S) @ Vh``, ``S`` real, descending;
     or ``s``. A batch element whose decomposition fails is NaN.
+
+  Raises:
+    ValueError: if ``a`` has fewer than 2 dims (or, with ``hermitian``, is
+      not square), or ``algorithm`` is not None or an ``SvdAlgorithm``.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for ``JACOBI`` and ``POLAR``, for ``algorithm``
+      with ``hermitian=True``, for ``QR`` off CPU, for the derivative with
+      ``full_matrices=True`` of a non-square matrix (as jax), and for
+      floating dtypes LAPACK lacks (float16, bfloat16).
   """
   a, = as_inexact("svd", a)
   check_matrix("svd", "a", a, square=bool(hermitian))

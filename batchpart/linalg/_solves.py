@@ -42,6 +42,14 @@ def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
 
   Returns:
     ``x``, of ``b``'s core shape and the broadcast batch shape.
+
+  Raises:
+    ValueError: if ``a`` is not square or has fewer than 2 dims, or ``b``
+      does not fit it.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for floating dtypes LAPACK lacks (float16,
+      bfloat16); float32, float64, complex64 and complex128 are supported
+      (integer and bool inputs are promoted to jax's default float).
   """
   a, b = as_inexact("triangular_solve", a, b)
   check_matrix("triangular_solve", "a", a, square=True)
@@ -117,6 +125,15 @@ def solve(a, b, *, assume_a: str = "gen", lower: bool = False):
     ``x`` of shape ``(..., n)`` for a vector ``b``, else ``(..., n, k)``. A batch
     element whose ``a`` is singular (or, for ``"pos"``, not positive definite)
     is all NaN.
+
+  Raises:
+    ValueError: if ``assume_a`` is not one of the values above, ``a`` is not
+      square or has fewer than 2 dims, or ``b`` does not fit it.
+    TypeError: for operands that are not numeric arrays.
+    NotImplementedError: for floating dtypes LAPACK lacks (float16,
+      bfloat16); float32, float64, complex64 and complex128 are supported
+      (integer and bool inputs are promoted to jax's default float), and
+      for ``assume_a="pos"`` off CPU (a CPU-only LAPACK target).
   """
   if assume_a not in _ASSUME_A:
     raise ValueError(f"batchpart.linalg.solve: assume_a must be one of "
