@@ -81,6 +81,23 @@ def test_log_likelihood_over_sharded_data(partitioner, mesh8, op):
 
 
 @pytest.mark.timeout(120)
+def test_a_call_with_no_batch_dims_in_explicit_mode(partitioner):
+  # The call gets a unit batch dim while lowering; its Explicit-mode
+  # sharding must move with the dims it names.
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+  data = rng(2).normal(size=(1024, 3)).astype(np.float32)
+  seen = Parts()
+  f = jax.jit(lambda d: bp.pure_callback(lambda d: seen(d).sum(), S((), d.dtype), d,
+                                         signature="(n,k)->()", reduce={"n": "sum"}))
+  with jax.set_mesh(mesh):
+    ds = put(data, mesh, P("x"))
+    got = f(ds)
+    assert collective_kinds(compiled_text(f, ds)) == {"all-reduce"}
+  np.testing.assert_allclose(float(got), data.sum(), rtol=1e-4)
+  assert sorted(seen.shapes) == [(128, 3)] * 8
+
+
+@pytest.mark.timeout(120)
 def test_not_sharded_reduced_dim_calls_on_whole_rows(partitioner, mesh8):
   x = rng(2).normal(size=(8, 10, 3)).astype(np.float32)
   parts = Parts("max")

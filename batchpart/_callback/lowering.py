@@ -39,12 +39,20 @@ hlo = compat.hlo
 FRONTEND_CALLBACK = "batchpart.callback"
 
 
+def _unit(aval):
+  """``aval`` with a leading dim of size 1; in Explicit mode its sharding
+  spec moves with the dims it names."""
+  sharding = getattr(aval, "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  if spec is None:
+    return aval.update(shape=(1, *aval.shape))
+  return aval.update(shape=(1, *aval.shape),
+                     sharding=sharding.update(spec=type(spec)(None, *spec)))
+
+
 def _with_unit_dim(values, avals, ctx):
-  out = []
-  for v, a in zip(values, avals):
-    t = compat.aval_to_ir_type(ctx.module_context, a.update(shape=(1, *a.shape)))
-    out.append(hlo.reshape(t, v))
-  return out
+  return [hlo.reshape(compat.aval_to_ir_type(ctx.module_context, _unit(a)), v)
+          for v, a in zip(values, avals)]
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
@@ -73,8 +81,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
     # No batch dims: give the call one of size 1, so that where XLA would
     # replicate it, one device computes it and the others get padding.
     operands = _with_unit_dim(operands, avals_in, ctx)
-    avals_in = [a.update(shape=(1, *a.shape)) for a in avals_in]
-    avals_out = [a.update(shape=(1, *a.shape)) for a in avals_out]
+    avals_in = [_unit(a) for a in avals_in]
+    avals_out = [_unit(a) for a in avals_out]
     batch = (1,)
   operand_shapes = [tuple(a.shape) for a in avals_in]
   result_shapes = [tuple(a.shape) for a in avals_out]
