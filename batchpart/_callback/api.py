@@ -34,7 +34,7 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                   num_batch_dims: int | None = None, signature: str | None = None,
                   reduce: dict[str, str] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
-                  **kwargs: Any):
+                  **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.pure_callback`, but the leading dims of every operand and
@@ -90,7 +90,7 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
-                reduce: dict[str, str] | None = None, **kwargs: Any):
+                reduce: dict[str, str] | None = None, **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its

@@ -80,7 +80,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
   result_avals = [_result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   aliases = _alias_pairs(owner, input_output_aliases, len(result_avals))
 
-  def wrapped(*args, **kwargs):
+  def wrapped(*args: Any, **kwargs: Any) -> Any:
     flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     in_avals = checked_operand_avals(owner, flat_args, result_avals)
     _check_aliases(owner, aliases, in_avals, result_avals)
@@ -104,7 +104,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
             f"{owner}: input_output_aliases {i}:{o}: the declaration places the batch "
             "dims of the operand and the result differently, so they cannot share a "
             "buffer. Give them the same core-dim group.")
-    prim_args = compat.auto_insert_reshard(*prim_args) if prim_args else ()
+    prim_args = list(compat.auto_insert_reshard(*prim_args)) if prim_args else []
     layouts = (Layouts(op_leads, spec.operand_core_ranks, res_leads, spec.result_core_ranks)
                if any(op_leads + res_leads) else None)
     flat = BufferCallback(callback, in_tree, out_tree, with_index=with_index,
@@ -126,7 +126,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
   return wrapped
 
 
-def _result_aval(owner: str, i: int, r):
+def _result_aval(owner: str, i: int, r: Any) -> Any:
   """A result leaf's aval, once it has a canonical shape and dtype."""
   if not (hasattr(r, "shape") and hasattr(r, "dtype")):
     raise TypeError(f"{owner}: result_shape_dtypes leaf {i} must have shape and "
@@ -135,7 +135,8 @@ def _result_aval(owner: str, i: int, r):
   return compat.ShapedArray(tuple(r.shape), r.dtype)
 
 
-def _alias_pairs(owner: str, aliases, n_results: int) -> tuple[tuple[int, int], ...]:
+def _alias_pairs(owner: str, aliases: dict[int, int] | None, n_results: int
+                 ) -> tuple[tuple[int, int], ...]:
   """The sorted (operand, result) pairs of ``input_output_aliases``, each
   result aliased at most once and in range."""
   pairs = tuple(sorted((int(i), int(o)) for i, o in (aliases or {}).items()))
@@ -150,7 +151,8 @@ def _alias_pairs(owner: str, aliases, n_results: int) -> tuple[tuple[int, int], 
   return pairs
 
 
-def _check_aliases(owner: str, pairs, in_avals, result_avals) -> None:
+def _check_aliases(owner: str, pairs: tuple[tuple[int, int], ...], in_avals: Any,
+                   result_avals: Any) -> None:
   """Every aliased operand exists and has its result's shape and dtype."""
   for i, o in pairs:
     if i >= len(in_avals):
