@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m batchpart")
   commands = parser.add_subparsers(dest="command", required=True)
   demo = commands.add_parser(

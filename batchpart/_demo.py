@@ -10,6 +10,7 @@ and the time per call measured interleaved with the others.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 _PLAIN_TARGET = "batchpart_demo_plain_potrf"
 
@@ -56,8 +57,8 @@ def _candidates(mesh):
 
 def _summary(report) -> tuple[str, str, str]:
   call = report.calls[0]
-  shape = "x".join(map(str, call.device_operand_shapes[0]))
-  kinds = {}
+  shape = "x".join(map(str, (call.device_operand_shapes or ((),))[0]))
+  kinds: dict[str, int] = {}
   for c in (*call.collectives_before, *call.collectives_after):
     kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
   collectives = ", ".join(f"{k} {v / 1024:.0f}KiB" for k, v in sorted(kinds.items()))
@@ -101,7 +102,7 @@ def _callbacks(mesh, a, repeats: int) -> None:
     np.testing.assert_allclose(f(a_sharded), np.linalg.cholesky(a), rtol=1e-3, atol=1e-3)
   times = _interleaved(fns, a_sharded, repeats)
   for name, f in fns.items():
-    text = f.lower(a_sharded).compile().as_text()
+    text = f.lower(a_sharded).compile().as_text() or ""
     moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
     print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
           f"{times[name] * 1e3:9.2f}ms")
@@ -126,7 +127,8 @@ def _buffer_callbacks(mesh, a, repeats: int) -> None:
   from batchpart import _hlo
 
   out = jax.ShapeDtypeStruct(a.shape, a.dtype)
-  rows, lock = {}, threading.Lock()
+  rows: dict[Any, Any] = {}
+  lock = threading.Lock()
 
   def cholesky_in_place(name):
     def write(ctx, factor, x):
@@ -149,7 +151,7 @@ def _buffer_callbacks(mesh, a, repeats: int) -> None:
   rows.clear()
   times = _interleaved(fns, a_sharded, repeats)
   for name, f in fns.items():
-    text = f.lower(a_sharded).compile().as_text()
+    text = f.lower(a_sharded).compile().as_text() or ""
     moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
     per_run = len(rows[name]) // repeats
     print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
@@ -199,7 +201,7 @@ def _reductions(mesh, num_devices: int, repeats: int) -> None:
     call = bp.explain(f, *args).calls[0]
     colls = ", ".join(f"{c.kind} {c.bytes / 1024:.1f}KiB" for c in
                       (*call.collectives_before, *call.collectives_after)) or "none"
-    shape = "x".join(map(str, call.device_operand_shapes[0]))
+    shape = "x".join(map(str, (call.device_operand_shapes or ((),))[0]))
     print(f"  {name:<21} per device {shape:<9} collectives {colls:<42} "
           f"{times[name] * 1e3:7.2f}ms {times[name] / times['bp.ffi_call(reduce=)']:5.1f}x")
 

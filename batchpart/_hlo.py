@@ -325,7 +325,7 @@ def parse_module(hlo_text: str) -> Module:
   """Parses a compiled module's text (``compiled.as_text()``)."""
   computations: dict[str, list[Instruction]] = {}
   entry = ""
-  current = None
+  current: str | None = None
   header = {"num_partitions": 1, "replica_count": 1}
   tables: dict[str, dict[int, str]] = {}
   table = None
@@ -345,7 +345,7 @@ def parse_module(hlo_text: str) -> Module:
         continue
       table = None
     inst = _parse_instruction(line) if current is not None else None
-    if inst is not None:
+    if current is not None and inst is not None:
       computations[current].append(inst)
       continue
     comp = _COMPUTATION.match(stripped)

@@ -77,7 +77,7 @@ def custom_call_targets(module) -> list[str]:
       module = ir.Module.parse(module, context)
     else:
       module = ir.Module.parse(compat.module_to_string(module), context)
-    return [string_attribute(op.attributes, "call_target_name")
+    return [string_attribute(op.attributes, "call_target_name") or ""
             for op in walk(module.operation)
             if op.operation.name == "stablehlo.custom_call"]
 
@@ -122,7 +122,7 @@ def location_frames(location) -> tuple[tuple[str, str, int, int], ...]:
 class CustomCall:
   """A ``stablehlo.custom_call`` op and whether it runs in a manual
   (``shard_map``) region."""
-  op: object
+  op: ir.Operation
   in_manual_region: bool
 
 
@@ -179,7 +179,7 @@ def layouts(op, name: str, shapes) -> tuple:
   the default row-major ones when the attribute is absent."""
   if name not in op.attributes:
     return tuple(tuple(range(len(s) - 1, -1, -1)) for s in shapes)
-  return tuple(tuple(int(d) for d in ir.DenseIntElementsAttr(a))
+  return tuple(tuple(int(d) for d in ir.DenseIntElementsAttr(a))  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
                for a in ir.ArrayAttr(op.attributes[name]))
 
 

@@ -7,6 +7,8 @@ the batch size, not the batch size times the number of devices.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -132,7 +134,8 @@ def reduce_rows_operands(rng, batch, n: int, k: int, dtype=np.float32):
 
 def reduce_rows_reference(x, w, op: str = "sum"):
   v = np.asarray(w)[..., :, None] * np.asarray(x)
-  return {"sum": np.sum, "max": np.max, "min": np.min}[op](v, axis=-2)
+  reducers: dict[str, Any] = {"sum": np.sum, "max": np.max, "min": np.min}
+  return reducers[op](v, axis=-2)
 
 
 def softmax_reference(x):

@@ -40,7 +40,7 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                   num_batch_dims: int | None = None, signature: str | None = None,
                   reduce: dict[str, str] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
-                  arrays: str = DEFAULT_ARRAYS, **kwargs: Any):
+                  arrays: str = DEFAULT_ARRAYS, **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.pure_callback`, but the leading dims of every operand and
@@ -106,7 +106,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
                 reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
-                **kwargs: Any):
+                **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -213,11 +213,11 @@ def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **
   the host side (``make_callback(layouts)``) moves them back for the user's
   function, which gets and returns its own layout."""
   op_leads, res_leads = spec.operand_leads, spec.result_leads
-  args = [_batch_first(x, lead, core)
-          for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
+  moved = [_batch_first(x, lead, core)
+           for x, lead, core in zip(flat_args, op_leads, spec.operand_core_ranks)]
   avals = [a.update(shape=_batch_first_shape(a.shape, lead, core))
            for a, lead, core in zip(result_avals, res_leads, spec.result_core_ranks)]
-  args = compat.auto_insert_reshard(*args) if args else ()
+  args = compat.auto_insert_reshard(*moved) if moved else ()
   layouts = (_Layouts(op_leads, spec.operand_core_ranks, res_leads, spec.result_core_ranks)
              if any(op_leads + res_leads) else None)
   outs = bind(*args, callback=make_callback(layouts), result_avals=tuple(avals),

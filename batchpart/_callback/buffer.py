@@ -78,7 +78,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   aliases = _alias_pairs(owner, input_output_aliases, len(result_avals))
 
-  def wrapped(*args, **kwargs):
+  def wrapped(*args: Any, **kwargs: Any) -> Any:
     flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     in_avals, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals)
     _check_aliases(owner, aliases, in_avals, result_avals)
@@ -102,7 +102,8 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
   return wrapped
 
 
-def _alias_pairs(owner: str, aliases, n_results: int) -> tuple[tuple[int, int], ...]:
+def _alias_pairs(owner: str, aliases: dict[int, int] | None, n_results: int
+                 ) -> tuple[tuple[int, int], ...]:
   """The sorted (operand, result) pairs of ``input_output_aliases``, each
   result aliased at most once and in range."""
   pairs = tuple(sorted((int(i), int(o)) for i, o in (aliases or {}).items()))
@@ -117,7 +118,8 @@ def _alias_pairs(owner: str, aliases, n_results: int) -> tuple[tuple[int, int], 
   return pairs
 
 
-def _check_aliases(owner: str, pairs, in_avals, result_avals) -> None:
+def _check_aliases(owner: str, pairs: tuple[tuple[int, int], ...], in_avals: Any,
+                   result_avals: Any) -> None:
   """Every aliased operand exists and has its result's shape and dtype."""
   for i, o in pairs:
     if i >= len(in_avals):

@@ -206,6 +206,13 @@ class _Block:
   (None: no padding); ``empty``: all padding, with ``zeros`` to return."""
 
   __slots__ = ("empty", "zeros", "index", "cuts", "wants", "reshapes", "pads")
+  empty: bool
+  zeros: tuple
+  index: tuple
+  cuts: list | None
+  wants: list
+  reshapes: list
+  pads: list
 
 
 class HostCall:

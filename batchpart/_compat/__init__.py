@@ -3,8 +3,10 @@
 The rest of batchpart reads them as ``from batchpart import _compat as
 compat`` and never imports ``jax._src`` itself; this package re-exports,
 by name, what each concern module offers. Each module states the jax
-versions it was checked against and holds its own version branches;
-``versions.check_versions`` warns where jax is older than the oldest checked.
+versions it was checked against and holds its own version branches.
+``versions.check_versions`` runs first, before any of them touches jax: jax
+or jaxlib older than the oldest supported raises ImportError naming the
+versions; a jax newer than the newest checked warns.
 
 - ``primitives``: primitives, avals, effects and rule tables.
 - ``jaxprs``: evaluating a jaxpr again (the decorator's rewrite).
@@ -18,7 +20,11 @@ versions it was checked against and holds its own version branches;
 - ``export``: ``jax.export``'s artifact lowering and safety check.
 """
 
-from batchpart._compat.callbacks import (
+from batchpart._compat.versions import check_versions as check_versions
+
+check_versions()
+
+from batchpart._compat.callbacks import (  # noqa: E402
   HOST_ARRAY_ALIGNMENT as HOST_ARRAY_ALIGNMENT,
   add_host_callback as add_host_callback,
   buffer_callback_target as buffer_callback_target,
@@ -34,21 +40,21 @@ from batchpart._compat.callbacks import (
   register_uncached_lowering as register_uncached_lowering,
   require_devices_during_lowering as require_devices_during_lowering,
 )
-from batchpart._compat.context import (
+from batchpart._compat.context import (  # noqa: E402
   auto_insert_reshard as auto_insert_reshard,
   declarations_key as declarations_key,
   get_cur_mesh_sharding as get_cur_mesh_sharding,
   set_declarations_key as set_declarations_key,
   use_shardy as use_shardy,
 )
-from batchpart._compat.export import (
+from batchpart._compat.export import (  # noqa: E402
   after_exported_call_lowering as after_exported_call_lowering,
   custom_call_check as custom_call_check,
   disabled_custom_call_target as disabled_custom_call_target,
   extend_export_safety_checks as extend_export_safety_checks,
   stable_custom_call_targets as stable_custom_call_targets,
 )
-from batchpart._compat.ffi import (
+from batchpart._compat.ffi import (  # noqa: E402
   check_compatible_avals as check_compatible_avals,
   convert_layout_for_lowering as convert_layout_for_lowering,
   convert_layouts_for_ffi_call as convert_layouts_for_ffi_call,
@@ -61,7 +67,7 @@ from batchpart._compat.ffi import (
   wrap_kwargs_hashable as wrap_kwargs_hashable,
   xla_platform_name as xla_platform_name,
 )
-from batchpart._compat.jaxprs import (
+from batchpart._compat.jaxprs import (  # noqa: E402
   bind_custom_derivative_call as bind_custom_derivative_call,
   bind_custom_vmap_call as bind_custom_vmap_call,
   bind_eqn as bind_eqn,
@@ -71,7 +77,7 @@ from batchpart._compat.jaxprs import (
   is_custom_vmap_call as is_custom_vmap_call,
   jaxprs_in_eqn as jaxprs_in_eqn,
 )
-from batchpart._compat.lowering import (
+from batchpart._compat.lowering import (  # noqa: E402
   COLLECTIVE_CHANNEL_ID as COLLECTIVE_CHANNEL_ID,
   DEVICE_TO_DEVICE_TYPE as DEVICE_TO_DEVICE_TYPE,
   aval_to_ir_type as aval_to_ir_type,
@@ -91,7 +97,7 @@ from batchpart._compat.lowering import (
   sdy_sharding_rule as sdy_sharding_rule,
   wrap_lowering_rules as wrap_lowering_rules,
 )
-from batchpart._compat.partitioner import (
+from batchpart._compat.partitioner import (  # noqa: E402
   HloSharding as HloSharding,
   OpShardingType as OpShardingType,
   is_partially_manual_lowering as is_partially_manual_lowering,
@@ -100,7 +106,7 @@ from batchpart._compat.partitioner import (
   xla_client as xla_client,
   xla_partitions as xla_partitions,
 )
-from batchpart._compat.primitives import (
+from batchpart._compat.primitives import (  # noqa: E402
   Literal as Literal,
   Primitive as Primitive,
   ShapedArray as ShapedArray,
@@ -115,7 +121,4 @@ from batchpart._compat.primitives import (
   typeof as typeof,
   wrap_abstract_eval as wrap_abstract_eval,
   wrap_batching_rule as wrap_batching_rule,
-)
-from batchpart._compat.versions import (
-  check_versions as check_versions,
 )

@@ -37,7 +37,7 @@ def after_exported_call_lowering(callback: Callable) -> None:
     callback(ctx, [op for op in body.operations if hash(op.operation) not in before])
     return out
 
-  lowering._batchpart_hook = True
+  lowering._batchpart_hook = True  # type: ignore[attr-defined]  # a marker on our own function
   mlir.register_lowering(prim, lowering, inline=entry.inline)
 
 
@@ -60,7 +60,7 @@ def extend_export_safety_checks(extra_checks: Callable) -> None:
     disabled = list(disabled_checks) + list(extra_checks(mod, disabled_checks))
     return original(mod, disabled_checks=disabled, **kwargs)
 
-  check_module._batchpart_hook = True
+  check_module._batchpart_hook = True  # type: ignore[attr-defined]  # as above
   _export._check_module = check_module
 
 

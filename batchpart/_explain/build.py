@@ -7,10 +7,11 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 
-from batchpart import _dtypes, _hlo
+from batchpart import _compat as compat, _dtypes, _hlo
 from batchpart._explain import callbacks, collectives, matching, replication
 from batchpart._explain.lowered import (
   FRONTEND_CALLBACK,
@@ -20,12 +21,12 @@ from batchpart._explain.lowered import (
   lowered_calls,
   reductions,
 )
-from batchpart._explain.report import CallReport, ExplainReport, ReducedDim
+from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
 from batchpart._primitive.reductions import absolute_dim
 
 
-def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
+def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
   """Compiles ``fn`` for the given arguments and reports on its FFI calls.
 
   For every FFI call in the program (``batchpart.ffi_call``, a
@@ -56,7 +57,7 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainReport:
   text = lowered.compile().as_text() or ""
   module = _hlo.parse_module(text)
   num_devices = max(module.num_partitions * module.replica_count, 1)
-  partitioner = "shardy" if jax.config.jax_use_shardy_partitioner else "gspmd"
+  partitioner = "shardy" if compat.use_shardy() else "gspmd"
 
   compiled = matching.compiled_ffi_calls(module)
   instances = matching.match(calls_asked, compiled, module)
@@ -78,8 +79,12 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
             module: _hlo.Module, num_devices: int) -> CallReport:
   callback = _callback_name(low, inst)
   hidden = _hidden_operands(low, inst)
-  device_operands = device_results = None
-  before = after = ()
+  device_operands: tuple[tuple[int, ...], ...] | None = None
+  device_results: tuple[tuple[int, ...], ...] | None = None
+  global_operands: tuple[tuple[int, ...], ...] | None
+  global_results: tuple[tuple[int, ...], ...] | None
+  before: tuple[Collective, ...] = ()
+  after: tuple[Collective, ...] = ()
   one_device = None
   if inst is not None:
     operand_types = inst.operand_types or tuple(
@@ -95,11 +100,12 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
     global_operands = tuple(s for _, s in low.operands)
     global_results = tuple(s for _, s in low.results)
   else:
+    assert inst is not None, "a call is lowered, compiled or both"
     operand_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.operand_types)[hidden:]
     result_dtypes = tuple(_dtypes.from_hlo(t.dtype) for t in inst.result_types)
     global_operands = global_results = None
   shared_by = None
-  derived = low.derived_name if low is not None else inst.derived_name
+  derived = low.derived_name if low is not None else _compiled(inst).derived_name
   leads = leading_core_dims(derived, hidden)
   reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
@@ -117,14 +123,17 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       module.stack(inst.stack_frame_id) if inst is not None else ())
   if low is not None:
     num_batch_dims, declaration = low.num_batch_dims, low.declaration
+    target = low.target
   else:
     # A call explain could not tie to the lowered program is still known as
     # a batchpart call by the attributes it carries into the compiled one.
-    num_batch_dims = batch_dims(inst.frontend_attribute("num_batch_dims"),
-                                inst.derived_name)
-    declaration = inst.frontend_attribute(FRONTEND_DECLARATION)
+    compiled = _compiled(inst)
+    num_batch_dims = batch_dims(compiled.frontend_attribute("num_batch_dims"),
+                                compiled.derived_name)
+    declaration = compiled.frontend_attribute(FRONTEND_DECLARATION)
+    target = compiled.target or ""
   return CallReport(
-      target=low.target if low is not None else inst.target,
+      target=target,
       num_batch_dims=num_batch_dims,
       operand_dtypes=operand_dtypes, result_dtypes=result_dtypes,
       global_operand_shapes=global_operands, global_result_shapes=global_results,
@@ -137,6 +146,13 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       removed=inst is None, callback=callback,
       leading_core_dims=leads, reduced_dims=reduced, declaration=declaration,
       single_device=one_device)
+
+
+def _compiled(inst: _hlo.Instruction | None) -> _hlo.Instruction:
+  """The compiled call of a report that has no lowered one: every report has
+  one or the other."""
+  assert inst is not None, "a call is lowered, compiled or both"
+  return inst
 
 
 def _hidden_operands(low: LoweredCall | None, inst: _hlo.Instruction | None) -> int:
@@ -165,7 +181,11 @@ def _callback_name(low: LoweredCall | None, inst: _hlo.Instruction | None) -> st
     return low.callback
   if inst is not None and inst.frontend_attribute(FRONTEND_CALLBACK) is not None:
     return inst.frontend_attribute(FRONTEND_CALLBACK)
-  target = low.target if low is not None else inst.target
+  if low is not None:
+    target = low.target
+  else:
+    assert inst is not None, "a call is lowered, compiled or both"
+    target = inst.target or ""
   if not callbacks.is_stock_target(target):
     return None
   op_name = inst.op_name if inst is not None else ""

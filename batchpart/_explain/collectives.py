@@ -68,7 +68,7 @@ def collectives(module: _hlo.Module, call: _hlo.Instruction, *, forward: bool
   """The collectives feeding ``call``'s operands (``forward=False``) or
   consuming its results (``forward=True``), in program order."""
   comp = module.computation_of.get(call.name)
-  position = {i.name: k for k, i in enumerate(module.computations.get(comp, ()))}
+  position = {i.name: k for k, i in enumerate(module.computations.get(comp or "", ()))}
   step = module.users_of if forward else module.operands
   found: dict[str, Collective] = {}
   seen = {call.name}

@@ -54,8 +54,8 @@ def match(lowered: Sequence[LoweredCall], compiled: Sequence[_hlo.Instruction],
         break
   out: dict[int | None, list[_hlo.Instruction]] = {}
   for j, inst in enumerate(compiled):
-    i = owner.get(j)
-    if i is None:
-      i = next((k for k, low in enumerate(lowered) if fits(low, j)), None)
-    out.setdefault(i, []).append(inst)
+    match = owner.get(j)
+    if match is None:
+      match = next((k for k, low in enumerate(lowered) if fits(low, j)), None)
+    out.setdefault(match, []).append(inst)
   return out

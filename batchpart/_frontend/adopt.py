@@ -5,9 +5,11 @@ for a package's plain ``jax.ffi.ffi_call``s, ``unpartition`` to undo either,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+from jax.extend.core import Primitive
 
 from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, parse_declaration
@@ -15,8 +17,9 @@ from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
 
-def _declaration(owner: str, num_batch_dims, signature, shard_attributes, reduce=None
-                 ) -> foreign.BatchDeclaration:
+def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
+                 shard_attributes: Callable[..., Any] | None,
+                 reduce: dict[str, str] | None = None) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
@@ -44,9 +47,10 @@ def _same_declaration(a: foreign.BatchDeclaration, b: foreign.BatchDeclaration) 
   return same_k and a.core_ranks == b.core_ranks and digest(a) == digest(b)
 
 
-def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None = None,
-                        shard_attributes: Callable | None = None,
-                        reduce: dict[str, str] | None = None):
+def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = None,
+                        signature: str | None = None,
+                        shard_attributes: Callable[..., Any] | None = None,
+                        reduce: dict[str, str] | None = None) -> Primitive:
   """Makes every FFI custom call ``primitive``'s lowering rules emit batch
   partitionable.
 
@@ -106,9 +110,9 @@ def partition_primitive(primitive, *, num_batch_dims=None, signature: str | None
   return primitive
 
 
-def partition_ffi_target(target_name: str, *, num_batch_dims=None,
+def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
                          signature: str | None = None,
-                         shard_attributes: Callable | None = None,
+                         shard_attributes: Callable[..., Any] | None = None,
                          reduce: dict[str, str] | None = None) -> None:
   """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
 
@@ -150,7 +154,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims=None,
   declarations.declare_target(target_name, declaration, _same_declaration)
 
 
-def unpartition(primitive_or_target_name) -> None:
+def unpartition(primitive_or_target_name: Primitive | str) -> None:
   """Restores the stock lowering of a primitive (``partition_primitive``), of
   the ``jax.ffi.ffi_call`` calls to a target (``partition_ffi_target``), or of the
   jax callbacks of a function (``partition_callback``).
@@ -172,10 +176,13 @@ def unpartition(primitive_or_target_name) -> None:
   declarations.withdraw(primitive_or_target_name)
 
 
-def ffi_lowering(target_name: str, *, num_batch_dims=None, signature: str | None = None,
-                 shard_attributes: Callable | None = None,
-                 reduce: dict[str, str] | None = None, operand_layouts=None,
-                 result_layouts=None, **lowering_args):
+def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
+                 signature: str | None = None,
+                 shard_attributes: Callable[..., Any] | None = None,
+                 reduce: dict[str, str] | None = None,
+                 operand_layouts: Sequence[Sequence[int] | None] | None = None,
+                 result_layouts: Sequence[Sequence[int] | None] | None = None,
+                 **lowering_args: Any) -> Callable[..., Any]:
   """A drop-in for :func:`jax.ffi.ffi_lowering` whose custom call is batch
   partitionable.
 

@@ -13,6 +13,8 @@ results (``demands``), through the primitives that keep dims intact.
 
 from __future__ import annotations
 
+from typing import Any
+
 from batchpart import _compat as compat
 
 # Two uses of one value that put different batch dims on one of its dims.
@@ -101,7 +103,7 @@ def demands(jaxpr, out_dims) -> dict:
   """Where the uses of each value of ``jaxpr`` put the batch dims, walked back
   from its outputs' ``out_dims`` (missing or None: unknown). Values whose
   uses say nothing are left out; dims two uses disagree on are ``CLASH``."""
-  want = {}
+  want: dict[Any, Any] = {}
 
   def use(var, dims):
     if dims is None or isinstance(var, compat.Literal):
@@ -175,7 +177,7 @@ def _dim_map(eqn):
   if name == "transpose":
     return [(tuple(params["permutation"]), frozenset())]
   if name == "broadcast_in_dim" and len(shapes) == 1:
-    sources = [None] * rank
+    sources: list[int | None] = [None] * rank
     for i, d in enumerate(params["broadcast_dimensions"]):
       sources[d] = i
     return [(tuple(sources), frozenset())]
@@ -216,7 +218,8 @@ def _reshape_map(shape, new_shape):
   zero-sized dims."""
   if 0 in shape or 0 in new_shape:
     return None
-  sources, altered = [None] * len(new_shape), set()
+  sources: list[int | None] = [None] * len(new_shape)
+  altered = set()
   i = j = 0
   while i < len(shape) and j < len(new_shape):
     if shape[i] == new_shape[j]:

@@ -13,6 +13,8 @@ cannot tell, and calls the rewrite cannot reach, are warned about.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -25,9 +27,9 @@ from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes,
 from batchpart._primitive.reductions import Reduction, absolute_dim, check_result_dtypes
 
 
-def batch_partitionable(fn=None, *, signature: str | None = None,
+def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
                         num_batch_dims: int | None = None,
-                        reduce: dict[str, str] | None = None):
+                        reduce: dict[str, str] | None = None) -> Any:
   """Makes the ``jax.ffi.ffi_call`` calls inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
@@ -300,11 +302,11 @@ class _Rewriter(RewriteWarnings):
     result_avals = eqn.params["result_avals"]
     out = []
     for r in self.reductions:
-      where = [(k, dims, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
-               if batch_dims.reduced_at(dims, r.name) is not None]
+      where = [(k, at, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
+               if (at := batch_dims.reduced_at(dims, r.name)) is not None]
       if not where:
         continue
-      size = _shape(eqn.invars[where[0][0]])[batch_dims.reduced_at(where[0][1], r.name)]
+      size = _shape(eqn.invars[where[0][0]])[where[0][1]]
       kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
               if size in (*a.shape[:lead], *a.shape[lead + rank:])]
       if kept:
@@ -314,8 +316,8 @@ class _Rewriter(RewriteWarnings):
                                    "computed whole", partitioned=True)
         continue
       dims = []
-      for k, d, (lead, _) in where:
-        at, ndim = batch_dims.reduced_at(d, r.name), len(_shape(eqn.invars[k]))
+      for k, at, (lead, _) in where:
+        ndim = len(_shape(eqn.invars[k]))
         dims.append((k, at if at < lead else at - ndim))
       out.append(Reduction(r.name, r.op, tuple(dims)))
     check_result_dtypes(f"batchpart.batch_partitionable({self.name}) (its call to "

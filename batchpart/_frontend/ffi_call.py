@@ -14,14 +14,14 @@ from batchpart._primitive.reductions import check_result_dtypes
 
 def ffi_call(
     target_name: str,
-    result_shape_dtypes,
+    result_shape_dtypes: Any,
     *,
     num_batch_dims: int | None = None,
     signature: str | None = None,
     reduce: dict[str, str] | None = None,
     has_side_effect: bool = False,
-    input_layouts: Sequence | None = None,
-    output_layouts=None,
+    input_layouts: Sequence[Sequence[int] | None] | None = None,
+    output_layouts: Sequence[int] | Sequence[Sequence[int] | None] | None = None,
     input_output_aliases: dict[int, int] | None = None,
     vmap_method: str | None = None,
     custom_call_api_version: int = 4,
@@ -95,7 +95,7 @@ def ffi_call(
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
-  result_avals = compat.result_avals_from_shape_dtypes(results)
+  result_avals: list[Any] = list(compat.result_avals_from_shape_dtypes(results))
   check_result_dtypes(owner, reductions, [r.dtype for r in result_avals
                                           if r is not compat.abstract_token])
   if any(r is compat.abstract_token for r in result_avals):
@@ -105,7 +105,7 @@ def ffi_call(
   if output_layouts is None:
     out_layouts = None
 
-  def call(*args, **attributes):
+  def call(*args: Any, **attributes: Any) -> Any:
     in_avals = checked_operand_avals(owner, args, result_avals,
                                      " Pass attributes as keyword arguments.")
     operand_shapes = [tuple(a.shape) for a in in_avals]
@@ -143,7 +143,7 @@ def ffi_call(
   return call
 
 
-def _static_layouts(target_name, what, layouts, avals):
+def _static_layouts(target_name: str, what: str, layouts: Any, avals: Sequence[Any]) -> Any:
   if layouts is None:
     return tuple(compat.convert_layout_for_lowering(a) for a in avals)
   if len(layouts) != len(avals):
@@ -159,8 +159,9 @@ def _static_layouts(target_name, what, layouts, avals):
   return tuple(tuple(l) for l in compat.convert_layouts_for_ffi_call(avals, layouts))
 
 
-def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
-                    static_out) -> tuple[tuple[int, int], ...]:
+def _static_aliases(target_name: str, aliases: dict[int, int] | None, in_avals: Sequence[Any],
+                    result_avals: Sequence[Any], static_in: Any, static_out: Any
+                    ) -> tuple[tuple[int, int], ...]:
   out = []
   for i, o in sorted((aliases or {}).items()):
     i, o = int(i), int(o)
@@ -183,7 +184,8 @@ def _static_aliases(target_name, aliases, in_avals, result_avals, static_in,
   return tuple(out)
 
 
-def _check_jax_options(target_name, vmap_method, api_version, legacy_backend_config):
+def _check_jax_options(target_name: str, vmap_method: str | None, api_version: int,
+                       legacy_backend_config: str | None) -> None:
   check_vmap_method(_primitive.ffi_call_owner(target_name), vmap_method, "jax.ffi.ffi_call")
   if api_version != 4 or legacy_backend_config is not None:
     raise ValueError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 import jax
 
@@ -21,7 +22,7 @@ _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = [ctypes.py_object]
 
 
-def _handler_identity(handler):
+def _handler_identity(handler: Any) -> Any:
   """What makes two handlers the same: the function pointer a capsule holds
   (two capsules may wrap one function), recursively for handler bundles."""
   if isinstance(handler, dict):
@@ -31,7 +32,7 @@ def _handler_identity(handler):
   return ("object", id(handler))
 
 
-def register_ffi_target(name: str, handler, *, platform: str = "cpu",
+def register_ffi_target(name: str, handler: Any, *, platform: str = "cpu",
                         api_version: int = 1) -> None:
   """Registers an FFI handler with XLA and marks the target batch partitionable.
 
@@ -73,11 +74,11 @@ def register_ffi_target(name: str, handler, *, platform: str = "cpu",
     declared.declare(name)
 
 
-def _is_capsule(x) -> bool:
+def _is_capsule(x: object) -> bool:
   return type(x).__name__ == "PyCapsule"
 
 
-def _check_handler(name: str, handler) -> None:
+def _check_handler(name: str, handler: Any) -> None:
   # jax only queues a handler until the backend starts, so a bad one would
   # otherwise surface later as a backend failure that names no target.
   ok = _is_capsule(handler) or (

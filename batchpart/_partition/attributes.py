@@ -88,7 +88,7 @@ def parse(config) -> dict:
   if not text:
     return {}
   parsed = ir.DictAttr(ir.Attribute.parse(text))
-  return {named.name: named.attr for named in parsed}
+  return {named.name: named.attr for named in parsed}  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
 
 
 def to_python(attr):

@@ -120,7 +120,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   if "".join(m.group(0) for m in _FIELD.finditer(body)) != body:
     raise ValueError("malformed fields")
   values: dict[str, str] = {}
-  layouts = {"o": {}, "r": {}}
+  layouts: dict[str, dict[int, tuple[int, ...]]] = {"o": {}, "r": {}}
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
   reductions, dim_names = [], []
   for m in _FIELD.finditer(body):
@@ -141,11 +141,11 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
-    elif tag == "x" and (m := _REDUCTION.match(value)) and m.group(2) in OPS:
-      dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in m.group(3).split(","))
-      reductions.append(Reduction(m.group(1), m.group(2), dims))
-    elif tag == "k" and (m := _DIM_NAME.match(value)):
-      dim_names.append(DimName(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))))
+    elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in OPS:
+      dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in x.group(3).split(","))
+      reductions.append(Reduction(x.group(1), x.group(2), dims))
+    elif tag == "k" and (k := _DIM_NAME.match(value)):
+      dim_names.append(DimName(k.group(1), k.group(2), int(k.group(3)), int(k.group(4))))
     else:
       raise ValueError(f"unknown field ${tag}{value}")
   for tag in ("o", "r", "no", "nr"):

@@ -37,10 +37,11 @@ def all_reduce(value, op: str, groups) -> ir.Value:
   XLA reads the groups as replica ids and fails at run time)."""
   op_ = hlo.AllReduceOp(
       [value.type], [value],
-      replica_groups=ir.DenseIntElementsAttr.get(np.asarray(groups, dtype=np.int64)),
+      replica_groups=ir.DenseIntElementsAttr.get(  # type: ignore[call-overload]  # stubs: arrays
+          np.asarray(groups, dtype=np.int64)),
       channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
                                            compat.DEVICE_TO_DEVICE_TYPE),
-      use_global_device_ids=ir.BoolAttr.get(True))
+      use_global_device_ids=ir.BoolAttr.get(True))  # type: ignore[arg-type]  # stubs: a bool
   scalar = ir.RankedTensorType.get([], ir.RankedTensorType(value.type).element_type)
   block = op_.regions[0].blocks.append(scalar, scalar)
   with ir.InsertionPoint(block):

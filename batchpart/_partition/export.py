@@ -52,7 +52,8 @@ def _add_sharding_rule(op, d) -> None:
 
 
 def _drop_frontend_attribute(op, name: str) -> None:
-  entries = {a.name: a.attr for a in ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+  entries = {a.name: a.attr
+             for a in ir.DictAttr(op.attributes["mhlo.frontend_attributes"])  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
              if a.name != name}
   op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(entries)
 

@@ -39,7 +39,7 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
     with ir.InsertionPoint(module.body):
       main = compat.func_dialect.FuncOp("main", ir.FunctionType.get(arg_types, res_types))
       main.attributes["sym_visibility"] = ir.StringAttr.get("public")
-      block = main.add_entry_block()
+      block = main.add_entry_block()  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
       with ir.InsertionPoint(block):
         operands = list(block.arguments)
         if block_table is not None:
@@ -47,6 +47,7 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
         results = emit.custom_call(d.target, d, operands, res_types, config)
         if len(reduce_groups):
           op = combining_op(d.reductions)
+          assert op is not None, "reduce groups come only with reductions"
           results = [emit.all_reduce(r, op, reduce_groups) for r in results]
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)
@@ -59,6 +60,6 @@ def _table_row(table) -> ir.Value:
   i64 = ir.IntegerType.get_signless(64)
   constant = compat.hlo.constant(ir.DenseElementsAttr.get(table))
   pid = compat.hlo.convert(ir.RankedTensorType.get([], i64), compat.hlo.partition_id())
-  zero = compat.hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))
+  zero = compat.hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
   row = compat.hlo.dynamic_slice(constant, [pid, zero], [1, n])
   return compat.hlo.reshape(ir.RankedTensorType.get([n], i64), row)

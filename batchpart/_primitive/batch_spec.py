@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class BatchSpec:
     """The primitive parameters for the lead ranks, reductions and dim names:
     none where batch dims lead and nothing is reduced or named, so such calls
     keep the parameters they always had."""
-    params = {}
+    params: dict[str, Any] = {}
     if self.operand_lead_ranks or self.result_lead_ranks:
       params.update(operand_lead_ranks=self.operand_leads,
                     result_lead_ranks=self.result_leads)

@@ -3,6 +3,8 @@ of the same call, the first of them (where a signature's ``...`` stands)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from jax import lax
 
 from batchpart import _compat as compat
@@ -48,7 +50,7 @@ def align_operands(args, dims, core_ranks, leads, size: int, must_broadcast):
     if dims[i] is None:
       args[i] = compat.moveaxis(lax.broadcast(args[i], (size,)), 0, leads[i])
       dims[i] = leads[i]
-  inserted = []
+  inserted: list[Any] = []
   for i, (a, d, b, lead) in enumerate(zip(args, dims, unmapped_batch_ranks, leads)):
     if d is None:
       inserted.append(None)

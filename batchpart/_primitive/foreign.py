@@ -112,10 +112,11 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],
                       result_types=[r.type for r in op.results],
                       declaration=declaration.text())
-  frontend = {}
+  frontend: dict[str, ir.Attribute] = {}
   if "mhlo.frontend_attributes" in attrs:
-    frontend = {a.name: a.attr for a in ir.DictAttr(attrs["mhlo.frontend_attributes"])}
-  frontend.update({a.name: a.attr for a in ir.DictAttr(extra.pop("mhlo.frontend_attributes"))})
+    frontend = {a.name: a.attr for a in ir.DictAttr(attrs["mhlo.frontend_attributes"])}  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
+  extra_frontend = ir.DictAttr(extra.pop("mhlo.frontend_attributes"))
+  frontend.update({a.name: a.attr for a in extra_frontend})  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
   attrs["call_target_name"] = ir.StringAttr.get(name)
   attrs["mhlo.frontend_attributes"] = ir.DictAttr.get(frontend)
   if "sdy.sharding_rule" in attrs:

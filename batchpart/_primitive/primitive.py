@@ -21,7 +21,8 @@ for ``batchpart.explain``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
+from typing import Any
 
 from batchpart import _compat as compat
 from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
@@ -147,7 +148,7 @@ def reshard_core_to_batch(x, core_rank: int):
   aval = compat.typeof(x)
   sharding = getattr(aval, "sharding", None)
   spec = getattr(sharding, "spec", None)
-  if spec is None or sharding.mesh.empty or not sharding.mesh.explicit_axes:
+  if spec is None or sharding is None or sharding.mesh.empty or not sharding.mesh.explicit_axes:
     return x
   if _unreduced(spec):
     return x   # the call's abstract evaluation refuses it, naming the target
@@ -160,7 +161,8 @@ def reshard_core_to_batch(x, core_rank: int):
   return reshard(x, PartitionSpec(*entries, *([None] * core_rank)))
 
 
-def batch_primitive(name: str, owner: Callable[..., str], effects: Callable[..., set]):
+def batch_primitive(name: str, owner: Callable[..., str],
+                    effects: Callable[..., AbstractSet[Any]]) -> compat.Primitive:
   """A primitive over declared batch dims, as both batchpart primitives are:
   multiple results, eager through jit, an abstract evaluation that checks
   the call against the batch spec its parameters carry and types the results

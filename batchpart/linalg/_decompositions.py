@@ -9,9 +9,11 @@ setting) and on empty batches."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
@@ -39,7 +41,7 @@ def _tangent_trsm(a, b, *, left_side=False, lower=False, transpose_a=False,
 
 # ---- Cholesky -----------------------------------------------------------------
 
-def cholesky(a, *, lower: bool = True, symmetrize_input: bool = True):
+def cholesky(a: ArrayLike, *, lower: bool = True, symmetrize_input: bool = True) -> jax.Array:
   """Cholesky factor of Hermitian positive-definite matrices.
 
   Like :func:`jax.numpy.linalg.cholesky` (``upper = not lower``).
@@ -97,7 +99,7 @@ def _cholesky_jvp(symmetrize_input, primals, tangents):
 
 # ---- LU -----------------------------------------------------------------------
 
-def lu(a):
+def lu(a: ArrayLike) -> tuple[jax.Array, jax.Array, jax.Array]:
   """LU decomposition with partial pivoting, as :func:`jax.lax.linalg.lu`.
 
   Args:
@@ -148,8 +150,9 @@ def _lu_jvp(primals, tangents):
 
 # ---- eigh ---------------------------------------------------------------------
 
-def eigh(a, *, lower: bool = True, symmetrize_input: bool = True,
-         sort_eigenvalues: bool = True, implementation=None):
+def eigh(a: ArrayLike, *, lower: bool = True, symmetrize_input: bool = True,
+         sort_eigenvalues: bool = True, implementation: Any = None
+         ) -> tuple[jax.Array, jax.Array]:
   """Eigenvalues and eigenvectors of Hermitian matrices, as
   :func:`jax.numpy.linalg.eigh` (``UPLO="L"`` for ``lower``) and
   :func:`jax.lax.linalg.eigh` (which returns them in the other order).

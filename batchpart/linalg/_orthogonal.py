@@ -8,9 +8,11 @@ setting) and on empty batches."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._decompositions import eigh
@@ -33,7 +35,7 @@ from batchpart.linalg._util import (
 _QR_MODES = ("reduced", "complete", "r", "raw", "full")
 
 
-def qr(a, *, mode: str = "reduced", pivoting: bool = False):
+def qr(a: ArrayLike, *, mode: str = "reduced", pivoting: bool = False) -> Any:
   """QR decomposition, as :func:`jax.numpy.linalg.qr` (modes) and
   :func:`jax.lax.linalg.qr` (``pivoting``).
 
@@ -167,8 +169,8 @@ def _qr_tangents(x, dx, q, r, full_matrices):
 
 # ---- SVD ----------------------------------------------------------------------
 
-def svd(a, *, full_matrices: bool = False, compute_uv: bool = True, hermitian: bool = False,
-        algorithm=None):
+def svd(a: ArrayLike, *, full_matrices: bool = False, compute_uv: bool = True,
+        hermitian: bool = False, algorithm: Any = None) -> Any:
   """Singular value decomposition, as :func:`jax.numpy.linalg.svd` (whose
   ``full_matrices`` default is ``True``; batchpart's is ``False``) and
   :func:`jax.lax.linalg.svd` (``algorithm``).

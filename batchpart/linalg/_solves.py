@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from batchpart.linalg import _kernels, _tangent_solves
 from batchpart.linalg._util import (
@@ -20,9 +21,9 @@ from batchpart.linalg._util import (
 )
 
 
-def triangular_solve(a, b, *, left_side: bool = True, lower: bool = True,
+def triangular_solve(a: ArrayLike, b: ArrayLike, *, left_side: bool = True, lower: bool = True,
                      transpose_a: bool = False, unit_diagonal: bool = False,
-                     conjugate_a: bool = False):
+                     conjugate_a: bool = False) -> jax.Array:
   """Solves a triangular system, as :func:`jax.lax.linalg.triangular_solve`
   (whose defaults are ``left_side=False, lower=False``).
 
@@ -106,7 +107,8 @@ def _trsm_jvp(options, primals, tangents):
 _ASSUME_A = ("gen", "sym", "her", "pos")
 
 
-def solve(a, b, *, assume_a: str = "gen", lower: bool = False):
+def solve(a: ArrayLike, b: ArrayLike, *, assume_a: str = "gen", lower: bool = False
+          ) -> jax.Array:
   """Solves ``a @ x = b``, as :func:`jax.numpy.linalg.solve` (shapes) and
   :func:`jax.scipy.linalg.solve` (``assume_a``, ``lower``).
 

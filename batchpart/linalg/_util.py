@@ -7,6 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from batchpart._primitive import reshard_core_to_batch
 
@@ -37,10 +38,10 @@ class SVDResult(NamedTuple):
   Vh: jax.Array
 
 
-def as_inexact(fn: str, *arrays):
+def as_inexact(fn: str, *operands: ArrayLike) -> list[jax.Array]:
   """jnp.linalg's promotion: integer and bool inputs become floating."""
   try:
-    arrays = [jnp.asarray(a) for a in arrays]
+    arrays = [jnp.asarray(a) for a in operands]
   except (TypeError, ValueError) as e:
     raise TypeError(f"batchpart.linalg.{fn}: operands must be numeric arrays: {e}") from e
   dtype = jnp.result_type(*arrays)

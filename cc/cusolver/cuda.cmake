@@ -14,7 +14,14 @@
 # runs before the CUDA language is enabled, so a machine without nvcc (or
 # without cuSOLVER) pays only a find_program (plus a Python query) for it.
 
-set(BATCHPART_CUDA "AUTO" CACHE STRING
+# The default comes from the environment where BATCHPART_CUDA is set there, so
+# a wheel build (cibuildwheel's CUDA variant) can choose without a -D flag.
+if(DEFINED ENV{BATCHPART_CUDA} AND NOT "$ENV{BATCHPART_CUDA}" STREQUAL "")
+  set(_bp_cuda_default "$ENV{BATCHPART_CUDA}")
+else()
+  set(_bp_cuda_default "AUTO")
+endif()
+set(BATCHPART_CUDA "${_bp_cuda_default}" CACHE STRING
     "Build the CUDA kernels (batchpart._cuda): AUTO (if nvcc and cuSOLVER/cuBLAS are found), ON (required) or OFF")
 set_property(CACHE BATCHPART_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(BATCHPART_CUDA_LIBS_ROOT "$ENV{BATCHPART_CUDA_LIBS_ROOT}" CACHE PATH
@@ -187,7 +194,7 @@ set_target_properties(batchpart_cuda_device PROPERTIES
 # are batchpart_kernel_common's (cc/common/), which _core links too, so both
 # platforms report the same errors.
 file(GLOB BATCHPART_CUSOLVER_SOURCES CONFIGURE_DEPENDS cc/cusolver/*.cc)
-nanobind_add_module(_cuda NB_STATIC NOMINSIZE ${BATCHPART_CUSOLVER_SOURCES})  # no -Os, as _core
+nanobind_add_module(_cuda NB_STATIC NOMINSIZE STABLE_ABI ${BATCHPART_CUSOLVER_SOURCES})  # as _core
 target_include_directories(_cuda PRIVATE cc ${XLA_FFI_INCLUDE_DIR}
   ${BATCHPART_CUSOLVER_INCLUDE_DIR} ${BATCHPART_CUBLAS_INCLUDE_DIR})
 target_link_libraries(_cuda PRIVATE batchpart_kernel_common batchpart_cuda_device
