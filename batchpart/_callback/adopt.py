@@ -95,7 +95,7 @@ def _declared(fn) -> CallbackDeclaration | None:
       found = table.get(candidate)
     except TypeError:   # unhashable objects are never declared
       continue
-    if found is not None:
+    if isinstance(found, CallbackDeclaration):
       return found
   return None
 

@@ -208,7 +208,7 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   grid = _split_reductions(grid, rank, n_manual, coords, reduce_tiles)
   grid = _fold(grid, rank, batch)
   first_reduced = rank + 1 + n_manual
-  reduced_axes = {}   # operand -> {dim: grid axis}
+  reduced_axes: dict[int, dict[int, int]] = {}   # operand -> {dim: grid axis}
   for i, r in enumerate(d.reductions):
     for k, axis in r.dims:
       reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
