@@ -33,7 +33,8 @@ function that returns its operand, ``arrays="numpy"`` and ``"jax"``), the
 whole program against ``jax.pure_callback``'s one gathered call, and the
 compile time of a program of 10 callbacks against 10 of jax's.
 
-  python benchmarks/callbacks.py           # prints the markdown tables
+  python benchmarks/callbacks.py           # prints the markdown tables, writes
+                                           # docs/benchmarks-callbacks.png (matplotlib)
   python benchmarks/callbacks.py --quick   # (256, 48, 48) and 2**18 rows, fewer repeats
 """
 
@@ -52,11 +53,12 @@ def main(argv):
   import jax
   jax.config.update("jax_enable_x64", True)
   jax.config.update("jax_cpu_enable_async_dispatch", False)
-  eigvalsh(quick)
+  sections = {"eigvalsh, 8 blocks": eigvalsh(quick)}
   print()
-  log_likelihood(quick)
+  sections["log-likelihood, reduce="] = log_likelihood(quick)
   print()
-  package_callback(quick)
+  sections["a package's callback"] = package_callback(quick)
+  plot(sections)
   print()
   host_overhead()
   print()
@@ -65,7 +67,7 @@ def main(argv):
   compile_time(quick)
 
 
-def eigvalsh(quick: bool) -> None:
+def eigvalsh(quick: bool) -> list:
   """The eigvalsh table."""
   import jax
   import numpy as np
@@ -104,9 +106,10 @@ def eigvalsh(quick: bool) -> None:
         f"jax {jax.__version__}\n")
   print_comparison(rows, "bp.pure_callback", "callback")
   print(f"\noperand: {x.nbytes:,} bytes ({x.nbytes // 8:,} per device)")
+  return rows
 
 
-def log_likelihood(quick: bool) -> None:
+def log_likelihood(quick: bool) -> list:
   """The log-likelihood table: a sum over sharded rows (reduce=)."""
   import jax
   import numpy as np
@@ -149,9 +152,10 @@ def log_likelihood(quick: bool) -> None:
   print(f"norm.logpdf summed over ({n}, 4) float64 rows, sharded over 8 simulated CPU "
         f"devices, jax {jax.__version__}\n")
   print_comparison(rows, "bp.pure_callback(reduce=)", "callback")
+  return rows
 
 
-def package_callback(quick: bool) -> None:
+def package_callback(quick: bool) -> list:
   """The partition_callback table: a package's jitted function calling
   ``jax.pure_callback`` itself. The undeclared package calls an identical
   copy of the declared function, so both run interleaved in one process."""
@@ -205,6 +209,35 @@ def package_callback(quick: bool) -> None:
   print(f"a package's jax.pure_callback(eigvalsh) on ({n}, {k}, {k}) float64, batch-sharded "
         f"over 8 simulated CPU devices, jax {jax.__version__}\n")
   print_comparison(rows, "partition_callback", "callback")
+  return rows
+
+
+def plot(sections: dict) -> None:
+  """docs/benchmarks-callbacks.png: each candidate's time over batchpart's
+  (the first candidate of each section), Shardy and GSPMD side by side."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib missing: no plot (pip install -e '.[bench]')")
+    return
+  fig, axes = plt.subplots(len(sections), 1, figsize=(7, 2.1 * len(sections)))
+  for ax, (title, rows) in zip(axes, sections.items()):
+    names = list(dict.fromkeys(name for _, name, _, _ in rows))
+    base = {p: t for p, name, t, _ in rows if name == names[0]}
+    for k, partitioner in enumerate(("shardy", "gspmd")):
+      ratio = {name: t / base[p] for p, name, t, _ in rows if p == partitioner}
+      ax.barh([i + 0.4 * k for i in range(len(names))], [ratio[n] for n in names],
+              height=0.4, label=partitioner)
+    ax.set_yticks([i + 0.2 for i in range(len(names))], names, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1, color="k", lw=0.8)
+    ax.set_title(title, fontsize=9)
+  axes[0].legend(fontsize=8)
+  axes[-1].set_xlabel("time over batchpart's (8 simulated CPU devices)")
+  fig.tight_layout()
+  fig.savefig(os.path.join(HERE, "..", "docs", "benchmarks-callbacks.png"), dpi=120)
 
 
 def host_overhead() -> None:
