@@ -1,7 +1,8 @@
 """One process of a two-process jax.distributed job (4 CPU devices each)
 calling bp.pure_callback and bp.io_callback on a batch sharded over all 8
 devices, then a collective; and a package's own jax.pure_callback made per
-shard by bp.partition_callback.
+shard by bp.partition_callback, and bp.buffer_callback writing each
+device's rows in place.
 
 Run by test_callbacks_multiprocess.py as ``python
 callbacks_multiprocess_worker.py PORT ID OUT``: each process writes, to
@@ -82,6 +83,21 @@ def package(x):
   return w, jnp.sum(w)
 
 
+buffer_rows = []
+
+
+def eig_into(ctx, out, block, index):
+  """bp.buffer_callback's function: this device's rows, written in place."""
+  with lock:
+    buffer_rows.extend(range(index[0].start, index[0].stop))
+  np.asarray(out)[...] = np.linalg.eigvalsh(np.asarray(block))
+
+
+in_place = jax.jit(bp.buffer_callback(eig_into, jax.ShapeDtypeStruct((32, 6), np.float32),
+                                      num_batch_dims=1, with_index=True))
+buffer_w = in_place(xs)
+jax.block_until_ready(buffer_w)
+
 bp.partition_callback(package_eig, num_batch_dims=1)
 package_w, package_total = package(xs)
 jax.block_until_ready(package_total)
@@ -93,5 +109,7 @@ np.savez(f"{out}.{process_id}.npz",
          package_w=multihost_utils.process_allgather(package_w, tiled=True),
          package_total=np.asarray(package_total),
          package_block_rows=np.array([len(b) for b in package_blocks]),
-         package_firsts=np.sort(np.concatenate(package_blocks)))
+         package_firsts=np.sort(np.concatenate(package_blocks)),
+         buffer_w=multihost_utils.process_allgather(buffer_w, tiled=True),
+         buffer_rows=np.array(sorted(buffer_rows)))
 jax.distributed.shutdown()

@@ -1,7 +1,8 @@
 """A two-process jax.distributed job (gloo, 4 CPU devices per process):
 each process's host callbacks get that process's batch shards only, and
 the results are ordinary sharded arrays; so are a package's own
-jax.pure_callback's once declared with bp.partition_callback."""
+jax.pure_callback's once declared with bp.partition_callback, and
+bp.buffer_callback's in-place writes."""
 
 import os
 
@@ -36,6 +37,8 @@ def test_each_process_calls_back_for_its_own_shards(tmp_path):
     # One call per local device, on that device's 4 rows of this process.
     assert list(r[i]["package_block_rows"]) == [4] * 4
     np.testing.assert_array_equal(r[i]["package_firsts"], np.sort(x[mine, 0, 0]))
+    np.testing.assert_allclose(r[i]["buffer_w"], want, rtol=1e-4, atol=1e-4)
+    assert list(r[i]["buffer_rows"]) == mine   # in place, this process's rows once
   text = str(r[0]["hlo"])
   calls = _hlo.custom_calls(text, "xla_ffi_python_cpu_callback")
   assert len(calls) == 2
