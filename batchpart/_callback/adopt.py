@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -139,7 +140,7 @@ def _call_declaration(declaration: CallbackDeclaration, vmapped: Vmapped | None,
     # vmap puts its dims in front, where a '...' after a core dim is not.
     return None if declaration.leads else options
   k = declaration.num_batch_dims
-  names = iter(f"c{i}" for i in range(10 ** 6))
+  names = (f"c{i}" for i in itertools.count())   # one fresh name per core dim
   def group(rank, added):
     core = rank - k - added
     if core < 0:
