@@ -25,7 +25,12 @@ import math
 
 import numpy as np
 
-from batchpart._callback.host import CallbackError, callback_name
+from batchpart._callback.host import (
+  CallbackError,
+  block_extent,
+  callback_name,
+  raised_on_block,
+)
 from batchpart._primitive.batch_spec import batch_first, inverse
 
 _CPU, _CUDA, _ROCM = 1, 2, 10   # DLPack device types
@@ -217,10 +222,7 @@ class BufferHostCall:
 
   def __call__(self, ctx, block, *buffers):
     rank = len(self.batch)
-    vector = read_block_vector(block, ctx)
-    offsets = [int(v) for v in vector[:rank]]
-    local = [int(v) for v in vector[rank:2 * rank]]
-    valid = [max(0, min(b - o, n)) for b, o, n in zip(self.batch, offsets, local)]
+    offsets, _, valid = block_extent(self.batch, read_block_vector(block, ctx))
     if rank and any(v == 0 for v in valid):
       # All padding: nothing of the batch is here, and nothing is called.
       return ()
@@ -237,9 +239,7 @@ class BufferHostCall:
     except CallbackError:
       raise
     except Exception as e:
-      raise CallbackError(
-          f"{self.flat.owner} raised {type(e).__name__}: {e} (on the block "
-          f"{_fmt_index(index)} of the batch)") from e
+      raise raised_on_block(self.flat.owner, e, index) from e
     return ()
 
   def _view(self, buf, global_shape, batch_rank, valid, order, *, writeable):
@@ -262,10 +262,6 @@ def _user_order(ndim: int, lead: int, batch_rank: int):
   if not lead or batch_rank <= 0:
     return None
   return inverse(batch_first(ndim, lead, batch_rank))
-
-
-def _fmt_index(index) -> str:
-  return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
 
 
 def read_block_vector(block, ctx) -> np.ndarray:

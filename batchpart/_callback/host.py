@@ -262,9 +262,7 @@ class HostCall:
 
   def _make_block(self, block) -> _Block:
     rank = len(self.batch)
-    values = [int(v) for v in np.asarray(block).reshape(-1)]
-    offsets, local = values[:rank], values[rank:2 * rank]
-    valid = [max(0, min(b - o, n)) for b, o, n in zip(self.batch, offsets, local)]
+    offsets, local, valid = block_extent(self.batch, block)
     local_results = [tuple(local) + s[rank:] for s in self.result_shapes]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
@@ -296,9 +294,7 @@ class HostCall:
     except CallbackError:
       raise
     except Exception as e:
-      raise CallbackError(
-          f"{self.flat.owner} raised {type(e).__name__}: {e} (on the block "
-          f"{_fmt_index(b.index)} of the batch)") from e
+      raise raised_on_block(self.flat.owner, e, b.index) from e
     if len(outs) != len(self.result_shapes):
       raise CallbackError(f"{self.flat.owner} returned {len(outs)} results; "
                           f"result_shape_dtypes has {len(self.result_shapes)}.")
@@ -346,6 +342,22 @@ def _frozen_zeros(shape, dtype) -> np.ndarray:
   z = np.zeros(shape, dtype)
   z.flags.writeable = False
   return z
+
+
+def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
+  """What a block vector says, per batch dim: the block's offset in the
+  global batch, its local (padded) size, and how much of it is batch (the
+  rest is padding; 0: all padding)."""
+  rank = len(batch)
+  values = [int(v) for v in np.asarray(block).reshape(-1)]
+  offsets, local = values[:rank], values[rank:2 * rank]
+  return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
+
+
+def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
+  """The error for the user's function raising ``e`` on the block ``index``."""
+  return CallbackError(f"{owner} raised {type(e).__name__}: {e} (on the block "
+                       f"{_fmt_index(index)} of the batch)")
 
 
 def _fmt_index(index) -> str:
