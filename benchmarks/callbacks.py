@@ -67,21 +67,31 @@ def main(argv):
   compile_time(quick)
 
 
-def eigvalsh(quick: bool) -> list:
-  """The eigvalsh table."""
+def _symmetric_batch(quick: bool):
+  """The eigvalsh input both eigvalsh tables use: ``n, k``, the 8-device Auto
+  mesh, ``(n, k, k)`` symmetric float64 matrices, them batch-sharded, and
+  their eigenvalues."""
   import jax
   import numpy as np
-  from _timing import print_comparison, under_both_partitioners
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-
-  import batchpart as bp
 
   n, k = (256, 48) if quick else (1024, 48)
   mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
   a = np.random.default_rng(0).standard_normal((n, k, k))
   x = a + np.swapaxes(a, -1, -2)
-  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
-  want = np.linalg.eigvalsh(x)
+  return n, k, mesh, x, jax.device_put(x, NamedSharding(mesh, P("x"))), np.linalg.eigvalsh(x)
+
+
+def eigvalsh(quick: bool) -> list:
+  """The eigvalsh table."""
+  import jax
+  import numpy as np
+  from _timing import print_comparison, under_both_partitioners
+  from jax.sharding import PartitionSpec as P
+
+  import batchpart as bp
+
+  n, k, mesh, x, xs, want = _symmetric_batch(quick)
   out = jax.ShapeDtypeStruct((n, k), np.float64)
   local = jax.ShapeDtypeStruct((n // 8, k), np.float64)
 
@@ -162,16 +172,11 @@ def package_callback(quick: bool) -> list:
   import jax
   import numpy as np
   from _timing import print_comparison, under_both_partitioners
-  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  from jax.sharding import PartitionSpec as P
 
   import batchpart as bp
 
-  n, k = (256, 48) if quick else (1024, 48)
-  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
-  a = np.random.default_rng(0).standard_normal((n, k, k))
-  x = a + np.swapaxes(a, -1, -2)
-  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
-  want = np.linalg.eigvalsh(x)
+  n, k, mesh, x, xs, want = _symmetric_batch(quick)
 
   def package(host_fn):
     """What a package writes: its callback inside its own jitted function."""
