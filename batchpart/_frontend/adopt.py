@@ -154,7 +154,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
   declarations.declare_target(target_name, declaration, _same_declaration)
 
 
-def unpartition(primitive_or_target_name: Primitive | str) -> None:
+def unpartition(primitive_or_target_name: Primitive | str | Callable[..., Any]) -> None:
   """Restores the stock lowering of a primitive (``partition_primitive``), of
   the ``jax.ffi.ffi_call`` calls to a target (``partition_ffi_target``), or of the
   jax callbacks of a function (``partition_callback``).
