@@ -3,7 +3,8 @@ measured interleaved in one process.
 
   python benchmarks/linalg.py            # full grid, writes docs/benchmarks-linalg.md
   python benchmarks/linalg.py --quick    # a few points, for CI-sized runs
-  python benchmarks/linalg.py --gpu      # on a GPU: batchpart vs jnp.linalg
+  python benchmarks/linalg.py --gpu --dtype float32,float64
+                                         # on a GPU: batchpart vs jnp.linalg
   python benchmarks/linalg.py --options  # only section (4)
 
 Sections: (1) one device, batches of 8..2048 matrices of size 8..256, every
@@ -89,10 +90,10 @@ def _option_ops(jnp, bp):
   }
 
 
-def _matrices(np, batch, n, kind, seed=0):
-  x = np.random.default_rng(seed).standard_normal((batch, n, n)).astype(np.float32)
+def _matrices(np, batch, n, kind, seed=0, dtype="float32"):
+  x = np.random.default_rng(seed).standard_normal((batch, n, n)).astype(dtype)
   if kind == "spd":
-    x = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=np.float32)
+    x = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=dtype)
   return x
 
 
@@ -101,11 +102,16 @@ def main(argv=None) -> int:
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--gpu", action="store_true")
   parser.add_argument("--options", action="store_true", help="only section (4)")
+  parser.add_argument("--dtype", default="float32",
+                      help="comma-separated dtypes of section (1), e.g. float32,float64")
   parser.add_argument("--out", default=None, help="Markdown file for the tables")
   parser.add_argument("--one-device", action="store_true",
                       help="only section (1), in a process with one CPU device")
   args = parser.parse_args(argv)
   jax = _setup(args.gpu, 1 if args.one_device else NUM_DEVICES)
+  dtypes = args.dtype.split(",")
+  if "float64" in dtypes or "complex128" in dtypes:
+    jax.config.update("jax_enable_x64", True)
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -127,7 +133,9 @@ def main(argv=None) -> int:
     # One device's grid is small and its calls short, so more rounds are cheap
     # and steady the medians of the microsecond rows.
     repeats = 9 if args.one_device else (3 if args.quick else 5)
-    t = interleaved({"bp": jax.jit(ours), "other": jax.jit(other)}, (a,), repeats=repeats)
+    # A GPU call spawns no BLAS threads, so it needs no pause between candidates.
+    t = interleaved({"bp": jax.jit(ours), "other": jax.jit(other)}, (a,), repeats=repeats,
+                    **({"settle": 0.0, "min_time": 0.05} if args.gpu else {}))
     emit(f"| {cells} | {fmt_time(t['bp'])} | {fmt_time(t['other'])} | "
          f"{t['other'] / t['bp']:.2f}x |")
 
@@ -138,9 +146,10 @@ def main(argv=None) -> int:
         f.write("\n".join(lines) + "\n")
 
   device = jax.devices()[0]
-  emit(f"# batchpart.linalg benchmarks\n\njax {jax.__version__}, {device.platform}, "
-       f"{os.cpu_count()} cores; float32; median of interleaved rounds; ratio > 1 means "
-       "batchpart is faster.\n")
+  name = getattr(device, "device_kind", device.platform)
+  emit(f"# batchpart.linalg benchmarks\n\njax {jax.__version__}, {device.platform} ({name}), "
+       f"{os.cpu_count()} cores; {', '.join(dtypes)}; median of interleaved rounds; "
+       "ratio > 1 means batchpart is faster.\n")
 
   if args.options:
     # (4) options with their own LAPACK routines
@@ -158,16 +167,20 @@ def main(argv=None) -> int:
   # (1) one device
   if args.quick:
     grid = [(8, 8), (2048, 8), (128, 64), (8, 256)]
+  elif args.gpu:
+    # many small matrices (cuSOLVER's batched routines), mid-sized, and a few large ones
+    grid = [(2048, 8), (2048, 32), (128, 128), (8, 256), (4, 1024)]
   else:
     grid = [(b, n) for n in (8, 32, 128, 256) for b in (8, 128, 2048)
             if b * n ** 3 <= 2048 * 128 ** 3]
   emit("## One device: batchpart vs jnp.linalg\n")
-  emit("| op | batch | n | batchpart | jnp.linalg | ratio |")
-  emit("| --- | ---: | ---: | ---: | ---: | ---: |")
+  emit("| op | dtype | batch | n | batchpart | jnp.linalg | ratio |")
+  emit("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
   for name, (ours, theirs, _, kind) in ops.items():
-    for batch, n in grid:
-      a = jax.device_put(_matrices(np, batch, n, kind), device)
-      emit_timed(f"{name} | {batch} | {n}", ours, theirs, a)
+    for dtype in dtypes:
+      for batch, n in grid:
+        a = jax.device_put(_matrices(np, batch, n, kind, dtype=dtype), device)
+        emit_timed(f"{name} | {dtype} | {batch} | {n}", ours, theirs, a)
 
   if not args.gpu and not args.one_device:
     # (2) eight devices

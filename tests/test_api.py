@@ -181,3 +181,41 @@ def test_ffi_call_accepts_jax_ffi_call_keywords():
                   signature="(n)->(n),()", vmap_method="broadcast_all",
                   custom_call_api_version=4, legacy_backend_config=None)
   np.testing.assert_allclose(f(x)[0], kernels.softmax_reference(x)[0], rtol=1e-5)
+
+
+@pytest.fixture
+def plugin_platform(monkeypatch):
+  """A started backend for "CUDA" as a PJRT plugin has one: registrations go
+  to its handler (into the plugin's own registry, which jaxlib's
+  ``custom_call_targets`` cannot read) instead of jax's queue."""
+  from jax._src.lib import xla_client
+  received = []
+  handlers = dict(xla_client._custom_callback_handler)
+  handlers["CUDA"] = lambda name, fn, platform, api_version, traits: received.append(name)
+  monkeypatch.setattr(xla_client, "_custom_callback_handler", handlers)
+  queue = dict(xla_client._custom_callback)
+  queue.pop("CUDA", None)
+  monkeypatch.setattr(xla_client, "_custom_callback", queue)
+  return received
+
+
+def test_calls_lower_for_a_plugin_platform_whose_registry_cannot_be_read(plugin_platform):
+  capsule = _core.testing.handlers()["softmax"]
+  S = jax.ShapeDtypeStruct
+  x = np.ones((4, 8), np.float32)
+  # registered through batchpart: known to be a typed-FFI handler
+  bp.register_ffi_target("api_test_plugin_bp", capsule, platform="CUDA")
+  # registered through jax, after the plugin started: batchpart cannot see it,
+  # lets the call through, and XLA's compile would name a missing handler
+  jax.ffi.register_ffi_target("api_test_plugin_jax", capsule, platform="CUDA")
+  assert plugin_platform == ["api_test_plugin_bp", "api_test_plugin_jax"]
+  for name in plugin_platform:
+    call = bp.ffi_call(name, (S((4, 8), np.float32), S((4,), np.float32)), num_batch_dims=1)
+    text = jax.jit(call).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert f"custom_call @{name}(" in text
+  bp.mark_batch_partitionable("api_test_plugin_jax")
+  # a legacy registration batchpart made is still refused by name
+  bp.register_ffi_target("api_test_plugin_legacy", capsule, platform="CUDA", api_version=0)
+  legacy = bp.ffi_call("api_test_plugin_legacy", S((4,), np.float32), num_batch_dims=1)
+  with pytest.raises(ValueError, match="api_test_plugin_legacy.*legacy custom-call API"):
+    jax.jit(legacy).trace(x).lower(lowering_platforms=("cuda",))

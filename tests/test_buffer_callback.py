@@ -384,3 +384,20 @@ def test_export_is_refused_as_for_jax_callbacks():
   x = np.ones(4, np.float32)
   with pytest.raises(NotImplementedError, match="serialization of host_callbacks"):
     jax.export.export(jax.jit(lambda x: f(x, x)))(x)
+
+
+def test_a_whole_batch_on_one_device_is_not_read_from_the_block_vector(monkeypatch):
+  """On a GPU reading the block vector is a copy and a stream wait; a device
+  whose buffers hold the whole batch (each batch dim at its global extent,
+  at least 2) knows its block without it. Extent 1 may be padding: read."""
+  reads = []
+  read = buffer_host.read_block_vector
+  monkeypatch.setattr(buffer_host, "read_block_vector",
+                      lambda block, ctx: reads.append(1) or read(block, ctx))
+  x = np.arange(12, dtype=np.float32).reshape(4, 3)
+  f = jax.jit(bp.buffer_callback(_add_rows, S((4, 3), np.float32), num_batch_dims=1))
+  np.testing.assert_array_equal(f(x, x), 3 * x)
+  assert reads == []
+  g = jax.jit(bp.buffer_callback(_add_rows, S((1, 3), np.float32), num_batch_dims=1))
+  np.testing.assert_array_equal(g(x[:1], x[:1]), 3 * x[:1])
+  assert reads == [1]

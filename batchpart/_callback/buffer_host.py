@@ -66,11 +66,14 @@ class BlockBuffer:
 
   __slots__ = ("_base", "_device", "shape", "strides", "dtype", "writeable", "_array")
 
-  def __init__(self, base, shape, strides, *, writeable: bool, device=None):
+  def __init__(self, base, shape, strides, *, writeable: bool, device=None, dtype=None):
     self._base = base
     self._device = tuple(device) if device is not None else tuple(base.__dlpack_device__())
-    self.shape, self.strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
-    self.dtype = np.dtype(base.dtype)
+    if dtype is None:
+      self.shape, self.strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+      self.dtype = np.dtype(base.dtype)
+    else:   # from a cached layout: int tuples already
+      self.shape, self.strides, self.dtype = shape, strides, dtype
     self.writeable = bool(writeable)
     self._array = None
 
@@ -201,7 +204,7 @@ class BufferHostCall:
   the dim order back to the user's layout (None where batch dims lead)."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks", "result_shapes",
-               "unit", "operand_orders", "result_orders", "__weakref__")
+               "unit", "operand_orders", "result_orders", "_whole", "_layouts", "__weakref__")
 
   def __init__(self, flat: BufferCallback, *, batch, operand_shapes, operand_batch_ranks,
                result_shapes, unit: bool, result_dtypes=None):
@@ -219,20 +222,27 @@ class BufferHostCall:
                                                  self.operand_batch_ranks)]
     self.result_orders = [_user_order(len(s) - self.unit, lead, rank - self.unit)
                           for s, lead in zip(self.result_shapes, leads[2])]
+    self._whole = block_extent(self.batch, [0] * rank + list(self.batch))
+    # (buffer position, its shape, the valid rows) -> the view's shape, strides and dtype:
+    # a program calls with the same few blocks every time.
+    self._layouts: dict = {}
 
   def __call__(self, ctx, block, *buffers):
     rank = len(self.batch)
-    offsets, _, valid = block_extent(self.batch, read_block_vector(block, ctx))
+    offsets, _, valid = (self._whole if self._holds_whole(buffers)
+                         else block_extent(self.batch, read_block_vector(block, ctx)))
     if rank and any(v == 0 for v in valid):
       # All padding: nothing of the batch is here, and nothing is called.
       return ()
     n_in = len(self.operand_shapes)
-    ins = [self._view(buf, shape, b, valid, order, writeable=False)
-           for buf, shape, b, order in zip(buffers[:n_in], self.operand_shapes,
-                                           self.operand_batch_ranks, self.operand_orders)]
-    outs = [self._view(buf, shape, rank, valid, order, writeable=True)
-            for buf, shape, order in zip(buffers[n_in:], self.result_shapes,
-                                         self.result_orders)]
+    valid_key = tuple(valid)
+    ins = [self._view(i, buf, shape, b, valid_key, order, writeable=False)
+           for i, (buf, shape, b, order) in enumerate(zip(
+               buffers[:n_in], self.operand_shapes, self.operand_batch_ranks,
+               self.operand_orders))]
+    outs = [self._view(n_in + i, buf, shape, rank, valid_key, order, writeable=True)
+            for i, (buf, shape, order) in enumerate(zip(buffers[n_in:], self.result_shapes,
+                                                        self.result_orders))]
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))[int(self.unit):]
     try:
       self.flat(ctx, ins, outs, index=index)
@@ -242,18 +252,39 @@ class BufferHostCall:
       raise raised_on_block(self.flat.owner, e, index) from e
     return ()
 
-  def _view(self, buf, global_shape, batch_rank, valid, order, *, writeable):
+  def _holds_whole(self, buffers) -> bool:
+    """Whether this device's buffers hold the whole batch, as on one device,
+    so the block vector need not be read (on a GPU that is a copy and a wait
+    for the stream). Whole means every batch dim at its global extent, at
+    least 2: a partitioned program splits some batch dim over its devices
+    (blocks.py never leaves them replicating one), which shortens it, while a
+    dim of extent 1 keeps its extent on a device whose block is all padding."""
+    rank = len(self.batch)
+    if not rank or min(self.batch) < 2:
+      return False
+    n_in = len(self.operand_shapes)
+    if len(buffers) > n_in:
+      return tuple(buffers[n_in].shape[:rank]) == self.batch   # results lead with the batch
+    return any(b == rank and tuple(buf.shape[:rank]) == self.batch
+               for buf, b in zip(buffers, self.operand_batch_ranks))
+
+  def _view(self, position, buf, global_shape, batch_rank, valid, order, *, writeable):
     """``buf`` cut to the block's valid rows (a batch dim the operand
     broadcasts is passed whole), in the user's layout."""
-    rank = len(self.batch)
-    cut = [valid[rank - batch_rank + m]
-           if global_shape[m] == self.batch[rank - batch_rank + m] != 1 else None
-           for m in range(batch_rank)]
-    device = tuple(buf.__dlpack_device__())
-    shape = tuple(buf.shape)
-    strides = c_strides(shape, np.dtype(buf.dtype).itemsize)
-    shape, strides = view_layout(shape, strides, cut, drop_unit=self.unit, order=order)
-    return BlockBuffer(buf, shape, strides, writeable=writeable, device=device)
+    key = (position, tuple(buf.shape), valid)
+    layout = self._layouts.get(key)
+    if layout is None:
+      rank = len(self.batch)
+      cut = [valid[rank - batch_rank + m]
+             if global_shape[m] == self.batch[rank - batch_rank + m] != 1 else None
+             for m in range(batch_rank)]
+      dtype = np.dtype(buf.dtype)
+      shape, strides = view_layout(key[1], c_strides(key[1], dtype.itemsize), cut,
+                                   drop_unit=self.unit, order=order)
+      layout = self._layouts[key] = (shape, strides, dtype)
+    shape, strides, dtype = layout
+    return BlockBuffer(buf, shape, strides, writeable=writeable,
+                       device=buf.__dlpack_device__(), dtype=dtype)
 
 
 def _user_order(ndim: int, lead: int, batch_rank: int):

@@ -61,6 +61,7 @@ from batchpart._compat.ffi import (  # noqa: E402
   ffi_effect as ffi_effect,
   handler_api as handler_api,
   jax_ffi_call_p as jax_ffi_call_p,
+  note_registered as note_registered,
   platforms_with_handler as platforms_with_handler,
   result_avals_from_shape_dtypes as result_avals_from_shape_dtypes,
   unwrap_kwargs_hashable as unwrap_kwargs_hashable,

@@ -6,12 +6,23 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
   ``jax.ffi.ffi_call``, so ``bp.ffi_call`` accepts exactly what it accepts,
   its effect, and ``ffi_call_p`` so the decorator finds plain calls in a
   jaxpr.
-- ``jax._src.lib.xla_client``: ``custom_call_targets`` and the queue of
-  registrations jax holds until a platform's backend starts, to tell whether
-  a target has a typed-FFI handler or a legacy one.
+- ``jax._src.lib.xla_client``: ``custom_call_targets``, the queue of
+  registrations jax holds until a platform's backend starts, and the
+  platforms' registration handlers, to tell whether a target has a typed-FFI
+  handler or a legacy one.
+
+XLA keeps one handler registry per binary: jaxlib's own, which serves the CPU
+client, and one inside each PJRT plugin (the CUDA and ROCm plugins).
+``custom_call_targets`` reads jaxlib's only, so once a plugin's backend has
+started, what was registered for its platform cannot be read back. There the
+registrations batchpart made itself are known, and any other target is
+``"unknown"``: batchpart lets the call through, and if no handler exists
+XLA's compile fails naming the target (nothing runs).
 """
 
 from __future__ import annotations
+
+import threading
 
 from jax._src import ffi as jax_ffi
 from jax._src.lib import xla_client
@@ -32,17 +43,40 @@ def xla_platform_name(platform: str) -> str:
       platform.lower(), platform)
 
 
+# The platforms whose handler registry custom_call_targets reads.
+_READABLE_REGISTRIES = frozenset({"Host"})
+
+_noted_lock = threading.Lock()
+_noted: dict[tuple[str, str], str] = {}   # (name, XLA platform) -> "ffi" | "legacy"
+
+
+def note_registered(name: str, platform: str, api_version: int) -> None:
+  """Records a registration batchpart made (``jax.ffi.register_ffi_target``
+  succeeded), for the platforms whose registry cannot be read back."""
+  with _noted_lock:
+    _noted[(name, xla_platform_name(platform))] = "ffi" if api_version == 1 else "legacy"
+
+
 def handler_api(name: str, platform: str) -> str | None:
   """How ``name`` is registered on ``platform``: ``"ffi"`` (a typed-FFI
-  handler), ``"legacy"`` (the legacy custom-call API) or None. Registrations
-  jax still queues (its backend not started yet) count too."""
+  handler), ``"legacy"`` (the legacy custom-call API), None (not registered),
+  or ``"unknown"`` (a plugin platform whose registry cannot be read, for a
+  target batchpart did not register). Registrations jax still queues (its
+  backend not started yet) count too."""
   xla_name = xla_platform_name(platform)
+  with _noted_lock:
+    noted = _noted.get((name, xla_name))
+  if noted is not None:
+    return noted
   with xla_client._custom_callback_lock:
     for queued_name, _fn, api_version, _ in xla_client._custom_callback.get(xla_name, ()):
       if queued_name == name:
         return "ffi" if api_version == 1 else "legacy"
-  if xla_name not in xla_client._custom_callback_handler:
+    started = xla_name in xla_client._custom_callback_handler
+  if not started:
     return None  # no backend for this platform in this process
+  if xla_name not in _READABLE_REGISTRIES:
+    return "unknown"
   try:
     found = xla_client.custom_call_targets(xla_name).get(name)
   except Exception:  # noqa: BLE001 - a platform without a handler registry
@@ -54,7 +88,9 @@ def handler_api(name: str, platform: str) -> str | None:
 
 def platforms_with_handler(name: str, api: str = "ffi") -> list[str]:
   """The platforms (XLA names) on which ``name`` has a handler of ``api``
-  (``"ffi"``: typed FFI, ``"legacy"``)."""
+  (``"ffi"``: typed FFI, counting ``"unknown"`` plugin registrations;
+  ``"legacy"``)."""
   with xla_client._custom_callback_lock:
     platforms = set(xla_client._custom_callback_handler) | set(xla_client._custom_callback)
-  return sorted(p for p in platforms if handler_api(name, p) == api)
+  accepted = {"ffi", "unknown"} if api == "ffi" else {api}
+  return sorted(p for p in platforms if handler_api(name, p) in accepted)

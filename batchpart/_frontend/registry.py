@@ -70,6 +70,7 @@ def register_ffi_target(name: str, handler: Any, *, platform: str = "cpu",
       except Exception as e:
         raise ValueError(f"batchpart.register_ffi_target: registering FFI target "
                          f"'{name}' on platform '{platform}' failed: {e}") from e
+      compat.note_registered(name, platform, api_version)
       _handlers[key] = identity
     declared.declare(name)
 

@@ -41,7 +41,7 @@ def _require_typed_handler(target: str, platforms, caller: str) -> None:
       found = True
       continue
     api = compat.handler_api(target, platform)
-    if api == "ffi":
+    if api in ("ffi", "unknown"):   # unknown: XLA's compile names a missing one
       _typed.add(key)
       found = True
     elif api == "legacy":
