@@ -12,6 +12,7 @@
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
+#include "lapack/small_triangular_solve.h"
 
 namespace nb = nanobind;
 
@@ -44,6 +45,30 @@ void SetBlasThreadControl(uintptr_t address) {
   SetLocalBlasThreadsFunction(reinterpret_cast<SetLocalBlasThreadsFn>(address));
 }
 
+void SetSmallTrsmMode(const std::string& mode) {
+  if (mode == "auto") {
+    SetSmallTrsmPolicy(SmallTrsmPolicy::kAuto);
+  } else if (mode == "always") {
+    SetSmallTrsmPolicy(SmallTrsmPolicy::kAlways);
+  } else if (mode == "never") {
+    SetSmallTrsmPolicy(SmallTrsmPolicy::kNever);
+  } else {
+    throw std::invalid_argument("batchpart._core.lapack.set_small_trsm: mode must be 'auto', "
+                                "'always' or 'never', not '" + mode + "'");
+  }
+}
+
+std::string SmallTrsmMode() {
+  switch (GetSmallTrsmPolicy()) {
+    case SmallTrsmPolicy::kAlways:
+      return "always";
+    case SmallTrsmPolicy::kNever:
+      return "never";
+    default:
+      return "auto";
+  }
+}
+
 }  // namespace
 
 void DefineLapackSubmodule(nb::module_& parent) {
@@ -64,6 +89,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
         "matrices use BLAS threads.");
   m.def("single_threaded_blas", &SingleThreadedBlas);
+  m.def("set_small_trsm", &SetSmallTrsmMode, nb::arg("mode"),
+        "Which triangular solves take the batch-interleaved small-matrix kernel: 'auto' (the "
+        "measured switch, default), 'always' or 'never' (BLAS); for tests and measurements.");
+  m.def("small_trsm", &SmallTrsmMode);
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }

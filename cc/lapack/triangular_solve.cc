@@ -1,7 +1,8 @@
 // batchpart_trsm and batchpart_trsm_row_major: batched triangular solve
-// (BLAS trsm; small real left-side solves of row-major matrices by
-// substitution) with broadcast batch dims, of column-major or row-major
-// matrices.
+// (small triangles many at a time in the interleaved kernel,
+// small_triangular_solve.h; else BLAS trsm, or for small real left-side
+// solves of row-major matrices substitution on rows) with broadcast batch
+// dims, of column-major or row-major matrices.
 #include <algorithm>
 #include <complex>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "lapack/kernels.h"
 #include "lapack/option_kernels.h"
 #include "lapack/row_substitution.h"
+#include "lapack/small_triangular_solve.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -95,6 +97,10 @@ ffi::Error TrsmImpl(const char* target, bool row_major, ffi::ThreadPool pool, ff
   const TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
   return DispatchByDtype(target, a.element_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (UsesSmallTrsm<T>(shape)) {
+      return SmallTrsm<T>(pool, shape, options, row_major, a.typed_data<T>(), b.typed_data<T>(),
+                          x->typed_data<T>());
+    }
     if (row_major && UsesRowSubstitution<T>(shape, options)) {
       return Solve<T>(pool, shape, a, b, *x, [&](const T* ai, T* xi) {
         SubstituteOnRows(shape.p, shape.cols, ai, options.lower, options.transpose_a,
