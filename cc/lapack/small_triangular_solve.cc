@@ -28,37 +28,89 @@ constexpr int64_t kMinBatch = 2;
 
 std::atomic<SmallTrsmPolicy> g_policy{SmallTrsmPolicy::kAuto};
 
-// One element of op(A)'s inverse diagonal, lane by lane: 1 / d, as OpenBLAS's
-// trsm does (it stores the diagonal's reciprocals), so that each row of X
-// takes multiplications instead of divisions. Complex by Smith's method, as
-// OpenBLAS does too: no overflow in |d|^2 for large d.
-template <typename R, int W>
+// The reciprocals of one diagonal element of M across the lanes: 1 / d, as
+// OpenBLAS's trsm does (it stores the diagonal's reciprocals), so that a
+// row of X takes multiplications instead of divisions. Complex by Smith's
+// method, as OpenBLAS does too: no overflow in |d|^2 for large d.
+template <typename R, int W, bool kComplex, bool kConjugate>
 [[gnu::always_inline]] inline void Reciprocal(const R* __restrict d_re, const R* __restrict d_im,
-                                              bool conjugate, R* __restrict inv_re,
-                                              R* __restrict inv_im) {
-  if (d_im == nullptr) {
+                                              R* __restrict inv_re, R* __restrict inv_im) {
+  if constexpr (!kComplex) {
     for (int l = 0; l < W; ++l) inv_re[l] = R(1) / d_re[l];
-    return;
+  } else {
+    constexpr R kSign = kConjugate ? R(-1) : R(1);
+    for (int l = 0; l < W; ++l) {
+      const R a = d_re[l], b = kSign * d_im[l];
+      const bool real_larger = std::abs(a) >= std::abs(b);
+      const R big = real_larger ? a : b, small = real_larger ? b : a;
+      const R ratio = small / big;
+      const R scale = R(1) / (big * (R(1) + ratio * ratio));
+      inv_re[l] = real_larger ? scale : ratio * scale;
+      inv_im[l] = real_larger ? -ratio * scale : -scale;
+    }
   }
-  for (int l = 0; l < W; ++l) {
-    const R a = d_re[l], b = conjugate ? -d_im[l] : d_im[l];
-    const bool real_larger = std::abs(a) >= std::abs(b);
-    const R big = real_larger ? a : b, small = real_larger ? b : a;
-    const R ratio = small / big;
-    const R scale = R(1) / (big * (R(1) + ratio * ratio));
-    inv_re[l] = real_larger ? scale : ratio * scale;
-    inv_im[l] = real_larger ? -ratio * scale : -scale;
+}
+
+// Right-hand sides solved together: each has its own running sum, so with
+// several the multiply-adds of one row overlap instead of waiting on one
+// sum's latency, and the sums still fit in registers.
+constexpr int kRhsBlock = 4;
+
+// Row i of X, columns [c0, c0 + NB), by row-oriented substitution: the
+// sums over the rows j already solved are kept in local arrays (registers)
+// and stored once, so the loops over the lanes have no stores that could
+// alias their loads and vectorize without runtime checks.
+template <typename R, int W, int NB, bool kComplex, bool kConjugate>
+[[gnu::always_inline]] inline void SolveRowBlock(int64_t p, int64_t k, int64_t i, int64_t c0,
+                                                 int64_t j_begin, int64_t j_end, bool scale,
+                                                 const R* m_re, const R* m_im, const R* inv_re,
+                                                 const R* inv_im, R* x_re, R* x_im) {
+  constexpr R kSign = kConjugate ? R(-1) : R(1);
+  R sum_re[NB][W], sum_im[NB][W];
+  for (int c = 0; c < NB; ++c) {
+    for (int l = 0; l < W; ++l) sum_re[c][l] = x_re[(i * k + c0 + c) * W + l];
+    if constexpr (kComplex) {
+      for (int l = 0; l < W; ++l) sum_im[c][l] = x_im[(i * k + c0 + c) * W + l];
+    }
+  }
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const R* __restrict mr = m_re + (i * p + j) * W;
+    [[maybe_unused]] const R* __restrict mi = kComplex ? m_im + (i * p + j) * W : nullptr;
+    for (int c = 0; c < NB; ++c) {
+      const R* __restrict xr = x_re + (j * k + c0 + c) * W;
+      if constexpr (kComplex) {
+        const R* __restrict xi = x_im + (j * k + c0 + c) * W;
+        for (int l = 0; l < W; ++l) {
+          const R m_imag = kSign * mi[l];
+          sum_re[c][l] -= mr[l] * xr[l] - m_imag * xi[l];
+          sum_im[c][l] -= mr[l] * xi[l] + m_imag * xr[l];
+        }
+      } else {
+        for (int l = 0; l < W; ++l) sum_re[c][l] -= mr[l] * xr[l];
+      }
+    }
+  }
+  for (int c = 0; c < NB; ++c) {
+    R* __restrict yr = x_re + (i * k + c0 + c) * W;
+    if constexpr (kComplex) {
+      R* __restrict yi = x_im + (i * k + c0 + c) * W;
+      for (int l = 0; l < W; ++l) {
+        const R re = sum_re[c][l], im = sum_im[c][l];
+        yr[l] = scale ? re * inv_re[l] - im * inv_im[l] : re;
+        yi[l] = scale ? re * inv_im[l] + im * inv_re[l] : im;
+      }
+    } else {
+      for (int l = 0; l < W; ++l) yr[l] = scale ? sum_re[c][l] * inv_re[l] : sum_re[c][l];
+    }
   }
 }
 
 // Solves M X = B in place in the interleaved p x k group x (real planes
 // x_re, x_im; x_im null for real types), M the p x p group m, conj(M) with
-// `kConjugate`, lower or upper triangular. Column-oriented substitution:
-// once row j of X is final it updates every later row, and those updates
-// are independent of each other, so with one right-hand side the FMAs
-// pipeline instead of waiting on one running sum. Reads only M's triangle,
-// and its diagonal only when not unit. Compiled per instruction set (the
-// wheel targets baseline x86-64; AVX-512 holds one lane loop in a register).
+// `kConjugate`, lower or upper triangular: forward or back substitution, a
+// row of X at a time. Reads only M's triangle, and its diagonal only when
+// not unit. Compiled per instruction set (the wheel targets baseline
+// x86-64; AVX-512 holds one lane loop in a register).
 template <typename R, bool kComplex, bool kConjugate>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -68,44 +120,34 @@ void SubstituteGroup(int64_t p, int64_t k, bool lower, bool unit_diagonal, const
   constexpr int W = static_cast<int>(64 / sizeof(R));
   alignas(64) R inv_re[W], inv_im[W];
   for (int64_t step = 0; step < p; ++step) {
-    const int64_t j = lower ? step : p - 1 - step;
+    const int64_t i = lower ? step : p - 1 - step;
+    const int64_t j_begin = lower ? 0 : i + 1, j_end = lower ? i : p;
     if (!unit_diagonal) {
-      const int64_t d = (j * p + j) * W;
-      Reciprocal<R, W>(m_re + d, kComplex ? m_im + d : nullptr, kConjugate, inv_re, inv_im);
-      for (int64_t c = 0; c < k; ++c) {
-        R* __restrict xr = x_re + (j * k + c) * W;
-        if constexpr (kComplex) {
-          R* __restrict xi = x_im + (j * k + c) * W;
-          for (int l = 0; l < W; ++l) {
-            const R re = xr[l] * inv_re[l] - xi[l] * inv_im[l];
-            const R im = xr[l] * inv_im[l] + xi[l] * inv_re[l];
-            xr[l] = re;
-            xi[l] = im;
-          }
-        } else {
-          for (int l = 0; l < W; ++l) xr[l] *= inv_re[l];
-        }
-      }
+      const int64_t d = (i * p + i) * W;
+      Reciprocal<R, W, kComplex, kConjugate>(m_re + d, kComplex ? m_im + d : nullptr, inv_re,
+                                             inv_im);
     }
-    const int64_t i_begin = lower ? j + 1 : 0, i_end = lower ? p : j;
-    for (int64_t i = i_begin; i < i_end; ++i) {
-      const R* __restrict mr = m_re + (i * p + j) * W;
-      for (int64_t c = 0; c < k; ++c) {
-        R* __restrict yr = x_re + (i * k + c) * W;
-        const R* __restrict xr = x_re + (j * k + c) * W;
-        if constexpr (kComplex) {
-          const R* __restrict mi = m_im + (i * p + j) * W;
-          R* __restrict yi = x_im + (i * k + c) * W;
-          const R* __restrict xi = x_im + (j * k + c) * W;
-          for (int l = 0; l < W; ++l) {
-            const R m_imag = kConjugate ? -mi[l] : mi[l];
-            yr[l] -= mr[l] * xr[l] - m_imag * xi[l];
-            yi[l] -= mr[l] * xi[l] + m_imag * xr[l];
-          }
-        } else {
-          for (int l = 0; l < W; ++l) yr[l] -= mr[l] * xr[l];
-        }
-      }
+    const bool scale = !unit_diagonal;
+    int64_t c0 = 0;
+    for (; c0 + kRhsBlock <= k; c0 += kRhsBlock) {
+      SolveRowBlock<R, W, kRhsBlock, kComplex, kConjugate>(p, k, i, c0, j_begin, j_end, scale,
+                                                           m_re, m_im, inv_re, inv_im, x_re, x_im);
+    }
+    switch (k - c0) {
+      case 1:
+        SolveRowBlock<R, W, 1, kComplex, kConjugate>(p, k, i, c0, j_begin, j_end, scale, m_re,
+                                                     m_im, inv_re, inv_im, x_re, x_im);
+        break;
+      case 2:
+        SolveRowBlock<R, W, 2, kComplex, kConjugate>(p, k, i, c0, j_begin, j_end, scale, m_re,
+                                                     m_im, inv_re, inv_im, x_re, x_im);
+        break;
+      case 3:
+        SolveRowBlock<R, W, 3, kComplex, kConjugate>(p, k, i, c0, j_begin, j_end, scale, m_re,
+                                                     m_im, inv_re, inv_im, x_re, x_im);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -175,7 +217,7 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
         b_src[l] = b + b_index(first + l) * x_size;
         x_dst[l] = x + (first + l) * x_size;
       }
-      m.Pack(a_src.data(), count, a_strides);
+      m.PackTriangle(a_src.data(), count, a_strides, lower_m);
       xg.Pack(b_src.data(), count, x_strides);
       Substitute(m, xg, lower_m, conjugate, options.unit_diagonal);
       xg.Unpack(x_dst.data(), count, x_strides);
