@@ -93,6 +93,8 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Which triangular solves take the batch-interleaved small-matrix kernel: 'auto' (the "
         "measured switch, default), 'always' or 'never' (BLAS); for tests and measurements.");
   m.def("small_trsm", &SmallTrsmMode);
+  m.def("small_trsm_max_size", &SmallTrsmMaxSize,
+        "The largest triangle that 'auto' solves in the interleaved kernel.");
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }

@@ -21,10 +21,25 @@ using interleaved::Group;
 using interleaved::kLanes;
 using interleaved::Strides;
 
-// The largest triangle solved by the interleaved kernel, and the smallest
-// batch worth it (set from measurements, see SWITCH below).
-constexpr int64_t kMaxSize = 32;
-constexpr int64_t kMinBatch = 2;
+// The largest triangle solved by the interleaved kernel. Measured single-
+// threaded on one CPU device (benchmarks/small_trsm.py: 1024 left, lower
+// solves through jax, us per batch, BLAS-or-row-substitution path vs this
+// kernel; AVX-512, 2 shared cores, so +-20% noise):
+//   n            4          8          16         24         32
+//   f32, 1 rhs   39 / 18    96 / 32   338 / 100  385 / 203  527 / 604
+//   f32, 4 rhs   76 / 52   110 / 57   381 / 136  483 / 296 1094 / 1177
+//   f64, 1 rhs   48 / 29   108 / 43   394 / 119  494 / 211  715 / 475
+//   f64, 4 rhs   79 / 58   248 / 163  412 / 176 1190 / 608 1123 / 1246
+// It wins everywhere up to 24. At 32 (and beyond, erratically, up to 64)
+// packing suffers: W matrices of 4 KiB (f32) read side by side share L1
+// cache sets.
+constexpr int64_t kMaxSize = 24;
+// Below half a group the padding lanes' work and the packing outweigh one
+// BLAS call per matrix (n = 16 and 24: the kernel was 8-19% slower for a
+// single matrix, even at a quarter group of f64, faster from 8 f32 or 4 f64
+// matrices on; at that size a call is mostly jax's dispatch, ~8 us).
+template <typename T>
+constexpr int64_t kMinBatch = kLanes<T> / 2;
 
 std::atomic<SmallTrsmPolicy> g_policy{SmallTrsmPolicy::kAuto};
 
@@ -176,7 +191,7 @@ bool UsesSmallTrsm(const TrsmShape& shape) {
     return false;
   }
   if (policy == SmallTrsmPolicy::kAlways) return true;
-  return shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch;
+  return shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch<T>;
 }
 
 template <typename T>
@@ -225,6 +240,7 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
   });
 }
 
+int64_t SmallTrsmMaxSize() { return kMaxSize; }
 void SetSmallTrsmPolicy(SmallTrsmPolicy policy) { g_policy.store(policy); }
 SmallTrsmPolicy GetSmallTrsmPolicy() { return g_policy.load(); }
 

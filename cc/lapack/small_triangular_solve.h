@@ -26,6 +26,9 @@ xla::ffi::Error SmallTrsm(xla::ffi::ThreadPool& pool, const TrsmShape& shape,
                           const TrsmOptions& options, bool row_major, const T* a, const T* b,
                           T* x);
 
+// The largest triangle the kAuto policy gives the interleaved kernel.
+int64_t SmallTrsmMaxSize();
+
 // Which path batchpart_trsm takes: kAuto (the measured switch), or always or
 // never the interleaved kernel, whatever the size; for tests that compare
 // both paths and for measuring the switch.

@@ -1,0 +1,286 @@
+"""The batch-interleaved small triangular solve (cc/lapack/small_triangular_solve.cc)
+behind batchpart_trsm and batchpart_trsm_row_major: every dtype and flag
+against NumPy on both sides of its size switch, odd batch sizes, broadcast
+operands, several right-hand sides, non-finite input, and agreement with the
+BLAS path it replaces.
+
+The targets are called through ``jax.ffi.ffi_call`` with explicit layouts, so
+that both the column-major and the row-major target are exercised;
+``_core.lapack.set_small_trsm`` forces either path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import jax
+import numpy as np
+import pytest
+import scipy.linalg
+
+from batchpart import _core, _lapack_targets
+from batchpart._lapack_targets import column_major
+
+pytestmark = pytest.mark.timeout(300)
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+SWITCH = _core.lapack.small_trsm_max_size()
+FLAGS = list(itertools.product([False, True], repeat=5))
+LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
+
+
+def flag_id(flags):
+  return "".join("LlTCU"[i] if v else "-" for i, v in enumerate(flags))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _lapack_with_x64():
+  _lapack_targets.register()
+  with jax.enable_x64(True):
+    yield
+
+
+@contextlib.contextmanager
+def path(mode):
+  """Runs the block with the triangular solve forced onto one path."""
+  _core.lapack.set_small_trsm(mode)
+  try:
+    yield
+  finally:
+    _core.lapack.set_small_trsm("auto")
+
+
+def trsm(a, b, flags, *, row_major):
+  left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
+  shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), *b.shape[-2:])
+  layout = (lambda s: None) if row_major else column_major
+  call = jax.ffi.ffi_call(
+      "batchpart_trsm_row_major" if row_major else "batchpart_trsm",
+      jax.ShapeDtypeStruct(shape, b.dtype),
+      input_layouts=[layout(a.shape), layout(b.shape)], output_layouts=layout(shape))
+  return np.asarray(call(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
+                         conjugate_a=conjugate_a, unit_diagonal=unit_diagonal))
+
+
+def random(rng, shape, dtype):
+  x = rng.standard_normal(shape)
+  if np.issubdtype(dtype, np.complexfloating):
+    x = x + 1j * rng.standard_normal(shape)
+  return x.astype(dtype)
+
+
+def triangular(rng, shape, dtype, lower):
+  """A random triangle, NaN in the triangle the solve must not read. Off the
+  diagonal entries of size 1/sqrt(n) keep unit-diagonal triangles from being
+  hopelessly ill conditioned at n = 32."""
+  n = shape[-1]
+  a = (random(rng, shape, dtype) / np.sqrt(max(n, 1)) + 2 * np.eye(n)).astype(dtype)
+  unread = np.triu(np.ones((n, n), bool), 1) if lower else np.tril(np.ones((n, n), bool), -1)
+  return np.where(unread, np.asarray(np.nan, dtype), a)
+
+
+def operator(a, flags):
+  """op(A) as the solve sees it, in double precision: A's triangle, ones on
+  the diagonal when unit, transposed and conjugated as asked."""
+  _, lower, transpose_a, conjugate_a, unit_diagonal = flags
+  n = a.shape[-1]
+  wide = np.complex128 if np.iscomplexobj(a) else np.float64
+  tri = np.tril(a) if lower else np.triu(a)
+  tri = np.nan_to_num(tri.astype(wide), nan=0.0)
+  if unit_diagonal:
+    tri = tri * (1 - np.eye(n)) + np.eye(n)
+  op = np.swapaxes(tri, -1, -2) if transpose_a else tri
+  return np.conj(op) if conjugate_a else op
+
+
+def reference(a, b, flags):
+  """x solving op(A) x = b (left) or x op(A) = b, by scipy on each matrix."""
+  left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
+  batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+  op = np.broadcast_to(operator(a, flags), (*batch, *a.shape[-2:]))
+  rhs = np.broadcast_to(b.astype(op.dtype), (*batch, *b.shape[-2:]))
+  x = np.empty(rhs.shape, op.dtype)
+  op_lower = lower != transpose_a
+  for i in np.ndindex(*batch):
+    if left_side:
+      x[i] = scipy.linalg.solve_triangular(op[i], rhs[i], lower=op_lower)
+    else:  # x op = b  <=>  op^T x^T = b^T
+      x[i] = scipy.linalg.solve_triangular(op[i].T, rhs[i].T, lower=not op_lower).T
+  return x, op
+
+
+def assert_solves(x, a, b, flags):
+  """x is the solution to the accuracy of a backward-stable solve: each
+  matrix's error relative to its solution within a few n eps cond(op(A))."""
+  expected, op = reference(a, b, flags)
+  assert x.shape == expected.shape
+  n = a.shape[-1]
+  eps = np.finfo(x.dtype).eps
+  batch = expected.shape[:-2]
+  op = np.broadcast_to(op, (*batch, n, n))
+  for i in np.ndindex(*batch):
+    cond = np.linalg.cond(op[i]) if n else 1.0
+    scale = max(np.max(np.abs(expected[i]), initial=0.0), np.finfo(x.dtype).tiny)
+    error = np.max(np.abs(x[i] - expected[i]), initial=0.0) / scale
+    assert error <= 8 * max(n, 1) * eps * cond, (i, error, cond)
+
+
+def rhs_shape(batch, n, k, left_side):
+  return (*batch, n, k) if left_side else (*batch, k, n)
+
+
+# ---- every dtype and flag ---------------------------------------------------------
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("flags", FLAGS, ids=flag_id)
+def test_every_flag_matches_scipy_on_both_sides_of_the_switch(row_major, dtype, flags):
+  rng = np.random.default_rng(abs(hash((row_major, flags))) % 2**32)
+  for n in (1, 2, 7, 16, SWITCH, SWITCH + 1):
+    a = triangular(rng, (17, n, n), dtype, flags[1])
+    b = random(rng, rhs_shape((17,), n, 3, flags[0]), dtype)
+    assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
+
+
+# ---- sizes, batches and right-hand sides, in the interleaved kernel -----------------
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", sorted({1, 2, 3, 7, 8, 16, 31, 32, SWITCH, SWITCH + 1}))
+def test_sizes_and_batches_not_a_multiple_of_the_lanes(row_major, dtype, n):
+  rng = np.random.default_rng(n)
+  with path("always"):
+    for batch, k, flags in [(1, 1, FLAGS[31]), (5, 4, FLAGS[20]), (17, 1, FLAGS[9]),
+                            (100, 2, FLAGS[26])]:
+      a = triangular(rng, (batch, n, n), dtype, flags[1])
+      b = random(rng, rhs_shape((batch,), n, k, flags[0]), dtype)
+      assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 3, 4, 5, 9])
+def test_right_hand_side_counts(row_major, dtype, k):
+  # 4 right-hand sides make one register block; 1, 3, 5, 9 leave remainders.
+  rng = np.random.default_rng(k)
+  with path("always"):
+    for flags in [(True, True, False, False, False), (False, False, True, True, False)]:
+      a = triangular(rng, (19, 6, 6), dtype, flags[1])
+      b = random(rng, rhs_shape((19,), 6, k, flags[0]), dtype)
+      assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["auto", "always"])
+def test_broadcast_batches(row_major, dtype, mode):
+  rng = np.random.default_rng(7)
+  flags = (True, True, False, False, False)
+  with path(mode):
+    # a broadcast over b's leading dim, b over a's trailing one, and a single
+    # a for the whole batch.
+    for a_batch, b_batch in [((1, 9), (3, 9)), ((3, 9), (3, 1)), ((), (21,)), ((21,), ())]:
+      a = triangular(rng, (*a_batch, 5, 5), dtype, True)
+      b = random(rng, (*b_batch, 5, 2), dtype)
+      x = trsm(a, b, flags, row_major=row_major)
+      assert x.shape == (*np.broadcast_shapes(a_batch, b_batch), 5, 2)
+      assert_solves(x, a, b, flags)
+
+
+# ---- the switch --------------------------------------------------------------------
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [SWITCH - 1, SWITCH, SWITCH + 1])
+@pytest.mark.parametrize("batch", [1, 3, 8, 33])
+def test_interleaved_and_blas_paths_agree(row_major, dtype, n, batch):
+  rng = np.random.default_rng(n * 100 + batch)
+  eps = np.finfo(dtype).eps
+  for flags in [FLAGS[0], FLAGS[13], FLAGS[22], FLAGS[31]]:
+    a = triangular(rng, (batch, n, n), dtype, flags[1])
+    b = random(rng, rhs_shape((batch,), n, 2, flags[0]), dtype)
+    results = {}
+    for mode in ("auto", "always", "never"):
+      with path(mode):
+        results[mode] = trsm(a, b, flags, row_major=row_major)
+    _, op = reference(a, b, flags)
+    cond = max(np.linalg.cond(m) for m in op)
+    scale = np.max(np.abs(results["never"]))
+    for mode in ("auto", "always"):
+      difference = np.max(np.abs(results[mode] - results["never"])) / scale
+      assert difference <= 16 * n * eps * cond, (mode, difference, cond)
+
+
+def test_policy_round_trips_and_rejects_unknown_modes():
+  assert _core.lapack.small_trsm() == "auto"
+  with path("never"):
+    assert _core.lapack.small_trsm() == "never"
+  assert _core.lapack.small_trsm() == "auto"
+  with pytest.raises(ValueError, match="mode"):
+    _core.lapack.set_small_trsm("sometimes")
+
+
+# ---- non-finite input ----------------------------------------------------------------
+
+
+def nonfinite_inputs(rng, dtype, n, flags):
+  """A batch of 9 solves with NaN or Inf where the solve reads them, one
+  kind per matrix: in b, in A's triangle, on A's diagonal, or a zero
+  diagonal (which gives Inf and NaN, as BLAS's trsm does)."""
+  a = triangular(rng, (9, n, n), dtype, flags[1])
+  b = random(rng, rhs_shape((9,), n, 2, flags[0]), dtype)
+  off = (n - 1, 0) if flags[1] else (0, n - 1)
+  b[0].flat[3] = np.nan
+  b[1].flat[0] = np.inf
+  a[2][off] = np.nan
+  a[3][off] = np.inf
+  a[4][n // 2, n // 2] = 0
+  a[5][n // 2, n // 2] = np.nan
+  a[6][n // 2, n // 2] = np.inf
+  b[7][...] = 0
+  a[7][n // 2, n // 2] = 0
+  return a, b
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("flags", [FLAGS[0], FLAGS[13], FLAGS[22], FLAGS[27], FLAGS[31]],
+                         ids=flag_id)
+def test_nonfinite_input_propagates_as_blas_does(row_major, dtype, flags):
+  rng = np.random.default_rng(3)
+  n = 6
+  a, b = nonfinite_inputs(rng, dtype, n, flags)
+  with path("never"):
+    blas = trsm(a, b, flags, row_major=row_major)
+  with path("always"):
+    small = trsm(a, b, flags, row_major=row_major)
+  # Non-finite exactly where BLAS's is. Real: NaN where NaN, Inf where Inf.
+  # Complex Inf arithmetic makes NaN parts by the way it is spelled (OpenBLAS
+  # multiplies by a unit diagonal's stored 1 + 0i: Inf becomes Inf + NaN i),
+  # so there only finiteness is compared.
+  np.testing.assert_array_equal(np.isfinite(small), np.isfinite(blas))
+  if not np.iscomplexobj(blas):
+    np.testing.assert_array_equal(np.isnan(small), np.isnan(blas))
+  finite = np.isfinite(blas)
+  np.testing.assert_allclose(small[finite], blas[finite], rtol=1e-3, atol=1e-3)
+  # The matrix with nothing non-finite (the last) is solved as usual.
+  assert np.all(np.isfinite(small[8]))
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unread_entries_are_not_read(row_major, dtype):
+  # NaN in the other triangle and, with a unit diagonal, on the diagonal.
+  rng = np.random.default_rng(11)
+  for flags in [(True, True, False, False, True), (False, False, True, True, True)]:
+    a = triangular(rng, (10, 5, 5), dtype, flags[1])
+    a[:, np.arange(5), np.arange(5)] = np.nan
+    b = random(rng, rhs_shape((10,), 5, 2, flags[0]), dtype)
+    with path("always"):
+      x = trsm(a, b, flags, row_major=row_major)
+    assert np.all(np.isfinite(x))
+    assert_solves(x, a, b, flags)
