@@ -111,9 +111,8 @@ class Group {
         r[l] = v;
       }
     };
-    // A full group (all but a batch's last) in a loop of constant trip
-    // count, which the compiler unrolls: a per-element loop over a
-    // variable count costs more than the copy.
+    // A full group (all but a batch's last) needs no padding, and a loop of
+    // constant trip count the compiler can unroll.
     if (count == W) {
       for (int l = 0; l < W; ++l) read(l);
       return;
