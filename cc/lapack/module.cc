@@ -12,6 +12,7 @@
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
+#include "lapack/small_cholesky.h"
 
 namespace nb = nanobind;
 
@@ -64,6 +65,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
         "matrices use BLAS threads.");
   m.def("single_threaded_blas", &SingleThreadedBlas);
+  m.def("set_small_cholesky", &interleaved::SetSmallCholesky, nb::arg("enabled"),
+        "Lets potrf and posv factor small matrices batch-interleaved (default) or sends every "
+        "batch to LAPACK.");
+  m.def("small_cholesky", &interleaved::SmallCholesky);
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }
