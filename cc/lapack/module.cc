@@ -69,6 +69,14 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Lets potrf and posv factor small matrices batch-interleaved (default) or sends every "
         "batch to LAPACK.");
   m.def("small_cholesky", &interleaved::SmallCholesky);
+  m.def(
+      "small_cholesky_limits",
+      [] {
+        return nb::make_tuple(interleaved::SmallCholeskyMaxSize(),
+                              interleaved::SmallPosvMaxSize(),
+                              interleaved::SmallCholeskyMinBatch());
+      },
+      "(largest n of potrf, largest n of posv, smallest batch) factored interleaved.");
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }

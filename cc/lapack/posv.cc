@@ -83,7 +83,7 @@ template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, bool lower, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t n = shape.n;
-  if (shape.nrhs >= 1 && interleaved::UseSmallCholesky(n, Product(shape.x_batch))) {
+  if (shape.nrhs >= 1 && interleaved::UseSmallPosv(n, Product(shape.x_batch))) {
     return SolveInterleaved<T>(pool, shape, lower, a, b, x, info);
   }
   char uplo = lower ? 'L' : 'U';

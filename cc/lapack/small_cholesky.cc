@@ -9,21 +9,37 @@
 namespace batchpart::lapack::interleaved {
 namespace {
 
-// Single-threaded LAPACK path vs interleaved, microseconds per matrix
-// (2-core x86-64 with AVX-512, scipy's OpenBLAS, batch 1024 through jax on
-// one CPU device; benchmarks/small_cholesky.py):
+// The cut-offs, measured single-threaded through jax on one CPU device
+// (benchmarks/small_cholesky.py switch [--posv]: 1024 matrices, 2 shared
+// x86-64 cores with AVX-512, scipy 1.17's OpenBLAS; microseconds per matrix,
+// the least of 9 runs, LAPACK path / interleaved):
 //
-//    n  | f64 LAPACK | f64 interleaved | f32 LAPACK | f32 interleaved
-//   ----+------------+-----------------+------------+----------------
-//   filled in from the measurement
+//    n  | potrf f64   | potrf f32   | posv f64, 1 rhs | posv f32, 1 rhs
+//   ----+-------------+-------------+-----------------+----------------
+//    2  | 0.073 0.015 | 0.062 0.013 |   0.166 0.024   |   0.166 0.018
+//    4  | 0.130 0.037 | 0.117 0.023 |   0.254 0.053   |   0.245 0.031
+//    8  | 0.229 0.079 | 0.285 0.114 |   0.453 0.127   |   0.418 0.057
+//   16  | 0.857 0.517 | 0.534 0.251 |   1.329 0.627   |   0.933 0.387
+//   24  | 1.515 1.255 | 0.951 0.608 |   1.954 0.705   |   1.558 0.509
+//   28  | 2.111 1.985 | 1.346 0.915 |   2.737 0.943   |   2.327 0.826
+//   32  | 2.755 3.479 | 1.760 3.358 |   5.089 2.937   |   2.899 1.672
+//   40  | 7.815 4.606 | 4.084 3.350 |   7.285 5.328   |   5.847 2.702
+//   48  | 9.243 14.63 | 5.298 5.727 |   11.96 5.233   |   11.33 4.916
+//   56  | 12.25 11.00 | 7.209 7.436 |   18.44 9.147   |   10.22 9.023
+//   64  | 11.67 20.06 | 8.349 17.77 |   18.09 20.16   |   10.16 11.97
 //
-// The interleaved kernel wins while its n^3 arithmetic is cheap next to
-// LAPACK's per-call and per-column overhead; past kMaxSize the blocked
-// LAPACK path is faster.
-constexpr int64_t kMaxSize = 32;
-// A group of kLanes matrices costs about as much as a full one, so a batch
-// too small to fill a good part of one group is cheaper one LAPACK call at a
-// time.
+// potrf's interleaved time jumps at n = 32, where unpacking writes lanes
+// 4 or 8 KiB apart (the same cache sets) and the factor is written back
+// whole. posv writes back only x and stays ahead up to 48, but it stops at
+// 32: up to there OpenBLAS's potrf runs its unblocked potf2, the algorithm
+// this kernel mirrors, so even a matrix with infinite entries gets the same
+// info on both paths; above it the blocked potrf meets them in another order
+// (an all-inf 48 x 48 matrix fails there at pivot 13, here not at all).
+constexpr int64_t kMaxFactorSize = 28;
+constexpr int64_t kMaxSolveSize = 32;
+// A group of kLanes matrices costs about as much as a full one; through jax
+// (7-8 us per call) batches of 4 came out even and 6 or more faster
+// interleaved (benchmarks/small_cholesky.py batch).
 constexpr int64_t kMinBatch = 4;
 
 std::atomic<bool> g_enabled{true};
@@ -31,9 +47,18 @@ std::atomic<bool> g_enabled{true};
 }  // namespace
 
 bool UseSmallCholesky(int64_t n, int64_t batch) {
-  return g_enabled.load(std::memory_order_relaxed) && n >= 1 && n <= kMaxSize &&
+  return g_enabled.load(std::memory_order_relaxed) && n >= 1 && n <= kMaxFactorSize &&
          batch >= kMinBatch;
 }
+
+bool UseSmallPosv(int64_t n, int64_t batch) {
+  return g_enabled.load(std::memory_order_relaxed) && n >= 1 && n <= kMaxSolveSize &&
+         batch >= kMinBatch;
+}
+
+int64_t SmallCholeskyMaxSize() { return kMaxFactorSize; }
+int64_t SmallPosvMaxSize() { return kMaxSolveSize; }
+int64_t SmallCholeskyMinBatch() { return kMinBatch; }
 
 void SetSmallCholesky(bool enabled) { g_enabled.store(enabled); }
 bool SmallCholesky() { return g_enabled.load(); }
@@ -101,14 +126,20 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict
             acc_im[l] -= ai[l] * br[l] - ar[l] * bi[l];
           }
         }
-        for (int l = 0; l < W; ++l) ii[j * W + l] = acc_im[l] * inverse[l];
+        for (int l = 0; l < W; ++l) {
+          ii[j * W + l] = inverse[l] == R(0) ? R(0) : acc_im[l] * inverse[l];
+        }
       } else {
         for (int64_t k = 0; k < j; ++k) {
           const R *a = ri + k * W, *b = rj + k * W;
           for (int l = 0; l < W; ++l) acc_re[l] -= a[l] * b[l];
         }
       }
-      for (int l = 0; l < W; ++l) ri[j * W + l] = acc_re[l] * inverse[l];
+      // As the LAPACK path's scal (OpenBLAS): a zero scale (an infinite
+      // pivot) writes zeros, where inf * 0 would be NaN.
+      for (int l = 0; l < W; ++l) {
+        ri[j * W + l] = inverse[l] == R(0) ? R(0) : acc_re[l] * inverse[l];
+      }
     }
   }
 }
