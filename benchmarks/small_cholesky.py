@@ -31,6 +31,7 @@ def _setup():
 
 def _spd(batch, n, dtype):
   import numpy as np
+
   from batchpart.testing import hermitian_pd
   return hermitian_pd(np.random.default_rng(0), (batch,), n, dtype)
 
@@ -59,6 +60,7 @@ def _both_paths(jax, fn, args, repeats):
   """Seconds per call of `fn` with the interleaved path on and off. The
   global switch is read at run time, so one compiled function serves both."""
   import time
+
   from batchpart import _core
   out = {}
   for enabled in (False, True):
@@ -124,8 +126,9 @@ def against_jnp(repeats: int):
   import numpy as np
   jax = _setup()
   import jax.numpy as jnp
-  import batchpart as bp
   from _timing import interleaved
+
+  import batchpart as bp
   for batch, n, dtype in ((2048, 16, np.float64), (4096, 8, np.float32)):
     a = jnp.asarray(_spd(batch, n, dtype))
     times = interleaved({"jnp.linalg.cholesky": jax.jit(jnp.linalg.cholesky),

@@ -6,6 +6,7 @@ derivatives through bp.linalg."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -147,9 +148,11 @@ def failing_batch(rng, n, dtype):
   expected[9] = n
   a[12, 0, 0] = np.nan
   expected[12] = 1
-  # An infinite first pivot scales the column below by 1 / inf = 0, which
-  # the LAPACK path's scal writes as zeros: an infinite factor, no failure.
+  # All inf: OpenBLAS's unblocked potrf (up to n = 32) scales the first
+  # column by 1 / inf = 0 and writes zeros, an infinite factor and no
+  # failure; its blocked one fails later. Only the paths' agreement is checked.
   a[14] = np.inf
+  expected[14] = -1
   return a, expected
 
 
@@ -162,7 +165,7 @@ def test_potrf_failures_are_nan_in_that_element_only(n, dtype, lower):
   with lapack_only():
     lapack_factor, lapack_info = potrf(a, lower=lower)
   np.testing.assert_array_equal(info, lapack_info)
-  np.testing.assert_array_equal(info, expected)
+  np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
   failed = info != 0
   assert np.isnan(factor[failed]).all() and np.isnan(lapack_factor[failed]).all()
   np.testing.assert_array_equal(factor[14], lapack_factor[14])
@@ -223,7 +226,7 @@ def test_posv_failures_are_nan_in_that_element_only(n, dtype, lower):
   with lapack_only():
     lapack_x, lapack_info = posv(a, b, lower=lower)
   np.testing.assert_array_equal(info, lapack_info)
-  np.testing.assert_array_equal(info, expected)
+  np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
   failed = info != 0
   assert np.isnan(x[failed]).all() and np.isnan(lapack_x[failed]).all()
   np.testing.assert_array_equal(x[14], lapack_x[14])
@@ -243,24 +246,25 @@ def test_solve_pos_through_bp_linalg_broadcasts():
 # ---- derivatives through the existing JVP rules --------------------------------
 
 
+def squared_norm(f):
+  return lambda x: jnp.sum(jnp.abs(f(x)) ** 2)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-def test_cholesky_gradients_on_the_interleaved_path(dtype):
+@pytest.mark.parametrize("lower", [True, False])
+def test_cholesky_gradients_on_the_interleaved_path(dtype, lower):
   a = hermitian_pd(np.random.default_rng(0), (9,), 4, dtype)
-  for lower in (True, False):
-    f = lambda x: bp.linalg.cholesky(x, lower=lower)  # noqa: E731
-    g = lambda x: jnp.linalg.cholesky(x, upper=not lower)  # noqa: E731
-    tangent = random_array(np.random.default_rng(1), a.shape, dtype)
-    tangent = tangent + herm(tangent)
-    _, ours = jax.jvp(f, (a,), (tangent,))
-    _, theirs = jax.jvp(g, (a,), (tangent,))
-    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-9, atol=1e-9)
-    loss = lambda h, x: jnp.sum(jnp.abs(h(x)) ** 2)  # noqa: E731
-    np.testing.assert_allclose(np.asarray(jax.grad(lambda x: loss(f, x))(a)),
-                               np.asarray(jax.grad(lambda x: loss(g, x))(a)),
-                               rtol=1e-9, atol=1e-9)
+  ours = functools.partial(bp.linalg.cholesky, lower=lower)
+  theirs = functools.partial(jnp.linalg.cholesky, upper=not lower)
+  tangent = random_array(np.random.default_rng(1), a.shape, dtype)
+  tangent = tangent + herm(tangent)
+  np.testing.assert_allclose(np.asarray(jax.jvp(ours, (a,), (tangent,))[1]),
+                             np.asarray(jax.jvp(theirs, (a,), (tangent,))[1]),
+                             rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(np.asarray(jax.grad(squared_norm(ours))(a)),
+                             np.asarray(jax.grad(squared_norm(theirs))(a)), rtol=1e-9, atol=1e-9)
   sym = lambda x: (x + jnp.conj(jnp.swapaxes(x, -1, -2))) / 2  # noqa: E731
-  check_grads(lambda x: bp.linalg.cholesky(sym(x)), (a,), order=1,
-              modes=("fwd", "rev"))
+  check_grads(lambda x: ours(sym(x)), (a,), order=1, modes=("fwd", "rev"))
 
 
 def test_solve_pos_gradients_on_the_interleaved_path():
