@@ -5,6 +5,7 @@
 #include "lapack/batch_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
+#include "lapack/small_cholesky.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 constexpr const char* kTarget = kPotrfTarget;
 
 // Factors one matrix in place. A matrix that is not positive definite
-// (including one holding NaNs: potrf rejects a NaN pivot) becomes all NaN,
+// (including one holding NaNs: a NaN pivot fails, FirstNaNPivot) becomes all NaN,
 // so the failure cannot pass for a result.
 template <typename T>
 void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
@@ -20,23 +21,56 @@ void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
   char uplo = lower ? 'L' : 'U';
   lapack_int n_v = static_cast<lapack_int>(n), lda = LeadingDim(n), info_v = 0;
   Lapack<T>::potrf(&uplo, &n_v, l, &lda, &info_v);
-  *info = info_v;
-  if (info_v != 0) {
+  *info = info_v != 0 ? info_v : FirstNaNPivot(l, n);
+  if (*info != 0) {
     FillNaN(l, n * n);
   } else {
     ZeroOtherTriangle(l, n, lower);
   }
 }
 
+// The same for small matrices, kLanes<T> at a time (small_cholesky.h): the
+// pool's chunks are whole groups. The upper factor is the transposed pack's
+// lower one, read back transposed.
+template <typename T>
+ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bool lower,
+                             bool symmetrize, const T* a_data, T* l_data, int32_t* info_data) {
+  namespace il = interleaved;
+  constexpr int64_t W = il::kLanes<T>;
+  const int64_t size = n * n;
+  const il::Strides strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
+  const double flops = W * kFlopScale<T> * n * n * n / 3.0;
+  return ForEachBatchChunk(pool, (batch + W - 1) / W, flops, [&](int64_t begin, int64_t end) {
+    il::Group<T> group(n, n);
+    const T* src[W];
+    T* dst[W];
+    int32_t group_info[W];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * W, count = std::min(W, batch - first);
+      for (int64_t l = 0; l < count; ++l) {
+        src[l] = a_data + (first + l) * size;
+        dst[l] = l_data + (first + l) * size;
+      }
+      group.Pack(src, count, strides);
+      il::FactorLower(group, symmetrize, group_info);
+      group.Unpack(dst, count, strides);
+      std::copy_n(group_info, count, info_data + first);
+    }
+  });
+}
+
 template <typename T>
 ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower, bool symmetrize,
                   const ffi::AnyBuffer& a, ffi::AnyBuffer& factor, ffi::AnyBuffer& info) {
-  const int64_t n = shape.n, size = n * n;
+  const int64_t n = shape.n, size = n * n, batch = Product(shape.batch);
   const T* a_data = a.typed_data<T>();
   T* l_data = factor.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
+  if (interleaved::UseSmallCholesky(n, batch)) {
+    return FactorInterleaved<T>(pool, batch, n, lower, symmetrize, a_data, l_data, info_data);
+  }
   const double flops = kFlopScale<T> * n * n * n / 3.0;
-  return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       CopyIfDistinct(a_data + b * size, l_data + b * size, size);
       FactorOne<T>(n, lower, symmetrize, l_data + b * size, info_data + b);

@@ -61,6 +61,19 @@ bool AllFinite(const T* data, int64_t count) {
   return true;
 }
 
+// potrf's info for a factor it returned with info 0: reference LAPACK
+// stops at a NaN pivot (info = its 1-based index), but OpenBLAS's potf2
+// tests a pivot with `<= 0`, which NaN passes, and goes on. Every later pivot
+// depends on a NaN one, so the first NaN on the returned diagonal is where
+// reference LAPACK stops; 0 when there is none.
+template <typename T>
+int32_t FirstNaNPivot(const T* factor, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(std::real(factor[j * n + j]))) return static_cast<int32_t>(j + 1);
+  }
+  return 0;
+}
+
 // Copies a rows x cols block between column-major matrices.
 template <typename T>
 void CopyMatrix(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t rows, int64_t cols) {

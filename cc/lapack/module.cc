@@ -12,6 +12,7 @@
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
+#include "lapack/small_cholesky.h"
 #include "lapack/small_triangular_solve.h"
 
 namespace nb = nanobind;
@@ -95,6 +96,18 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("small_trsm", &SmallTrsmMode);
   m.def("small_trsm_max_size", &SmallTrsmMaxSize,
         "The largest triangle that 'auto' solves in the interleaved kernel.");
+  m.def("set_small_cholesky", &interleaved::SetSmallCholesky, nb::arg("enabled"),
+        "Lets potrf and posv factor small matrices batch-interleaved (default) or sends every "
+        "batch to LAPACK.");
+  m.def("small_cholesky", &interleaved::SmallCholesky);
+  m.def(
+      "small_cholesky_limits",
+      [] {
+        return nb::make_tuple(interleaved::SmallCholeskyMaxSize(),
+                              interleaved::SmallPosvMaxSize(),
+                              interleaved::SmallCholeskyMinBatch());
+      },
+      "(largest n of potrf, largest n of posv, smallest batch) factored interleaved.");
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }

@@ -10,6 +10,7 @@
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
 #include "lapack/option_kernels.h"
+#include "lapack/small_cholesky.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -33,13 +34,58 @@ void Factor(int64_t n_, char uplo, const T* a, int64_t a_index, FactorCache<T>& 
   lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
   Lapack<T>::potrf(&uplo, &n, cache.factor.data(), &lda, &info);
   cache.a_index = a_index;
-  cache.info = info;
+  cache.info = info != 0 ? info : FirstNaNPivot(cache.factor.data(), n_);
+}
+
+// The same for small matrices, kLanes<T> batch elements at a time
+// (small_cholesky.h): each lane packs its own A and B, broadcast ones
+// included. The upper triangle is read by packing A transposed, whose lower
+// factor is conj(L) for A = L L^H.
+template <typename T>
+ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool lower,
+                            const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
+                            ffi::AnyBuffer& info) {
+  namespace il = interleaved;
+  constexpr int64_t W = il::kLanes<T>;
+  const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
+  const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
+  const int64_t n = shape.n, r = shape.nrhs, a_size = n * n, x_size = n * r;
+  const int64_t batch = Product(shape.x_batch);
+  const T* a_data = a.typed_data<T>();
+  const T* b_data = b.typed_data<T>();
+  T* x_data = x.typed_data<T>();
+  int32_t* info_data = info.typed_data<int32_t>();
+  const il::Strides a_strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
+  const double flops = W * kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r);
+  return ForEachBatchChunk(pool, (batch + W - 1) / W, flops, [&](int64_t begin, int64_t end) {
+    il::Group<T> factor(n, n), rhs(n, r);
+    const T* src[W];
+    T* dst[W];
+    int32_t group_info[W];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * W, count = std::min(W, batch - first);
+      for (int64_t l = 0; l < count; ++l) src[l] = a_data + a_index(first + l) * a_size;
+      factor.Pack(src, count, a_strides);
+      il::FactorLower(factor, /*symmetrize=*/false, group_info);
+      if (!lower) il::Conjugate(factor);
+      for (int64_t l = 0; l < count; ++l) src[l] = b_data + b_index(first + l) * x_size;
+      rhs.Pack(src, count, il::ColumnMajor(n));
+      // A failed lane's factor is NaN, and so its solution.
+      il::SolveLower(factor, rhs);
+      for (int64_t l = 0; l < count; ++l) dst[l] = x_data + (first + l) * x_size;
+      rhs.Unpack(dst, count, il::ColumnMajor(n));
+      std::copy_n(group_info, count, info_data + first);
+    }
+  });
 }
 
 template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, bool lower, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t n = shape.n;
+  if (shape.nrhs >= 1 && interleaved::UseSmallPosv(n, Product(shape.x_batch))) {
+    return SolveInterleaved<T>(pool, shape, lower, a, b, x, info);
+  }
   char uplo = lower ? 'L' : 'U';
   const double flops = kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * shape.nrhs);
   return SolveEachBatchElement<T, FactorCache<T>>(
