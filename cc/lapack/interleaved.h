@@ -62,24 +62,29 @@ class Group {
   // identity (zero where not square), which every kernel factors and solves
   // without a failure, so padding lanes never produce NaN or Inf work.
   void Pack(const T* const* src, int64_t count, Strides s) {
-    for (int64_t i = 0; i < rows_; ++i) {
-      for (int64_t j = 0; j < cols_; ++j) {
-        R* r = re(i, j);
-        [[maybe_unused]] R* m = kIsComplex<T> ? im(i, j) : nullptr;
-        const int64_t offset = i * s.row_stride + j * s.col_stride;
-        int64_t l = 0;
-        for (; l < count; ++l) {
-          const T v = src[l][offset];
+    // Matrix by matrix: the loop reads one matrix, not count of them at once,
+    // and needs no test of the lane count per element.
+    for (int64_t l = 0; l < count; ++l) {
+      const T* matrix = src[l];
+      for (int64_t i = 0; i < rows_; ++i) {
+        R* r = re(i, 0) + l;
+        [[maybe_unused]] R* m = kIsComplex<T> ? im(i, 0) + l : nullptr;
+        for (int64_t j = 0; j < cols_; ++j) {
+          const T v = matrix[i * s.row_stride + j * s.col_stride];
           if constexpr (kIsComplex<T>) {
-            r[l] = v.real();
-            m[l] = v.imag();
+            r[j * W] = v.real();
+            m[j * W] = v.imag();
           } else {
-            r[l] = v;
+            r[j * W] = v;
           }
         }
-        for (; l < W; ++l) {
-          r[l] = i == j ? R(1) : R(0);
-          if constexpr (kIsComplex<T>) m[l] = R(0);
+      }
+    }
+    for (int64_t l = count; l < W; ++l) {
+      for (int64_t i = 0; i < rows_; ++i) {
+        for (int64_t j = 0; j < cols_; ++j) {
+          re(i, j)[l] = i == j ? R(1) : R(0);
+          if constexpr (kIsComplex<T>) im(i, j)[l] = R(0);
         }
       }
     }
@@ -87,16 +92,17 @@ class Group {
 
   // Writes lanes [0, count) back, lane l to the matrix at dst[l].
   void Unpack(T* const* dst, int64_t count, Strides s) const {
-    for (int64_t i = 0; i < rows_; ++i) {
-      for (int64_t j = 0; j < cols_; ++j) {
-        const R* r = re(i, j);
-        [[maybe_unused]] const R* m = kIsComplex<T> ? im(i, j) : nullptr;
-        const int64_t offset = i * s.row_stride + j * s.col_stride;
-        for (int64_t l = 0; l < count; ++l) {
+    for (int64_t l = 0; l < count; ++l) {
+      T* matrix = dst[l];
+      for (int64_t i = 0; i < rows_; ++i) {
+        const R* r = re(i, 0) + l;
+        [[maybe_unused]] const R* m = kIsComplex<T> ? im(i, 0) + l : nullptr;
+        for (int64_t j = 0; j < cols_; ++j) {
+          T& out = matrix[i * s.row_stride + j * s.col_stride];
           if constexpr (kIsComplex<T>) {
-            dst[l][offset] = T(r[l], m[l]);
+            out = T(r[j * W], m[j * W]);
           } else {
-            dst[l][offset] = r[l];
+            out = r[j * W];
           }
         }
       }

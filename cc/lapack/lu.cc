@@ -32,6 +32,7 @@ struct ColumnMajor {
   static interleaved::Strides Layout(const LuShape& shape) {
     return interleaved::ColumnMajor(shape.m);
   }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfColumnMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>&) {
     return LapackLu(shape.m, shape.n, lu, pivots);
   }
@@ -43,16 +44,17 @@ struct RowMajor {
   static interleaved::Strides Layout(const LuShape& shape) {
     return interleaved::RowMajor(shape.n);
   }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfRowMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>& scratch) {
     return FactorRowMajor(shape.m, shape.n, lu, pivots, scratch);
   }
 };
 
 // Whether the batch goes through the interleaved kernel (small_lu.h).
-template <typename T>
+template <typename T, template <typename> class Order>
 bool FactorInterleaved(const LuShape& shape, int64_t batch) {
   return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
-         std::max(shape.m, shape.n) <= interleaved::kSmallLuMaxSize<T>;
+         Order<T>::kInterleaved.contains(std::max(shape.m, shape.n));
 }
 
 // The batch in groups of kLanes<T> matrices, each packed, factored and
@@ -103,7 +105,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuf
   int32_t* perm_data = perm.typed_data<int32_t>();
   int32_t* info_data = info.typed_data<int32_t>();
   const int64_t batch = Product(shape.batch);
-  if (FactorInterleaved<T>(shape, batch)) {
+  if (FactorInterleaved<T, Order>(shape, batch)) {
     return FactorGroups<T, Order>(pool, shape, batch, a_data, lu_data, piv_data, perm_data,
                                   info_data);
   }

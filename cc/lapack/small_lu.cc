@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <complex>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -19,6 +20,13 @@ std::atomic<bool> g_enabled{true};
 // would run the default build.
 #define BATCHPART_INLINE [[gnu::always_inline]] inline
 
+// Marks a loop over the lanes. Lane l reads and writes index l of every
+// operand only, so the iterations are independent even where two operands
+// are the same element (ivdep: no alias check needed); kept a loop (unroll
+// 1) so that the loop vectorizer, not the unroller, gets it: unrolled into
+// scalar statements first, GCC left them scalar.
+#define BATCHPART_LANES _Pragma("GCC ivdep") _Pragma("GCC unroll 1")
+
 // One matrix element across the lanes: its real plane, and its imaginary
 // plane for complex T (null for real T).
 template <typename T>
@@ -31,6 +39,25 @@ struct Planes {
   BATCHPART_INLINE R* Im(int64_t i, int64_t j) const { return im + (i * cols + j) * kLanes<T>; }
 };
 
+// The lanes of one element as one GCC vector (of kLanes<T> reals).
+template <typename T>
+struct LaneVector {
+  typedef Real<T> type __attribute__((vector_size(sizeof(Real<T>) * kLanes<T>)));
+};
+
+// The pivot magnitudes (|re| + |im|) of element (i, j)'s lanes.
+template <typename T>
+BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,
+                                 typename LaneVector<T>::type& v) {
+  typename LaneVector<T>::type part;
+  std::memcpy(&part, a.Re(i, j), sizeof(part));
+  v = part < 0 ? -part : part;
+  if constexpr (kIsComplex<T>) {
+    std::memcpy(&part, a.Im(i, j), sizeof(part));
+    v += part < 0 ? -part : part;
+  }
+}
+
 // x -= l * u on every lane (complex: on both planes).
 template <typename T>
 BATCHPART_INLINE void SubtractProduct(const Planes<T>& a, int64_t i, int64_t j, const Real<T>* lr,
@@ -40,11 +67,13 @@ BATCHPART_INLINE void SubtractProduct(const Planes<T>& a, int64_t i, int64_t j, 
   Real<T>* __restrict xr = a.Re(i, j);
   if constexpr (kIsComplex<T>) {
     Real<T>* __restrict xi = a.Im(i, j);
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       xr[l] -= lr[l] * ur[l] - li[l] * ui[l];
       xi[l] -= lr[l] * ui[l] + li[l] * ur[l];
     }
   } else {
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) xr[l] -= lr[l] * ur[l];
   }
 }
@@ -60,6 +89,7 @@ BATCHPART_INLINE void SubtractProductMasked(const Planes<T>& a, int64_t i, int64
   Real<T>* __restrict xr = a.Re(i, j);
   if constexpr (kIsComplex<T>) {
     Real<T>* __restrict xi = a.Im(i, j);
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       const Real<T> r = xr[l] - (lr[l] * ur[l] - li[l] * ui[l]);
       const Real<T> m = xi[l] - (lr[l] * ui[l] + li[l] * ur[l]);
@@ -67,6 +97,7 @@ BATCHPART_INLINE void SubtractProductMasked(const Planes<T>& a, int64_t i, int64
       xi[l] = active[l] != 0 ? m : xi[l];
     }
   } else {
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       const Real<T> r = xr[l] - lr[l] * ur[l];
       xr[l] = active[l] != 0 ? r : xr[l];
@@ -96,36 +127,38 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
   using R = Real<T>;
   constexpr int W = kLanes<T>;
   const Planes<T> a{re, im, n};
+  BATCHPART_LANES
   for (int l = 0; l < W; ++l) info[l] = 0;
   const int64_t k_end = m < n ? m : n;
   for (int64_t k = 0; k < k_end; ++k) {
-    // Each lane's pivot: the first row of largest magnitude (i?amax).
+    // Each lane's pivot: the first row of largest magnitude (i?amax). A
+    // vector type, not a loop over lanes: the search carries its maximum
+    // from row to row, and as a loop GCC kept it in memory or left it scalar.
     alignas(64) R best[W];
-    alignas(64) int32_t p[W];
+    alignas(64) R row[W];
     {
-      const R* cr = a.Re(k, k);
-      for (int l = 0; l < W; ++l) {
-        best[l] = std::abs(cr[l]);
-        if constexpr (kIsComplex<T>) best[l] += std::abs(a.Im(k, k)[l]);
-        p[l] = static_cast<int32_t>(k);
+      using Vec = typename LaneVector<T>::type;
+      Vec top, at = Vec{} + static_cast<R>(k);
+      Magnitudes<T>(a, k, k, top);
+      for (int64_t i = k + 1; i < m; ++i) {
+        Vec v;
+        Magnitudes<T>(a, i, k, v);
+        const auto larger = v > top;
+        top = larger ? v : top;
+        at = larger ? Vec{} + static_cast<R>(i) : at;
       }
+      std::memcpy(best, &top, sizeof(Vec));
+      std::memcpy(row, &at, sizeof(Vec));
     }
-    for (int64_t i = k + 1; i < m; ++i) {
-      const R* cr = a.Re(i, k);
-      [[maybe_unused]] const R* ci = kIsComplex<T> ? a.Im(i, k) : nullptr;
-      for (int l = 0; l < W; ++l) {
-        R v = std::abs(cr[l]);
-        if constexpr (kIsComplex<T>) v += std::abs(ci[l]);
-        const bool larger = v > best[l];
-        best[l] = larger ? v : best[l];
-        p[l] = larger ? static_cast<int32_t>(i) : p[l];
-      }
-    }
+    alignas(64) int32_t p[W];
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) p[l] = static_cast<int32_t>(row[l]);
     // A zero largest magnitude means an all-zero column (a NaN never wins
     // against a zero diagonal, as in i?amax): the pivot stays in place and
     // the lane skips this step.
     alignas(64) R active[W];
     bool any_zero = false;
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       pivots[k * W + l] = p[l];
       const bool zero = best[l] == R(0);
@@ -143,6 +176,7 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
     const R* pr = a.Re(k, k);
     [[maybe_unused]] const R* pi = kIsComplex<T> ? a.Im(k, k) : nullptr;
     if constexpr (kIsComplex<T>) {
+      BATCHPART_LANES
       for (int l = 0; l < W; ++l) {
         const std::complex<R> pivot(pr[l], pi[l]);
         const std::complex<R> inverse = R(1) / pivot;
@@ -151,6 +185,7 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
         any_tiny |= active[l] != 0 && std::abs(pivot) < std::numeric_limits<R>::min();
       }
     } else {
+      BATCHPART_LANES
       for (int l = 0; l < W; ++l) {
         inv_re[l] = R(1) / pr[l];
         any_tiny |= active[l] != 0 && std::abs(pr[l]) < std::numeric_limits<R>::min();
@@ -161,18 +196,21 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
         R* __restrict xr = a.Re(i, k);
         if constexpr (kIsComplex<T>) {
           R* __restrict xi = a.Im(i, k);
+          BATCHPART_LANES
           for (int l = 0; l < W; ++l) {
             const R r = xr[l] * inv_re[l] - xi[l] * inv_im[l];
             xi[l] = xr[l] * inv_im[l] + xi[l] * inv_re[l];
             xr[l] = r;
           }
         } else {
+          BATCHPART_LANES
           for (int l = 0; l < W; ++l) xr[l] *= inv_re[l];
         }
       }
     } else {
       // Rare: lane by lane, with the scalar arithmetic of RowMajorLu.
       for (int64_t i = k + 1; i < m; ++i) {
+        BATCHPART_LANES
         for (int l = 0; l < W; ++l) {
           if (active[l] == 0) continue;
           if constexpr (kIsComplex<T>) {
@@ -217,6 +255,7 @@ BATCHPART_INLINE void DivideLanes(const Planes<T>& x, int64_t i, int64_t j, cons
   R* __restrict xr = x.Re(i, j);
   if constexpr (kIsComplex<T>) {
     R* __restrict xi = x.Im(i, j);
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       const R scale = std::fmax(std::abs(dr[l]), std::abs(di[l]));
       const R cr = dr[l] / scale, ci = di[l] / scale;
@@ -226,6 +265,7 @@ BATCHPART_INLINE void DivideLanes(const Planes<T>& x, int64_t i, int64_t j, cons
       xr[l] = r;
     }
   } else {
+    BATCHPART_LANES
     for (int l = 0; l < W; ++l) xr[l] /= dr[l];
   }
 }
@@ -266,6 +306,7 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
 }
 
 #undef BATCHPART_INLINE
+#undef BATCHPART_LANES
 
 }  // namespace
 

@@ -18,16 +18,42 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The largest max(m, n) that getrf factors interleaved, and the largest n
-// that gesv solves interleaved. Measured single-threaded on AVX-512 (2048
-// matrices, microseconds per matrix, today's path -> interleaved):
-//   getrf f64 row-major: n=2 0.08 -> 0.03, 8 0.38 -> 0.08, 16 1.4 -> 0.33,
-//   32 5.3 -> 2.1, ...
-// (see small_lu.cc's SmallLuMaxSize for the table that sets them).
+// The sizes (max(m, n) for getrf, n for gesv) each target runs interleaved;
+// elsewhere the per-matrix path is faster. Measured single-threaded through
+// jax on one CPU device (benchmarks/small_lu.py sweep; AMD EPYC with
+// AVX-512, shared and loaded, so +-20%), microseconds per matrix, per-matrix
+// path -> interleaved, nrhs = 1:
+//                 f32 n=4      8       16      32      48      64
+//   getrf row     0.05->0.06 0.17->0.11 0.84->0.63 2.8->3.9  10.7->11.6 17->22
+//   getrf col     0.16->0.07 0.57->0.34 1.51->0.88 5.2->4.2  18.7->13.8 20->21
+//   gesv row      0.09->0.04 0.44->0.15 1.47->0.57 7.4->3.5  17.6->9.9  31->19
+//   gesv col      0.21->0.08 0.56->0.18 1.53->0.58 7.0->5.4  10.0->7.8  18->18
+//                 f64 n=4      8       16      32      48      64
+//   getrf row     0.07->0.07 0.24->0.25 0.63->0.67 3.0->4.0  8.5->12.4  24->34
+//   getrf col     0.14->0.07 0.67->0.38 1.55->1.04 6.4->9.6  13->15     35->75
+//   gesv row      0.14->0.08 0.52->0.16 1.34->0.63 5.7->3.5  14.3->10.8 29->29
+//   gesv col      0.35->0.11 0.52->0.23 1.78->1.18 5.4->5.0  11.8->13.5 20->33
+// (n = 12: getrf row f32 0.54->0.32, f64 0.51->0.31; n = 24: getrf row f32
+// 1.66->1.84, f64 1.67->2.14, getrf col f64 3.3->3.0, gesv col f64
+// 3.2->2.1.) The row-major getrf it replaces, RowMajorLu, is vectorized
+// along rows already and loses only a little to packing; complex types
+// take their real type's ranges (their updates are 4x the arithmetic on
+// the same packing).
+struct SizeRange {
+  int64_t min, max;
+  bool contains(int64_t n) const { return min <= n && n <= max; }
+};
 template <typename T>
-inline constexpr int64_t kSmallLuMaxSize = 32;
+inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 template <typename T>
-inline constexpr int64_t kSmallSolveMaxSize = 32;
+inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
+// None for f64: its measured gains (n = 12) were within the noise.
+template <typename T>
+inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{8, 16} : SizeRange{1, 0};
+template <typename T>
+inline constexpr SizeRange kGesvColumnMajorSizes = {1, kSingle<T> ? 48 : 24};
+template <typename T>
+inline constexpr SizeRange kGesvRowMajorSizes = {1, kSingle<T> ? 64 : 48};
 
 // Batches smaller than this stay on the per-matrix path: a group padded with
 // identities costs a whole group's work.

@@ -35,6 +35,7 @@ struct ColumnMajor {
   static interleaved::Strides Layout(int64_t rows, int64_t) {
     return interleaved::ColumnMajor(rows);
   }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvColumnMajorSizes<T>;
   static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, std::vector<T>&) {
     static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
     lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
@@ -54,6 +55,7 @@ struct ColumnMajor {
 template <typename T>
 struct RowMajor {
   static interleaved::Strides Layout(int64_t, int64_t cols) { return interleaved::RowMajor(cols); }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvRowMajorSizes<T>;
   static int32_t Factor(int64_t n, T* lu, int32_t* pivots, std::vector<T>& scratch) {
     return FactorRowMajor(n, n, lu, pivots, scratch);
   }
@@ -84,10 +86,10 @@ void SolveCached(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t*
 }
 
 // Whether the batch goes through the interleaved kernels (small_lu.h).
-template <typename T>
+template <typename T, template <typename> class Order>
 bool SolveInterleaved(const GesvShape& shape, int64_t batch) {
   return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
-         shape.n <= interleaved::kSmallSolveMaxSize<T>;
+         Order<T>::kInterleaved.contains(shape.n);
 }
 
 // The batch in groups of kLanes<T> elements: each lane's A (broadcast or
@@ -140,7 +142,7 @@ template <typename T, template <typename> class Order>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t batch = Product(shape.x_batch);
-  if (SolveInterleaved<T>(shape, batch)) {
+  if (SolveInterleaved<T, Order>(shape, batch)) {
     return SolveGroups<T, Order>(pool, shape, batch, a, b, x, info);
   }
   const int64_t n = shape.n;
