@@ -1,5 +1,6 @@
 // batchpart_getrf and batchpart_getrf_row_major: batched LU factorization
-// with partial pivoting, of column-major (getrf) or row-major matrices.
+// with partial pivoting, of column-major (getrf) or row-major matrices;
+// batches of small matrices interleaved (small_lu.h), others one by one.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -9,6 +10,7 @@
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
 #include "lapack/lu_steps.h"
+#include "lapack/small_lu.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -27,6 +29,10 @@ void PivotsToPermutation(const int32_t* pivots, int64_t k, int32_t* perm, int64_
 // Factors one column-major matrix in place.
 template <typename T>
 struct ColumnMajor {
+  static interleaved::Strides Layout(const LuShape& shape) {
+    return interleaved::ColumnMajor(shape.m);
+  }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfColumnMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>&) {
     return LapackLu(shape.m, shape.n, lu, pivots);
   }
@@ -35,10 +41,58 @@ struct ColumnMajor {
 // Factors one row-major matrix in place.
 template <typename T>
 struct RowMajor {
+  static interleaved::Strides Layout(const LuShape& shape) {
+    return interleaved::RowMajor(shape.n);
+  }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfRowMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>& scratch) {
     return FactorRowMajor(shape.m, shape.n, lu, pivots, scratch);
   }
 };
+
+// Whether the batch goes through the interleaved kernel (small_lu.h).
+template <typename T, template <typename> class Order>
+bool FactorInterleaved(const LuShape& shape, int64_t batch) {
+  return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
+         Order<T>::kInterleaved.contains(std::max(shape.m, shape.n));
+}
+
+// The batch in groups of kLanes<T> matrices, each packed, factored and
+// unpacked by the interleaved kernel; the thread pool shares out groups.
+template <typename T, template <typename> class Order>
+ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t batch, const T* a_data,
+                        T* lu_data, int32_t* piv_data, int32_t* perm_data, int32_t* info_data) {
+  constexpr int W = interleaved::kLanes<T>;
+  const int64_t size = shape.m * shape.n, k = shape.k;
+  const interleaved::Strides layout = Order<T>::Layout(shape);
+  // A group costs about what one matrix costs the per-matrix path.
+  const double flops = kFlopScale<T> * shape.m * shape.n * shape.k;
+  const int64_t groups = (batch + W - 1) / W;
+  return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
+    interleaved::Group<T> group(shape.m, shape.n);
+    std::vector<int32_t> pivots(std::max<int64_t>(1, k) * W);
+    int32_t info[W];
+    const T* src[W];
+    T* dst[W];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * W, count = std::min<int64_t>(W, batch - first);
+      for (int64_t l = 0; l < count; ++l) {
+        src[l] = a_data + (first + l) * size;
+        dst[l] = lu_data + (first + l) * size;
+      }
+      group.Pack(src, count, layout);
+      interleaved::FactorGroup(group, pivots.data(), info);
+      group.Unpack(dst, count, layout);
+      for (int64_t l = 0; l < count; ++l) {
+        const int64_t b = first + l;
+        info_data[b] = info[l];
+        int32_t* piv = piv_data + b * k;
+        for (int64_t i = 0; i < k; ++i) piv[i] = pivots[i * W + l];
+        PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
+      }
+    }
+  });
+}
 
 template <typename T, template <typename> class Order>
 ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuffer& a,
@@ -50,8 +104,13 @@ ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuf
   int32_t* piv_data = pivots.typed_data<int32_t>();
   int32_t* perm_data = perm.typed_data<int32_t>();
   int32_t* info_data = info.typed_data<int32_t>();
+  const int64_t batch = Product(shape.batch);
+  if (FactorInterleaved<T, Order>(shape, batch)) {
+    return FactorGroups<T, Order>(pool, shape, batch, a_data, lu_data, piv_data, perm_data,
+                                  info_data);
+  }
   const double flops = kFlopScale<T> * shape.m * shape.n * shape.k;
-  return ForEachBatchChunk(pool, Product(shape.batch), flops, [&](int64_t begin, int64_t end) {
+  return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
     std::vector<T> scratch;
     for (int64_t b = begin; b < end; ++b) {
       CopyIfDistinct(a_data + b * size, lu_data + b * size, size);

@@ -13,6 +13,7 @@
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
 #include "lapack/small_cholesky.h"
+#include "lapack/small_lu.h"
 #include "lapack/small_triangular_solve.h"
 
 namespace nb = nanobind;
@@ -84,6 +85,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("set_intra_op_parallelism", &SetIntraOpParallelism, nb::arg("enabled"),
         "Lets batch loops use XLA's intra-op thread pool (default) or forces them serial.");
   m.def("intra_op_parallelism", &IntraOpParallelism);
+  m.def("set_small_lu", &interleaved::SetSmallLuEnabled, nb::arg("enabled"),
+        "Lets getrf and gesv factor batches of small matrices interleaved (default) or forces "
+        "them one matrix at a time.");
+  m.def("small_lu", &interleaved::SmallLuEnabled);
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),

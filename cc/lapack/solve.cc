@@ -1,6 +1,7 @@
 // batchpart_gesv and batchpart_gesv_row_major: batched general solve
 // A X = B with broadcast batch dims, of column-major (getrf + getrs) or
-// row-major matrices (lu_steps.h).
+// row-major matrices (lu_steps.h); batches of small matrices interleaved
+// (small_lu.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
 #include "lapack/lu_steps.h"
+#include "lapack/small_lu.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -30,6 +32,10 @@ struct LuCache {
 // The column-major kernel: LAPACK's getrf and getrs (1-based pivots).
 template <typename T>
 struct ColumnMajor {
+  static interleaved::Strides Layout(int64_t rows, int64_t) {
+    return interleaved::ColumnMajor(rows);
+  }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvColumnMajorSizes<T>;
   static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, std::vector<T>&) {
     static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
     lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
@@ -48,6 +54,8 @@ struct ColumnMajor {
 // The row-major kernel: LU and substitution on rows (lu_steps.h).
 template <typename T>
 struct RowMajor {
+  static interleaved::Strides Layout(int64_t, int64_t cols) { return interleaved::RowMajor(cols); }
+  static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvRowMajorSizes<T>;
   static int32_t Factor(int64_t n, T* lu, int32_t* pivots, std::vector<T>& scratch) {
     return FactorRowMajor(n, n, lu, pivots, scratch);
   }
@@ -77,9 +85,66 @@ void SolveCached(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t*
   Order<T>::Substitute(shape, cache.lu.data(), cache.pivots.data(), x);
 }
 
+// Whether the batch goes through the interleaved kernels (small_lu.h).
+template <typename T, template <typename> class Order>
+bool SolveInterleaved(const GesvShape& shape, int64_t batch) {
+  return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
+         Order<T>::kInterleaved.contains(shape.n);
+}
+
+// The batch in groups of kLanes<T> elements: each lane's A (broadcast or
+// not) and B packed, A factored and the system solved interleaved, X
+// unpacked; a lane whose A is exactly singular gets an all-NaN X.
+template <typename T, template <typename> class Order>
+ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t batch,
+                       const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
+                       ffi::AnyBuffer& info) {
+  constexpr int W = interleaved::kLanes<T>;
+  const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
+  const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
+  const int64_t n = shape.n, r = shape.nrhs, a_size = n * n, x_size = n * r;
+  const interleaved::Strides a_layout = Order<T>::Layout(n, n), x_layout = Order<T>::Layout(n, r);
+  const T* a_data = a.typed_data<T>();
+  const T* b_data = b.typed_data<T>();
+  T* x_data = x.typed_data<T>();
+  int32_t* info_data = info.typed_data<int32_t>();
+  // A group costs about what one element costs the per-element path.
+  const double flops = kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r);
+  const int64_t groups = (batch + W - 1) / W;
+  return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
+    interleaved::Group<T> lu(n, n), rhs(n, r);
+    std::vector<int32_t> pivots(std::max<int64_t>(1, n) * W);
+    int32_t group_info[W];
+    const T* a_src[W];
+    const T* b_src[W];
+    T* dst[W];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * W, count = std::min<int64_t>(W, batch - first);
+      for (int64_t l = 0; l < count; ++l) {
+        a_src[l] = a_data + a_index(first + l) * a_size;
+        b_src[l] = b_data + b_index(first + l) * x_size;
+        dst[l] = x_data + (first + l) * x_size;
+      }
+      lu.Pack(a_src, count, a_layout);
+      interleaved::FactorGroup(lu, pivots.data(), group_info);
+      rhs.Pack(b_src, count, x_layout);
+      interleaved::SolveGroup(lu, pivots.data(), rhs);
+      rhs.Unpack(dst, count, x_layout);
+      for (int64_t l = 0; l < count; ++l) {
+        info_data[first + l] = group_info[l];
+        if (group_info[l] != 0) FillNaN(dst[l], x_size);
+      }
+    }
+  });
+}
+
 template <typename T, template <typename> class Order>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
+  const int64_t batch = Product(shape.x_batch);
+  if (SolveInterleaved<T, Order>(shape, batch)) {
+    return SolveGroups<T, Order>(pool, shape, batch, a, b, x, info);
+  }
   const int64_t n = shape.n;
   const double flops = kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * shape.nrhs);
   return SolveEachBatchElement<T, LuCache<T>>(

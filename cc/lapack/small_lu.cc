@@ -1,0 +1,337 @@
+#include "lapack/small_lu.h"
+
+#include <atomic>
+#include <cmath>
+#include <complex>
+#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "lapack/lapack_api.h"
+
+namespace batchpart::lapack::interleaved {
+namespace {
+
+std::atomic<bool> g_enabled{true};
+
+// The helpers below are always inlined, so that the kernels compiled per
+// instruction set (target_clones) get each loop compiled for it too; a call
+// would run the default build.
+#define BATCHPART_INLINE [[gnu::always_inline]] inline
+
+// Marks a loop over the lanes. Lane l reads and writes index l of every
+// operand only, so the iterations are independent even where two operands
+// are the same element (ivdep: no alias check needed); kept a loop (unroll
+// 1) so that the loop vectorizer, not the unroller, gets it: unrolled into
+// scalar statements first, GCC left them scalar.
+#define BATCHPART_LANES _Pragma("GCC ivdep") _Pragma("GCC unroll 1")
+
+// One matrix element across the lanes: its real plane, and its imaginary
+// plane for complex T (null for real T).
+template <typename T>
+struct Planes {
+  using R = Real<T>;
+  R* re;
+  R* im;
+  int64_t cols;
+  BATCHPART_INLINE R* Re(int64_t i, int64_t j) const { return re + (i * cols + j) * kLanes<T>; }
+  BATCHPART_INLINE R* Im(int64_t i, int64_t j) const { return im + (i * cols + j) * kLanes<T>; }
+};
+
+// The lanes of one element as one GCC vector (of kLanes<T> reals).
+template <typename T>
+struct LaneVector {
+  typedef Real<T> type __attribute__((vector_size(sizeof(Real<T>) * kLanes<T>)));
+};
+
+// The pivot magnitudes (|re| + |im|) of element (i, j)'s lanes.
+template <typename T>
+BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,
+                                 typename LaneVector<T>::type& v) {
+  typename LaneVector<T>::type part;
+  std::memcpy(&part, a.Re(i, j), sizeof(part));
+  v = part < 0 ? -part : part;
+  if constexpr (kIsComplex<T>) {
+    std::memcpy(&part, a.Im(i, j), sizeof(part));
+    v += part < 0 ? -part : part;
+  }
+}
+
+// x -= l * u on every lane (complex: on both planes).
+template <typename T>
+BATCHPART_INLINE void SubtractProduct(const Planes<T>& a, int64_t i, int64_t j, const Real<T>* lr,
+                                      const Real<T>* li, const Real<T>* __restrict ur,
+                                      const Real<T>* __restrict ui) {
+  constexpr int W = kLanes<T>;
+  Real<T>* __restrict xr = a.Re(i, j);
+  if constexpr (kIsComplex<T>) {
+    Real<T>* __restrict xi = a.Im(i, j);
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) {
+      xr[l] -= lr[l] * ur[l] - li[l] * ui[l];
+      xi[l] -= lr[l] * ui[l] + li[l] * ur[l];
+    }
+  } else {
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) xr[l] -= lr[l] * ur[l];
+  }
+}
+
+// The same on the lanes where `active` is nonzero only; the others keep x
+// exactly (0 * inf would make a NaN of it).
+template <typename T>
+BATCHPART_INLINE void SubtractProductMasked(const Planes<T>& a, int64_t i, int64_t j,
+                                            const Real<T>* lr, const Real<T>* li,
+                                            const Real<T>* __restrict ur,
+                                            const Real<T>* __restrict ui, const Real<T>* active) {
+  constexpr int W = kLanes<T>;
+  Real<T>* __restrict xr = a.Re(i, j);
+  if constexpr (kIsComplex<T>) {
+    Real<T>* __restrict xi = a.Im(i, j);
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) {
+      const Real<T> r = xr[l] - (lr[l] * ur[l] - li[l] * ui[l]);
+      const Real<T> m = xi[l] - (lr[l] * ui[l] + li[l] * ur[l]);
+      xr[l] = active[l] != 0 ? r : xr[l];
+      xi[l] = active[l] != 0 ? m : xi[l];
+    }
+  } else {
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) {
+      const Real<T> r = xr[l] - lr[l] * ur[l];
+      xr[l] = active[l] != 0 ? r : xr[l];
+    }
+  }
+}
+
+// Swaps rows r and p[l] of lane l over columns [0, cols), for lanes whose p
+// differs from r. A scalar loop: it moves O(cols) elements per step, against
+// the O(rows * cols) of the update.
+template <typename T>
+BATCHPART_INLINE void SwapRows(const Planes<T>& a, int64_t r, const int32_t* p) {
+  for (int l = 0; l < kLanes<T>; ++l) {
+    if (p[l] == r) continue;
+    for (int64_t j = 0; j < a.cols; ++j) {
+      std::swap(a.Re(r, j)[l], a.Re(p[l], j)[l]);
+      if constexpr (kIsComplex<T>) std::swap(a.Im(r, j)[l], a.Im(p[l], j)[l]);
+    }
+  }
+}
+
+template <typename T>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots, int32_t* info) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>;
+  const Planes<T> a{re, im, n};
+  BATCHPART_LANES
+  for (int l = 0; l < W; ++l) info[l] = 0;
+  const int64_t k_end = m < n ? m : n;
+  for (int64_t k = 0; k < k_end; ++k) {
+    // Each lane's pivot: the first row of largest magnitude (i?amax). A
+    // vector type, not a loop over lanes: the search carries its maximum
+    // from row to row, and as a loop GCC kept it in memory or left it scalar.
+    alignas(64) R best[W];
+    alignas(64) R row[W];
+    {
+      using Vec = typename LaneVector<T>::type;
+      Vec top, at = Vec{} + static_cast<R>(k);
+      Magnitudes<T>(a, k, k, top);
+      for (int64_t i = k + 1; i < m; ++i) {
+        Vec v;
+        Magnitudes<T>(a, i, k, v);
+        const auto larger = v > top;
+        top = larger ? v : top;
+        at = larger ? Vec{} + static_cast<R>(i) : at;
+      }
+      std::memcpy(best, &top, sizeof(Vec));
+      std::memcpy(row, &at, sizeof(Vec));
+    }
+    alignas(64) int32_t p[W];
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) p[l] = static_cast<int32_t>(row[l]);
+    // A zero largest magnitude means an all-zero column (a NaN never wins
+    // against a zero diagonal, as in i?amax): the pivot stays in place and
+    // the lane skips this step.
+    alignas(64) R active[W];
+    bool any_zero = false;
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) {
+      pivots[k * W + l] = p[l];
+      const bool zero = best[l] == R(0);
+      active[l] = zero ? R(0) : R(1);
+      if (zero && info[l] == 0) info[l] = static_cast<int32_t>(k + 1);
+      any_zero |= zero;
+    }
+    SwapRows(a, k, p);
+
+    // Multipliers: times the pivot's reciprocal, except where that would
+    // overflow (a pivot below the smallest normal), as getf2.
+    alignas(64) R inv_re[W];
+    [[maybe_unused]] alignas(64) R inv_im[W];
+    bool any_tiny = false;
+    const R* pr = a.Re(k, k);
+    [[maybe_unused]] const R* pi = kIsComplex<T> ? a.Im(k, k) : nullptr;
+    if constexpr (kIsComplex<T>) {
+      BATCHPART_LANES
+      for (int l = 0; l < W; ++l) {
+        const std::complex<R> pivot(pr[l], pi[l]);
+        const std::complex<R> inverse = R(1) / pivot;
+        inv_re[l] = inverse.real();
+        inv_im[l] = inverse.imag();
+        any_tiny |= active[l] != 0 && std::abs(pivot) < std::numeric_limits<R>::min();
+      }
+    } else {
+      BATCHPART_LANES
+      for (int l = 0; l < W; ++l) {
+        inv_re[l] = R(1) / pr[l];
+        any_tiny |= active[l] != 0 && std::abs(pr[l]) < std::numeric_limits<R>::min();
+      }
+    }
+    if (!any_zero && !any_tiny) {
+      for (int64_t i = k + 1; i < m; ++i) {
+        R* __restrict xr = a.Re(i, k);
+        if constexpr (kIsComplex<T>) {
+          R* __restrict xi = a.Im(i, k);
+          BATCHPART_LANES
+          for (int l = 0; l < W; ++l) {
+            const R r = xr[l] * inv_re[l] - xi[l] * inv_im[l];
+            xi[l] = xr[l] * inv_im[l] + xi[l] * inv_re[l];
+            xr[l] = r;
+          }
+        } else {
+          BATCHPART_LANES
+          for (int l = 0; l < W; ++l) xr[l] *= inv_re[l];
+        }
+      }
+    } else {
+      // Rare: lane by lane, with the scalar arithmetic of RowMajorLu.
+      for (int64_t i = k + 1; i < m; ++i) {
+        BATCHPART_LANES
+        for (int l = 0; l < W; ++l) {
+          if (active[l] == 0) continue;
+          if constexpr (kIsComplex<T>) {
+            const std::complex<R> pivot(pr[l], pi[l]), x(a.Re(i, k)[l], a.Im(i, k)[l]);
+            const std::complex<R> y = std::abs(pivot) < std::numeric_limits<R>::min()
+                                          ? x / pivot
+                                          : x * std::complex<R>(inv_re[l], inv_im[l]);
+            a.Re(i, k)[l] = y.real();
+            a.Im(i, k)[l] = y.imag();
+          } else {
+            R& x = a.Re(i, k)[l];
+            x = std::abs(pr[l]) < std::numeric_limits<R>::min() ? x / pr[l] : x * inv_re[l];
+          }
+        }
+      }
+    }
+
+    // The rank-1 update of the trailing block, one SIMD operation per element.
+    for (int64_t i = k + 1; i < m; ++i) {
+      const R* lr = a.Re(i, k);
+      const R* li = kIsComplex<T> ? a.Im(i, k) : nullptr;
+      for (int64_t j = k + 1; j < n; ++j) {
+        const R* ur = a.Re(k, j);
+        const R* ui = kIsComplex<T> ? a.Im(k, j) : nullptr;
+        if (any_zero) {
+          SubtractProductMasked(a, i, j, lr, li, ur, ui, active);
+        } else {
+          SubtractProduct(a, i, j, lr, li, ur, ui);
+        }
+      }
+    }
+  }
+}
+
+// x /= d on every lane. Complex division scales by the larger part of d
+// first, so that |d|^2 neither overflows nor underflows.
+template <typename T>
+BATCHPART_INLINE void DivideLanes(const Planes<T>& x, int64_t i, int64_t j, const Real<T>* dr,
+                                  const Real<T>* di) {
+  constexpr int W = kLanes<T>;
+  using R = Real<T>;
+  R* __restrict xr = x.Re(i, j);
+  if constexpr (kIsComplex<T>) {
+    R* __restrict xi = x.Im(i, j);
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) {
+      const R scale = std::fmax(std::abs(dr[l]), std::abs(di[l]));
+      const R cr = dr[l] / scale, ci = di[l] / scale;
+      const R denominator = (cr * cr + ci * ci) * scale;
+      const R r = (xr[l] * cr + xi[l] * ci) / denominator;
+      xi[l] = (xi[l] * cr - xr[l] * ci) / denominator;
+      xr[l] = r;
+    }
+  } else {
+    BATCHPART_LANES
+    for (int l = 0; l < W; ++l) xr[l] /= dr[l];
+  }
+}
+
+template <typename T>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im,
+                const int32_t* pivots, Real<T>* x_re, Real<T>* x_im) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>;
+  const Planes<T> lu{const_cast<R*>(lu_re), const_cast<R*>(lu_im), n};
+  const Planes<T> x{x_re, x_im, r};
+  for (int64_t k = 0; k < n; ++k) SwapRows(x, k, pivots + k * W);
+  // L Y = P B (unit diagonal), then U X = Y, row by row as SubstituteRows.
+  for (int64_t i = 1; i < n; ++i) {
+    for (int64_t k = 0; k < i; ++k) {
+      const R* lr = lu.Re(i, k);
+      const R* li = kIsComplex<T> ? lu.Im(i, k) : nullptr;
+      for (int64_t j = 0; j < r; ++j) {
+        SubtractProduct(x, i, j, lr, li, x.Re(k, j), kIsComplex<T> ? x.Im(k, j) : nullptr);
+      }
+    }
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    for (int64_t k = i + 1; k < n; ++k) {
+      const R* ur = lu.Re(i, k);
+      const R* ui = kIsComplex<T> ? lu.Im(i, k) : nullptr;
+      for (int64_t j = 0; j < r; ++j) {
+        SubtractProduct(x, i, j, ur, ui, x.Re(k, j), kIsComplex<T> ? x.Im(k, j) : nullptr);
+      }
+    }
+    const R* dr = lu.Re(i, i);
+    const R* di = kIsComplex<T> ? lu.Im(i, i) : nullptr;
+    for (int64_t j = 0; j < r; ++j) DivideLanes(x, i, j, dr, di);
+  }
+}
+
+#undef BATCHPART_INLINE
+#undef BATCHPART_LANES
+
+}  // namespace
+
+template <typename T>
+void FactorGroup(Group<T>& g, int32_t* pivots, int32_t* info) {
+  FactorLanes<T>(g.rows(), g.cols(), g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr, pivots,
+                 info);
+}
+
+template <typename T>
+void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
+  SolveLanes<T>(lu.rows(), x.cols(), lu.re(0, 0), kIsComplex<T> ? lu.im(0, 0) : nullptr, pivots,
+                x.re(0, 0), kIsComplex<T> ? x.im(0, 0) : nullptr);
+}
+
+#define BATCHPART_INSTANTIATE(T)                                        \
+  template void FactorGroup<T>(Group<T>&, int32_t*, int32_t*);          \
+  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&);
+BATCHPART_INSTANTIATE(float)
+BATCHPART_INSTANTIATE(double)
+BATCHPART_INSTANTIATE(std::complex<float>)
+BATCHPART_INSTANTIATE(std::complex<double>)
+#undef BATCHPART_INSTANTIATE
+
+void SetSmallLuEnabled(bool enabled) { g_enabled.store(enabled); }
+bool SmallLuEnabled() { return g_enabled.load(); }
+
+}  // namespace batchpart::lapack::interleaved

@@ -1,0 +1,83 @@
+// LU factorization and general solve of many small matrices at once, on the
+// batch-interleaved layout (interleaved.h): getrf's and gesv's kernels for
+// batches of matrices small enough that one LAPACK call each costs more in
+// fixed overhead than in arithmetic.
+//
+// The algorithm is getf2's (unblocked, right-looking, partial pivoting) as
+// RowMajorLu runs it (lu_steps.h), with every scalar step a loop over the
+// group's lanes, so each lane makes the choices LAPACK makes for its own
+// matrix: the pivot of largest |re| + |im|, the first of equals; an exactly
+// zero pivot column left in place with info = 1 + its index; division
+// instead of the reciprocal for a pivot below the smallest normal number.
+#ifndef BATCHPART_LAPACK_SMALL_LU_H_
+#define BATCHPART_LAPACK_SMALL_LU_H_
+
+#include <cstdint>
+
+#include "lapack/interleaved.h"
+
+namespace batchpart::lapack::interleaved {
+
+// The sizes (max(m, n) for getrf, n for gesv) each target runs interleaved;
+// elsewhere the per-matrix path is faster. Measured single-threaded through
+// jax on one CPU device (benchmarks/small_lu.py sweep; AMD EPYC with
+// AVX-512, shared and loaded, so +-20%), microseconds per matrix, per-matrix
+// path -> interleaved, nrhs = 1:
+//                 f32 n=4      8       16      32      48      64
+//   getrf row     0.05->0.06 0.17->0.11 0.84->0.63 2.8->3.9  10.7->11.6 17->22
+//   getrf col     0.16->0.07 0.57->0.34 1.51->0.88 5.2->4.2  18.7->13.8 20->21
+//   gesv row      0.09->0.04 0.44->0.15 1.47->0.57 7.4->3.5  17.6->9.9  31->19
+//   gesv col      0.21->0.08 0.56->0.18 1.53->0.58 7.0->5.4  10.0->7.8  18->18
+//                 f64 n=4      8       16      32      48      64
+//   getrf row     0.07->0.07 0.24->0.25 0.63->0.67 3.0->4.0  8.5->12.4  24->34
+//   getrf col     0.14->0.07 0.67->0.38 1.55->1.04 6.4->9.6  13->15     35->75
+//   gesv row      0.14->0.08 0.52->0.16 1.34->0.63 5.7->3.5  14.3->10.8 29->29
+//   gesv col      0.35->0.11 0.52->0.23 1.78->1.18 5.4->5.0  11.8->13.5 20->33
+// (n = 12: getrf row f32 0.54->0.32, f64 0.51->0.31; n = 24: getrf row f32
+// 1.66->1.84, f64 1.67->2.14, getrf col f64 3.3->3.0, gesv col f64
+// 3.2->2.1.) The row-major getrf it replaces, RowMajorLu, is vectorized
+// along rows already and loses only a little to packing; complex types
+// take their real type's ranges (their updates are 4x the arithmetic on
+// the same packing).
+struct SizeRange {
+  int64_t min, max;
+  bool contains(int64_t n) const { return min <= n && n <= max; }
+};
+template <typename T>
+inline constexpr bool kSingle = sizeof(Real<T>) == 4;
+template <typename T>
+inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
+// None for f64: its measured gains (n = 12) were within the noise.
+template <typename T>
+inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{8, 16} : SizeRange{1, 0};
+template <typename T>
+inline constexpr SizeRange kGesvColumnMajorSizes = {1, kSingle<T> ? 48 : 24};
+template <typename T>
+inline constexpr SizeRange kGesvRowMajorSizes = {1, kSingle<T> ? 64 : 48};
+
+// Batches smaller than this stay on the per-matrix path: a group padded with
+// identities costs a whole group's work.
+template <typename T>
+inline constexpr int64_t kSmallLuMinBatch = 2;
+
+// Factors the kLanes<T> rows x cols matrices of `g` in place (L unit lower
+// below the diagonal, U on and above it). Writes pivot i (0-based) of lane
+// l to pivots[i * kLanes<T> + l], i < min(rows, cols), and getrf's info of
+// lane l to info[l].
+template <typename T>
+void FactorGroup(Group<T>& g, int32_t* pivots, int32_t* info);
+
+// Overwrites the n x r matrices of `x` (holding B) with the solutions of
+// A X = B, given the n x n `lu` and `pivots` from FactorGroup. Lanes whose
+// U is singular get Inf or NaN; the caller replaces them.
+template <typename T>
+void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
+
+// Switches the interleaved kernels off (every batch on the per-matrix path)
+// or back on; for measurements and for tests that compare both paths.
+void SetSmallLuEnabled(bool enabled);
+bool SmallLuEnabled();
+
+}  // namespace batchpart::lapack::interleaved
+
+#endif  // BATCHPART_LAPACK_SMALL_LU_H_
