@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 import batchpart
-from batchpart import _cusolver_targets, _lapack_targets
+from batchpart import _core, _cusolver_targets, _lapack_targets
 from batchpart._frontend.signature import parse_signature
 
 _registered = False
@@ -70,10 +70,14 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
   """
   *batch, n, _ = a.shape
   ensure_registered()
-  # The kernel factors in place when XLA hands it the operand's buffer.
+  # LAPACK factors in place, so the result takes the operand's buffer (XLA
+  # copies it first unless the operand is dead after the call). The small-matrix
+  # kernel reads the operand and writes the result anyway: there the alias
+  # would only add XLA's copy.
+  aliases = None if n <= _core.lapack.small_cholesky_limits()[0] else {0: 0}
   return batchpart.ffi_call(
       "batchpart_potrf", [S(a.shape, a.dtype), S(tuple(batch), i32)],
-      signature="(n,n)->(n,n),()", input_output_aliases={0: 0})(
+      signature="(n,n)->(n,n),()", input_output_aliases=aliases)(
           a, lower=False, symmetrize=bool(symmetrize))
 
 
