@@ -21,6 +21,7 @@ import scipy.linalg
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
+from batchpart.testing import random_array
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,19 +64,12 @@ def trsm(a, b, flags, *, row_major):
                          conjugate_a=conjugate_a, unit_diagonal=unit_diagonal))
 
 
-def random(rng, shape, dtype):
-  x = rng.standard_normal(shape)
-  if np.issubdtype(dtype, np.complexfloating):
-    x = x + 1j * rng.standard_normal(shape)
-  return x.astype(dtype)
-
-
 def triangular(rng, shape, dtype, lower):
   """A random triangle, NaN in the triangle the solve must not read. Off the
   diagonal entries of size 1/sqrt(n) keep unit-diagonal triangles from being
   hopelessly ill conditioned at n = 32."""
   n = shape[-1]
-  a = (random(rng, shape, dtype) / np.sqrt(max(n, 1)) + 2 * np.eye(n)).astype(dtype)
+  a = (random_array(rng, shape, dtype) / np.sqrt(max(n, 1)) + 2 * np.eye(n)).astype(dtype)
   unread = np.triu(np.ones((n, n), bool), 1) if lower else np.tril(np.ones((n, n), bool), -1)
   return np.where(unread, np.asarray(np.nan, dtype), a)
 
@@ -140,7 +134,7 @@ def test_every_flag_matches_scipy_on_both_sides_of_the_switch(row_major, dtype, 
   rng = np.random.default_rng(abs(hash((row_major, flags))) % 2**32)
   for n in (1, 2, 7, 16, SWITCH, SWITCH + 1):
     a = triangular(rng, (17, n, n), dtype, flags[1])
-    b = random(rng, rhs_shape((17,), n, 3, flags[0]), dtype)
+    b = random_array(rng, rhs_shape((17,), n, 3, flags[0]), dtype)
     assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
 
 
@@ -156,7 +150,7 @@ def test_sizes_and_batches_not_a_multiple_of_the_lanes(row_major, dtype, n):
     for batch, k, flags in [(1, 1, FLAGS[31]), (5, 4, FLAGS[20]), (17, 1, FLAGS[9]),
                             (100, 2, FLAGS[26])]:
       a = triangular(rng, (batch, n, n), dtype, flags[1])
-      b = random(rng, rhs_shape((batch,), n, k, flags[0]), dtype)
+      b = random_array(rng, rhs_shape((batch,), n, k, flags[0]), dtype)
       assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
 
 
@@ -169,7 +163,7 @@ def test_right_hand_side_counts(row_major, dtype, k):
   with path("always"):
     for flags in [(True, True, False, False, False), (False, False, True, True, False)]:
       a = triangular(rng, (19, 6, 6), dtype, flags[1])
-      b = random(rng, rhs_shape((19,), 6, k, flags[0]), dtype)
+      b = random_array(rng, rhs_shape((19,), 6, k, flags[0]), dtype)
       assert_solves(trsm(a, b, flags, row_major=row_major), a, b, flags)
 
 
@@ -184,7 +178,7 @@ def test_broadcast_batches(row_major, dtype, mode):
     # a for the whole batch.
     for a_batch, b_batch in [((1, 9), (3, 9)), ((3, 9), (3, 1)), ((), (21,)), ((21,), ())]:
       a = triangular(rng, (*a_batch, 5, 5), dtype, True)
-      b = random(rng, (*b_batch, 5, 2), dtype)
+      b = random_array(rng, (*b_batch, 5, 2), dtype)
       x = trsm(a, b, flags, row_major=row_major)
       assert x.shape == (*np.broadcast_shapes(a_batch, b_batch), 5, 2)
       assert_solves(x, a, b, flags)
@@ -202,7 +196,7 @@ def test_interleaved_and_blas_paths_agree(row_major, dtype, n, batch):
   eps = np.finfo(dtype).eps
   for flags in [FLAGS[0], FLAGS[13], FLAGS[22], FLAGS[31]]:
     a = triangular(rng, (batch, n, n), dtype, flags[1])
-    b = random(rng, rhs_shape((batch,), n, 2, flags[0]), dtype)
+    b = random_array(rng, rhs_shape((batch,), n, 2, flags[0]), dtype)
     results = {}
     for mode in ("auto", "always", "never"):
       with path(mode):
@@ -232,7 +226,7 @@ def nonfinite_inputs(rng, dtype, n, flags):
   kind per matrix: in b, in A's triangle, on A's diagonal, or a zero
   diagonal (which gives Inf and NaN, as BLAS's trsm does)."""
   a = triangular(rng, (9, n, n), dtype, flags[1])
-  b = random(rng, rhs_shape((9,), n, 2, flags[0]), dtype)
+  b = random_array(rng, rhs_shape((9,), n, 2, flags[0]), dtype)
   off = (n - 1, 0) if flags[1] else (0, n - 1)
   b[0].flat[3] = np.nan
   b[1].flat[0] = np.inf
@@ -279,7 +273,7 @@ def test_unread_entries_are_not_read(row_major, dtype):
   for flags in [(True, True, False, False, True), (False, False, True, True, True)]:
     a = triangular(rng, (10, 5, 5), dtype, flags[1])
     a[:, np.arange(5), np.arange(5)] = np.nan
-    b = random(rng, rhs_shape((10,), 5, 2, flags[0]), dtype)
+    b = random_array(rng, rhs_shape((10,), 5, 2, flags[0]), dtype)
     with path("always"):
       x = trsm(a, b, flags, row_major=row_major)
     assert np.all(np.isfinite(x))
