@@ -22,13 +22,8 @@ from batchpart.testing import DTYPES, TOL, assert_close, random_array
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 # The sizes each target runs interleaved (k*Sizes in cc/lapack/small_lu.h),
-# by (target, row_major, single precision); (1, 0): none.
-SWITCH = {
-    ("getrf", False, True): (1, 32), ("getrf", False, False): (1, 16),
-    ("getrf", True, True): (8, 16), ("getrf", True, False): (1, 0),
-    ("gesv", False, True): (1, 48), ("gesv", False, False): (1, 24),
-    ("gesv", True, True): (1, 64), ("gesv", True, False): (1, 48),
-}
+# by (target, row_major, single precision).
+SWITCH = _core.lapack.small_lu_sizes()
 # Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
 LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
 SIZES = [1, 2, 3, 7, 8, 16, 31, 32]

@@ -81,7 +81,8 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
           a, lower=False, symmetrize=bool(symmetrize))
 
 
-def _row_major_on_cpu(target, signature, operands, results, *, aliases=None, **attributes):
+def _row_major_on_cpu(target, signature, operands, results, *, aliases=None,
+                      row_major_aliases=..., **attributes):
   """`target` where jax's platform is not CPU; on CPU its row-major twin
   (``<target>_row_major``), which needs no relayout on either side. A program
   traced for another platform than it runs on still gets a correct kernel:
@@ -90,16 +91,23 @@ def _row_major_on_cpu(target, signature, operands, results, *, aliases=None, **a
   if _platform_of(operands) != "cpu":
     return _call(target, signature, operands, results, aliases=aliases, **attributes)
   ensure_registered()
+  if row_major_aliases is ...:
+    row_major_aliases = aliases
   return batchpart.ffi_call(f"{target}_row_major", results, signature=signature,
-                            input_output_aliases=aliases)(*operands, **attributes)
+                            input_output_aliases=row_major_aliases)(*operands, **attributes)
 
 
 def getrf(a):
   *batch, m, n = a.shape
   batch = tuple(batch)
+  # As potrf_hermitian: LAPACK factors in place, the small-matrix kernel
+  # reads the operand and writes the result, so only a size it leaves to
+  # LAPACK takes the operand's buffer.
+  _, largest = _core.lapack.small_lu_sizes()[("getrf", True, np.finfo(a.dtype).bits == 32)]
   return _row_major_on_cpu("batchpart_getrf", "(m,n)->(m,n),(k),(m),()", [a],
                            [S(a.shape, a.dtype), S((*batch, min(m, n)), i32),
-                            S((*batch, m), i32), S(batch, i32)], aliases={0: 0})
+                            S((*batch, m), i32), S(batch, i32)], aliases={0: 0},
+                           row_major_aliases=None if max(m, n) <= largest else {0: 0})
 
 
 def qr(a, *, full_matrices: bool):

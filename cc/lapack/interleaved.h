@@ -39,6 +39,37 @@ struct Strides {
 inline Strides ColumnMajor(int64_t rows) { return {1, rows}; }
 inline Strides RowMajor(int64_t cols) { return {cols, 1}; }
 
+// How a rows x cols matrix with strides s lies in memory.
+enum class Order { kColumnMajor, kRowMajor, kStrided };
+inline Order DenseOrder(int64_t rows, int64_t cols, Strides s) {
+  if (s.row_stride == 1 && s.col_stride == rows) return Order::kColumnMajor;
+  if (s.col_stride == 1 && s.row_stride == cols) return Order::kRowMajor;
+  return Order::kStrided;
+}
+
+// The block-transposing halves of Group::Pack and Group::Unpack for a full
+// group (kLanes<T> matrices) of dense matrices (interleaved.cc): they move
+// the elements at memory offsets [0, returned), a multiple of kLanes<T>,
+// kLanes<T> x kLanes<T> elements at a time in SIMD registers, and return 0
+// where the strides are not dense or the compiler has no vector shuffles.
+// re and im are a group's planes (im null for real T).
+// The instruction sets a block transpose can use, in order.
+enum class Isa { kNone, kAvx2, kAvx512 };
+// Caps the instruction set of the block transposes (kNone: the element
+// loops only), for tests that compare the paths and for measurements; the
+// CPU's own limit still applies. BlockTransposes() is the one in use,
+// SupportedBlockTransposes() the CPU's (and the build's) best.
+void SetBlockTransposes(Isa limit);
+Isa BlockTransposes();
+Isa SupportedBlockTransposes();
+
+template <typename T>
+int64_t PackFlat(const T* const* src, int64_t rows, int64_t cols, Strides s, Real<T>* re,
+                 Real<T>* im);
+template <typename T>
+int64_t UnpackFlat(const Real<T>* re, const Real<T>* im, int64_t rows, int64_t cols, Strides s,
+                   T* const* dst);
+
 // kLanes<T> matrices of rows x cols in the interleaved layout: re (and im
 // for complex T) of rows * cols * kLanes<T> reals each.
 template <typename T>
@@ -63,16 +94,16 @@ class Group {
   // identity (zero where not square), which every kernel factors and solves
   // without a failure, so padding lanes never produce NaN or Inf work.
   void Pack(const T* const* src, int64_t count, Strides s) {
-    for (int64_t i = 0; i < rows_; ++i) {
-      for (int64_t j = 0; j < cols_; ++j) PackElement(src, count, s, i, j);
-    }
+    const int64_t done = count == W ? PackFlat<T>(src, rows_, cols_, s, re_.data(), im_.data()) : 0;
+    ForEachElementFrom(done, s, [&](int64_t i, int64_t j) { PackElement(src, count, s, i, j); });
   }
 
-  // As Pack, but only the lower (or upper) triangle and the diagonal, for
-  // kernels that read no other element: packing is most of a small
-  // triangular kernel's time, and this halves it. The other triangle keeps
-  // whatever it held.
+  // As Pack, but for kernels that read only the lower (or upper) triangle
+  // and the diagonal; the other triangle holds anything. Element by element
+  // this reads half as much; a full group's block transposes read it all
+  // faster still.
   void PackTriangle(const T* const* src, int64_t count, Strides s, bool lower) {
+    if (count == W && DenseOrder(rows_, cols_, s) != Order::kStrided) return Pack(src, count, s);
     for (int64_t i = 0; i < rows_; ++i) {
       const int64_t j_begin = lower ? 0 : i, j_end = lower ? std::min(i + 1, cols_) : cols_;
       for (int64_t j = j_begin; j < j_end; ++j) PackElement(src, count, s, i, j);
@@ -81,23 +112,43 @@ class Group {
 
   // Writes lanes [0, count) back, lane l to the matrix at dst[l].
   void Unpack(T* const* dst, int64_t count, Strides s) const {
-    for (int64_t i = 0; i < rows_; ++i) {
-      for (int64_t j = 0; j < cols_; ++j) {
-        const R* r = re(i, j);
-        [[maybe_unused]] const R* m = kIsComplex<T> ? im(i, j) : nullptr;
-        const int64_t offset = i * s.row_stride + j * s.col_stride;
-        for (int64_t l = 0; l < count; ++l) {
-          if constexpr (kIsComplex<T>) {
-            dst[l][offset] = T(r[l], m[l]);
-          } else {
-            dst[l][offset] = r[l];
-          }
+    const int64_t done = count == W ? UnpackFlat<T>(re_.data(), im_.data(), rows_, cols_, s, dst) : 0;
+    ForEachElementFrom(done, s, [&](int64_t i, int64_t j) {
+      const R* r = re(i, j);
+      [[maybe_unused]] const R* m = kIsComplex<T> ? im(i, j) : nullptr;
+      const int64_t offset = i * s.row_stride + j * s.col_stride;
+      for (int64_t l = 0; l < count; ++l) {
+        if constexpr (kIsComplex<T>) {
+          dst[l][offset] = T(r[l], m[l]);
+        } else {
+          dst[l][offset] = r[l];
         }
+      }
+    });
+  }
+
+ private:
+  // Calls f(i, j) for every element when first is 0, else for the elements
+  // at memory offsets [first, rows * cols) of a dense matrix (the ones the
+  // block transposes of PackFlat and UnpackFlat left).
+  template <typename F>
+  void ForEachElementFrom(int64_t first, Strides s, F f) const {
+    if (first == 0) {
+      for (int64_t i = 0; i < rows_; ++i) {
+        for (int64_t j = 0; j < cols_; ++j) f(i, j);
+      }
+      return;
+    }
+    const bool column_major = DenseOrder(rows_, cols_, s) == Order::kColumnMajor;
+    for (int64_t o = first; o < rows_ * cols_; ++o) {
+      if (column_major) {
+        f(o % rows_, o / rows_);
+      } else {
+        f(o / cols_, o % cols_);
       }
     }
   }
 
- private:
   void PackElement(const T* const* src, int64_t count, Strides s, int64_t i, int64_t j) {
     R* r = re(i, j);
     [[maybe_unused]] R* m = kIsComplex<T> ? im(i, j) : nullptr;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "common/capsules.h"
 #include "lapack/batch_loop.h"
@@ -71,6 +72,28 @@ std::string SmallTrsmMode() {
   }
 }
 
+constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
+    {interleaved::Isa::kNone, "none"},
+    {interleaved::Isa::kAvx2, "avx2"},
+    {interleaved::Isa::kAvx512, "avx512"},
+};
+
+std::string IsaName(interleaved::Isa isa) {
+  for (const auto& [value, name] : kIsaNames) {
+    if (value == isa) return name;
+  }
+  return "none";
+}
+
+void SetBlockTransposes(const std::string& limit) {
+  for (const auto& [value, name] : kIsaNames) {
+    if (limit == name) return interleaved::SetBlockTransposes(value);
+  }
+  throw std::invalid_argument(
+      "batchpart._core.lapack.set_block_transposes: limit must be 'avx512', 'avx2' or 'none', "
+      "not '" + limit + "'");
+}
+
 }  // namespace
 
 void DefineLapackSubmodule(nb::module_& parent) {
@@ -89,6 +112,27 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Lets getrf and gesv factor batches of small matrices interleaved (default) or forces "
         "them one matrix at a time.");
   m.def("small_lu", &interleaved::SmallLuEnabled);
+  m.def(
+      "small_lu_sizes",
+      [] {
+        namespace il = interleaved;
+        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
+        nb::dict sizes;
+        // Keyed (target, row_major, single precision); complex types take
+        // their real type's ranges.
+        sizes[nb::make_tuple("getrf", false, true)] = range(il::kGetrfColumnMajorSizes<float>);
+        sizes[nb::make_tuple("getrf", false, false)] = range(il::kGetrfColumnMajorSizes<double>);
+        sizes[nb::make_tuple("getrf", true, true)] = range(il::kGetrfRowMajorSizes<float>);
+        sizes[nb::make_tuple("getrf", true, false)] = range(il::kGetrfRowMajorSizes<double>);
+        sizes[nb::make_tuple("gesv", false, true)] = range(il::kGesvColumnMajorSizes<float>);
+        sizes[nb::make_tuple("gesv", false, false)] = range(il::kGesvColumnMajorSizes<double>);
+        sizes[nb::make_tuple("gesv", true, true)] = range(il::kGesvRowMajorSizes<float>);
+        sizes[nb::make_tuple("gesv", true, false)] = range(il::kGesvRowMajorSizes<double>);
+        return sizes;
+      },
+      "{(target, row_major, single precision): (min n, max n)} that getrf ('getrf') and gesv "
+      "('gesv') factor interleaved, for batches of at least small_lu_min_batch().");
+  m.def("small_lu_min_batch", [] { return interleaved::kSmallLuMinBatch<float>; });
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),
@@ -113,6 +157,16 @@ void DefineLapackSubmodule(nb::module_& parent) {
                               interleaved::SmallCholeskyMinBatch());
       },
       "(largest n of potrf, largest n of posv, smallest batch) factored interleaved.");
+  m.def("set_block_transposes", &SetBlockTransposes, nb::arg("limit"),
+        "Caps the instruction set the small-matrix kernels' packing uses for its block "
+        "transposes: 'avx512' (default: the CPU's best), 'avx2', or 'none' (element by "
+        "element); for tests and measurements.");
+  m.def(
+      "block_transposes", [] { return IsaName(interleaved::BlockTransposes()); },
+      "The instruction set the block transposes use now.");
+  m.def(
+      "supported_block_transposes", [] { return IsaName(interleaved::SupportedBlockTransposes()); },
+      "The best instruction set this CPU and build give the block transposes.");
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace batchpart::lapack::interleaved {
@@ -76,6 +77,81 @@ namespace {
 #define BATCHPART_SMALL_CHOLESKY_CLONES
 #endif
 
+// The W lanes of one element as one vector value (GCC and Clang vector
+// extensions): arithmetic on it is one instruction per 512 bits of the
+// clone's instruction set, and a few of them stay in registers where arrays
+// of lanes were spilled.
+template <typename R>
+struct LaneVector {
+  typedef R V __attribute__((vector_size(64)));
+};
+
+template <typename R, typename V = typename LaneVector<R>::V>
+__attribute__((always_inline)) inline V Load(const R* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+template <typename R, typename V>
+__attribute__((always_inline)) inline void Store(R* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// Rows [i, i + Q) of column j of the factor (j < i): a(i, j) minus the
+// sum over k < j of l(i, k) conj(l(j, k)), in k order as LAPACK's potf2
+// sums, times `inverse` (1 / l(j, j)); the layout as FactorPlanes. Each
+// row's sum is one chain of dependent multiply-adds; Q of them at once keep
+// the SIMD units busy.
+template <typename T, int Q>
+__attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int64_t j,
+                                                      Real<T>* __restrict re,
+                                                      Real<T>* __restrict im,
+                                                      const Real<T>* inverse_lanes) {
+  using R = Real<T>;
+  using V = typename LaneVector<R>::V;
+  constexpr int W = kLanes<T>;
+  const R* rj = re + j * n * W;
+  [[maybe_unused]] const R* ij = im + j * n * W;
+  V acc_re[Q];
+  [[maybe_unused]] V acc_im[Q];
+  for (int q = 0; q < Q; ++q) {
+    acc_re[q] = Load(re + ((i + q) * n + j) * W);
+    if constexpr (kIsComplex<T>) acc_im[q] = Load(im + ((i + q) * n + j) * W);
+  }
+  for (int64_t k = 0; k < j; ++k) {
+    const V br = Load(rj + k * W);
+    for (int q = 0; q < Q; ++q) {
+      const V ar = Load(re + ((i + q) * n + k) * W);
+      if constexpr (kIsComplex<T>) {
+        const V bi = Load(ij + k * W);
+        const V ai = Load(im + ((i + q) * n + k) * W);
+        acc_re[q] -= ar * br + ai * bi;
+        acc_im[q] -= ai * br - ar * bi;
+      } else {
+        acc_re[q] -= ar * br;
+      }
+    }
+  }
+  // As the LAPACK path's scal (OpenBLAS): a zero scale (an infinite pivot)
+  // writes zeros, where inf * 0 would be NaN.
+  // Then each row's diagonal loses |l(i, j)|^2, the next term of its own sum
+  // in the same k order, here where the rows' updates are independent.
+  const V inverse = Load(inverse_lanes);
+  for (int q = 0; q < Q; ++q) {
+    const V out_re = inverse == V{} ? V{} : acc_re[q] * inverse;
+    Store(re + ((i + q) * n + j) * W, out_re);
+    R* diagonal = re + ((i + q) * n + i + q) * W;
+    V d = Load(diagonal) - out_re * out_re;
+    if constexpr (kIsComplex<T>) {
+      const V out_im = inverse == V{} ? V{} : acc_im[q] * inverse;
+      Store(im + ((i + q) * n + j) * W, out_im);
+      d -= out_im * out_im;
+    }
+    Store(diagonal, d);
+  }
+}
+
 // Left-looking Cholesky of the lower triangle of n x n lanes, element (i, j)
 // at (i * n + j) * W of `re` (and `im`, complex only); info as FactorLower.
 template <typename T>
@@ -86,18 +162,11 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict
   for (int64_t j = 0; j < n; ++j) {
     R* rj = re + j * n * W;
     [[maybe_unused]] R* ij = im + j * n * W;
-    // The diagonal: a(j, j) - sum_k |l(j, k)|^2 (the imaginary part of a
-    // complex diagonal is not read, as in LAPACK).
+    // The diagonal: a(j, j) - sum_k |l(j, k)|^2, which ColumnRows has
+    // subtracted term by term (the imaginary part of a complex diagonal is
+    // not read, as in LAPACK).
     R d[W];
     for (int l = 0; l < W; ++l) d[l] = rj[j * W + l];
-    for (int64_t k = 0; k < j; ++k) {
-      const R* x = rj + k * W;
-      for (int l = 0; l < W; ++l) d[l] -= x[l] * x[l];
-      if constexpr (kIsComplex<T>) {
-        const R* y = ij + k * W;
-        for (int l = 0; l < W; ++l) d[l] -= y[l] * y[l];
-      }
-    }
     for (int l = 0; l < W; ++l) {
       if (info[l] == 0 && !(d[l] > R(0))) info[l] = static_cast<int32_t>(j + 1);
     }
@@ -110,104 +179,77 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict
     if constexpr (kIsComplex<T>) {
       for (int l = 0; l < W; ++l) ij[j * W + l] = R(0);
     }
-    // The column below: (a(i, j) - sum_k l(i, k) conj(l(j, k))) / l(j, j).
-    for (int64_t i = j + 1; i < n; ++i) {
-      R* ri = re + i * n * W;
-      R acc_re[W];
-      for (int l = 0; l < W; ++l) acc_re[l] = ri[j * W + l];
-      if constexpr (kIsComplex<T>) {
-        R* ii = im + i * n * W;
-        R acc_im[W];
-        for (int l = 0; l < W; ++l) acc_im[l] = ii[j * W + l];
-        for (int64_t k = 0; k < j; ++k) {
-          const R *ar = ri + k * W, *ai = ii + k * W, *br = rj + k * W, *bi = ij + k * W;
-          for (int l = 0; l < W; ++l) {
-            acc_re[l] -= ar[l] * br[l] + ai[l] * bi[l];
-            acc_im[l] -= ai[l] * br[l] - ar[l] * bi[l];
-          }
-        }
-        for (int l = 0; l < W; ++l) {
-          ii[j * W + l] = inverse[l] == R(0) ? R(0) : acc_im[l] * inverse[l];
-        }
-      } else {
-        for (int64_t k = 0; k < j; ++k) {
-          const R *a = ri + k * W, *b = rj + k * W;
-          for (int l = 0; l < W; ++l) acc_re[l] -= a[l] * b[l];
-        }
-      }
-      // As the LAPACK path's scal (OpenBLAS): a zero scale (an infinite
-      // pivot) writes zeros, where inf * 0 would be NaN.
-      for (int l = 0; l < W; ++l) {
-        ri[j * W + l] = inverse[l] == R(0) ? R(0) : acc_re[l] * inverse[l];
-      }
-    }
+    // The column below: (a(i, j) - sum_k l(i, k) conj(l(j, k))) / l(j, j),
+    // four rows at a time: each row's sum is one chain of dependent
+    // multiply-adds, and four of them keep the SIMD units busy.
+    int64_t i = j + 1;
+    for (; i + 4 <= n; i += 4) ColumnRows<T, 4>(n, i, j, re, im, inverse);
+    for (; i < n; ++i) ColumnRows<T, 1>(n, i, j, re, im, inverse);
   }
 }
 
 // Forward then back substitution L Y = B, L^H X = Y on n x r lanes of `x`
-// (element (i, c) at (i * r + c) * W), L as FactorPlanes leaves it.
+// (element (i, c) at (i * r + c) * W), L as FactorPlanes leaves it. Column
+// by column: once x(k, c) is known it is taken off every row still to come,
+// so the updates of one step are independent rather than one chain.
 template <typename T>
 BATCHPART_SMALL_CHOLESKY_CLONES void SolvePlanes(int64_t n, int64_t r, const Real<T>* __restrict lr,
                                                  const Real<T>* __restrict li,
                                                  Real<T>* __restrict xr, Real<T>* __restrict xi) {
   using R = Real<T>;
+  using V = typename LaneVector<R>::V;
   constexpr int W = kLanes<T>;
-  R inverse[W];
-  for (int64_t i = 0; i < n; ++i) {
-    for (int l = 0; l < W; ++l) inverse[l] = R(1) / lr[(i * n + i) * W + l];
-    for (int64_t c = 0; c < r; ++c) {
-      R acc_re[W];
-      R* out_re = xr + (i * r + c) * W;
-      for (int l = 0; l < W; ++l) acc_re[l] = out_re[l];
+  const V one = V{} + R(1);
+  for (int64_t c = 0; c < r; ++c) {
+    // L Y = B, k ascending: y(i) -= l(i, k) y(k) for i > k.
+    for (int64_t k = 0; k < n; ++k) {
+      const V inverse = one / Load(lr + (k * n + k) * W);
+      R* yk_re = xr + (k * r + c) * W;
+      const V y_re = Load(yk_re) * inverse;
+      Store(yk_re, y_re);
+      [[maybe_unused]] V y_im;
       if constexpr (kIsComplex<T>) {
-        R acc_im[W];
-        R* out_im = xi + (i * r + c) * W;
-        for (int l = 0; l < W; ++l) acc_im[l] = out_im[l];
-        for (int64_t k = 0; k < i; ++k) {
-          const R *ar = lr + (i * n + k) * W, *ai = li + (i * n + k) * W;
-          const R *br = xr + (k * r + c) * W, *bi = xi + (k * r + c) * W;
-          for (int l = 0; l < W; ++l) {
-            acc_re[l] -= ar[l] * br[l] - ai[l] * bi[l];
-            acc_im[l] -= ar[l] * bi[l] + ai[l] * br[l];
-          }
-        }
-        for (int l = 0; l < W; ++l) out_im[l] = acc_im[l] * inverse[l];
-      } else {
-        for (int64_t k = 0; k < i; ++k) {
-          const R *a = lr + (i * n + k) * W, *b = xr + (k * r + c) * W;
-          for (int l = 0; l < W; ++l) acc_re[l] -= a[l] * b[l];
+        R* yk_im = xi + (k * r + c) * W;
+        y_im = Load(yk_im) * inverse;
+        Store(yk_im, y_im);
+      }
+      for (int64_t i = k + 1; i < n; ++i) {
+        const V a_re = Load(lr + (i * n + k) * W);
+        R* yi_re = xr + (i * r + c) * W;
+        if constexpr (kIsComplex<T>) {
+          const V a_im = Load(li + (i * n + k) * W);
+          R* yi_im = xi + (i * r + c) * W;
+          Store(yi_re, Load(yi_re) - (a_re * y_re - a_im * y_im));
+          Store(yi_im, Load(yi_im) - (a_re * y_im + a_im * y_re));
+        } else {
+          Store(yi_re, Load(yi_re) - a_re * y_re);
         }
       }
-      for (int l = 0; l < W; ++l) out_re[l] = acc_re[l] * inverse[l];
     }
-  }
-  for (int64_t i = n; i-- > 0;) {
-    for (int l = 0; l < W; ++l) inverse[l] = R(1) / lr[(i * n + i) * W + l];
-    for (int64_t c = 0; c < r; ++c) {
-      R acc_re[W];
-      R* out_re = xr + (i * r + c) * W;
-      for (int l = 0; l < W; ++l) acc_re[l] = out_re[l];
+    // L^H X = Y, k descending: x(i) -= conj(l(k, i)) x(k) for i < k.
+    for (int64_t k = n; k-- > 0;) {
+      const V inverse = one / Load(lr + (k * n + k) * W);
+      R* xk_re = xr + (k * r + c) * W;
+      const V x_re = Load(xk_re) * inverse;
+      Store(xk_re, x_re);
+      [[maybe_unused]] V x_im;
       if constexpr (kIsComplex<T>) {
-        R acc_im[W];
-        R* out_im = xi + (i * r + c) * W;
-        for (int l = 0; l < W; ++l) acc_im[l] = out_im[l];
-        // conj(l(k, i)) x(k, c)
-        for (int64_t k = i + 1; k < n; ++k) {
-          const R *ar = lr + (k * n + i) * W, *ai = li + (k * n + i) * W;
-          const R *br = xr + (k * r + c) * W, *bi = xi + (k * r + c) * W;
-          for (int l = 0; l < W; ++l) {
-            acc_re[l] -= ar[l] * br[l] + ai[l] * bi[l];
-            acc_im[l] -= ar[l] * bi[l] - ai[l] * br[l];
-          }
-        }
-        for (int l = 0; l < W; ++l) out_im[l] = acc_im[l] * inverse[l];
-      } else {
-        for (int64_t k = i + 1; k < n; ++k) {
-          const R *a = lr + (k * n + i) * W, *b = xr + (k * r + c) * W;
-          for (int l = 0; l < W; ++l) acc_re[l] -= a[l] * b[l];
+        R* xk_im = xi + (k * r + c) * W;
+        x_im = Load(xk_im) * inverse;
+        Store(xk_im, x_im);
+      }
+      for (int64_t i = 0; i < k; ++i) {
+        const V a_re = Load(lr + (k * n + i) * W);
+        R* xi_re = xr + (i * r + c) * W;
+        if constexpr (kIsComplex<T>) {
+          const V a_im = Load(li + (k * n + i) * W);
+          R* xi_im = xi + (i * r + c) * W;
+          Store(xi_re, Load(xi_re) - (a_re * x_re + a_im * x_im));
+          Store(xi_im, Load(xi_im) - (a_re * x_im - a_im * x_re));
+        } else {
+          Store(xi_re, Load(xi_re) - a_re * x_re);
         }
       }
-      for (int l = 0; l < W; ++l) out_re[l] = acc_re[l] * inverse[l];
     }
   }
 }

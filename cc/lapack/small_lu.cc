@@ -45,6 +45,18 @@ struct LaneVector {
   typedef Real<T> type __attribute__((vector_size(sizeof(Real<T>) * kLanes<T>)));
 };
 
+template <typename V, typename R>
+BATCHPART_INLINE V LoadLanes(const R* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+template <typename R, typename V>
+BATCHPART_INLINE void StoreLanes(R* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
 // The pivot magnitudes (|re| + |im|) of element (i, j)'s lanes.
 template <typename T>
 BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,
@@ -101,6 +113,26 @@ BATCHPART_INLINE void SubtractProductMasked(const Planes<T>& a, int64_t i, int64
     for (int l = 0; l < W; ++l) {
       const Real<T> r = xr[l] - lr[l] * ur[l];
       xr[l] = active[l] != 0 ? r : xr[l];
+    }
+  }
+}
+
+// Row i over columns [j_begin, cols) minus l(i, k) times row k: the
+// multiplier's lanes held in a register across the row.
+template <typename T>
+BATCHPART_INLINE void UpdateRow(const Planes<T>& a, int64_t i, int64_t k, int64_t j_begin) {
+  using V = typename LaneVector<T>::type;
+  const V lr = LoadLanes<V>(a.Re(i, k));
+  if constexpr (kIsComplex<T>) {
+    const V li = LoadLanes<V>(a.Im(i, k));
+    for (int64_t j = j_begin; j < a.cols; ++j) {
+      const V ur = LoadLanes<V>(a.Re(k, j)), ui = LoadLanes<V>(a.Im(k, j));
+      StoreLanes(a.Re(i, j), LoadLanes<V>(a.Re(i, j)) - (lr * ur - li * ui));
+      StoreLanes(a.Im(i, j), LoadLanes<V>(a.Im(i, j)) - (lr * ui + li * ur));
+    }
+  } else {
+    for (int64_t j = j_begin; j < a.cols; ++j) {
+      StoreLanes(a.Re(i, j), LoadLanes<V>(a.Re(i, j)) - lr * LoadLanes<V>(a.Re(k, j)));
     }
   }
 }
@@ -229,18 +261,17 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
     }
 
     // The rank-1 update of the trailing block, one SIMD operation per element.
-    for (int64_t i = k + 1; i < m; ++i) {
-      const R* lr = a.Re(i, k);
-      const R* li = kIsComplex<T> ? a.Im(i, k) : nullptr;
-      for (int64_t j = k + 1; j < n; ++j) {
-        const R* ur = a.Re(k, j);
-        const R* ui = kIsComplex<T> ? a.Im(k, j) : nullptr;
-        if (any_zero) {
-          SubtractProductMasked(a, i, j, lr, li, ur, ui, active);
-        } else {
-          SubtractProduct(a, i, j, lr, li, ur, ui);
+    if (any_zero) {
+      for (int64_t i = k + 1; i < m; ++i) {
+        const R* lr = a.Re(i, k);
+        const R* li = kIsComplex<T> ? a.Im(i, k) : nullptr;
+        for (int64_t j = k + 1; j < n; ++j) {
+          SubtractProductMasked(a, i, j, lr, li, a.Re(k, j), kIsComplex<T> ? a.Im(k, j) : nullptr,
+                                active);
         }
       }
+    } else {
+      for (int64_t i = k + 1; i < m; ++i) UpdateRow(a, i, k, k + 1);
     }
   }
 }
@@ -281,9 +312,12 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
   const Planes<T> lu{const_cast<R*>(lu_re), const_cast<R*>(lu_im), n};
   const Planes<T> x{x_re, x_im, r};
   for (int64_t k = 0; k < n; ++k) SwapRows(x, k, pivots + k * W);
-  // L Y = P B (unit diagonal), then U X = Y, row by row as SubstituteRows.
-  for (int64_t i = 1; i < n; ++i) {
-    for (int64_t k = 0; k < i; ++k) {
+  // L Y = P B (unit diagonal), then U X = Y, column by column as the
+  // reference trsm: once row k of the solution is known it is taken off the
+  // rows still to come, so one step's updates are independent of each other
+  // (row by row, each element would be one chain of dependent updates).
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t i = k + 1; i < n; ++i) {
       const R* lr = lu.Re(i, k);
       const R* li = kIsComplex<T> ? lu.Im(i, k) : nullptr;
       for (int64_t j = 0; j < r; ++j) {
@@ -291,17 +325,17 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
       }
     }
   }
-  for (int64_t i = n - 1; i >= 0; --i) {
-    for (int64_t k = i + 1; k < n; ++k) {
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const R* dr = lu.Re(k, k);
+    const R* di = kIsComplex<T> ? lu.Im(k, k) : nullptr;
+    for (int64_t j = 0; j < r; ++j) DivideLanes(x, k, j, dr, di);
+    for (int64_t i = 0; i < k; ++i) {
       const R* ur = lu.Re(i, k);
       const R* ui = kIsComplex<T> ? lu.Im(i, k) : nullptr;
       for (int64_t j = 0; j < r; ++j) {
         SubtractProduct(x, i, j, ur, ui, x.Re(k, j), kIsComplex<T> ? x.Im(k, j) : nullptr);
       }
     }
-    const R* dr = lu.Re(i, i);
-    const R* di = kIsComplex<T> ? lu.Im(i, i) : nullptr;
-    for (int64_t j = 0; j < r; ++j) DivideLanes(x, i, j, dr, di);
   }
 }
 

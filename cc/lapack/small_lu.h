@@ -35,10 +35,19 @@ namespace batchpart::lapack::interleaved {
 //   gesv col      0.35->0.11 0.52->0.23 1.78->1.18 5.4->5.0  11.8->13.5 20->33
 // (n = 12: getrf row f32 0.54->0.32, f64 0.51->0.31; n = 24: getrf row f32
 // 1.66->1.84, f64 1.67->2.14, getrf col f64 3.3->3.0, gesv col f64
-// 3.2->2.1.) The row-major getrf it replaces, RowMajorLu, is vectorized
-// along rows already and loses only a little to packing; complex types
-// take their real type's ranges (their updates are 4x the arithmetic on
-// the same packing).
+// 3.2->2.1.) Complex types take their real type's ranges (their updates
+// are 4x the arithmetic on the same packing).
+//
+// Since packing moves blocks through SIMD transposes (interleaved.cc), the
+// row-major getrf, whose per-matrix path RowMajorLu is vectorized along
+// rows already, gains too; measured as above, per-matrix -> interleaved,
+// on random matrices (pivoting at almost every step) / on diagonally
+// dominant ones (almost none):
+//                 n=2       4           8           16          24          32          48
+//   f32 random    -         0.07->0.04  0.25->0.10  0.79->0.37  1.62->0.94  3.0->2.2    7.1->5.2
+//   f32 dominant  0.02 even 0.04->0.03  0.13->0.08  0.57->0.26  1.29->0.67  2.7->1.7    -
+//   f64 random    -         0.09->0.05  0.24->0.19  0.95->0.70  1.97->1.54  3.5->3.9    9.3->9.3
+//   f64 dominant  0.02->.024 0.064 even 0.20->0.16  0.81->0.66  1.80->1.60  4.0->3.6    -
 struct SizeRange {
   int64_t min, max;
   bool contains(int64_t n) const { return min <= n && n <= max; }
@@ -47,9 +56,8 @@ template <typename T>
 inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 template <typename T>
 inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
-// None for f64: its measured gains (n = 12) were within the noise.
 template <typename T>
-inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{8, 16} : SizeRange{1, 0};
+inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{4, 48} : SizeRange{4, 24};
 template <typename T>
 inline constexpr SizeRange kGesvColumnMajorSizes = {1, kSingle<T> ? 48 : 24};
 template <typename T>

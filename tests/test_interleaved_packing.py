@@ -1,0 +1,110 @@
+"""The block transposes that pack and unpack the small-matrix kernels' groups
+(cc/lapack/interleaved.cc): each instruction set this CPU has gives results
+bit for bit equal to element-by-element packing, for every kernel that packs,
+every dtype and layout, sizes that are and are not multiples of the lanes,
+and batches that end in a part-filled group (which packs element by element
+in every mode)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import numpy as np
+import pytest
+
+import batchpart as bp
+from batchpart import _core, _lapack_targets
+from batchpart._lapack_targets import column_major
+from batchpart.testing import hermitian_pd, random_array
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+ORDER = ["none", "avx2", "avx512"]
+SUPPORTED = ORDER[: ORDER.index(_core.lapack.supported_block_transposes()) + 1]
+LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
+SIZES = [1, 3, 4, 5, 8, 12, 16, 17]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+  _lapack_targets.register()
+
+
+@contextlib.contextmanager
+def block_transposes(limit):
+  before = _core.lapack.block_transposes()
+  _core.lapack.set_block_transposes(limit)
+  try:
+    yield
+  finally:
+    _core.lapack.set_block_transposes("avx512" if before != "none" else before)
+
+
+def column_major_call(target, operands, results, **attributes):
+  """`target` on column-major operands; results as numpy arrays."""
+  f = jax.ffi.ffi_call(
+      target, [jax.ShapeDtypeStruct(s, d) for s, d, _ in results],
+      input_layouts=[column_major(np.shape(x)) for x in operands],
+      output_layouts=[column_major(s) if matrix else None for s, _, matrix in results])
+  return f(*operands, **attributes)
+
+
+def kernels(batch, n, dtype):
+  """name -> (function of no arguments, returning arrays): every kernel that packs groups."""
+  rng = np.random.default_rng(n)
+  spd = hermitian_pd(rng, (batch,), n, dtype)
+  general = random_array(rng, (batch, n, n), dtype)
+  rhs = random_array(rng, (batch, n, 3), dtype)
+  tri = np.tril(general) + 4 * n * np.eye(n, dtype=dtype)
+  i32 = np.int32
+  return {
+      "potrf column-major": lambda: column_major_call(
+          "batchpart_potrf", [spd], [(spd.shape, dtype, True), ((batch,), i32, False)],
+          lower=True, symmetrize=False),
+      "cholesky row-major": lambda: bp.linalg.cholesky(spd),
+      "posv column-major": lambda: column_major_call(
+          "batchpart_posv", [spd, rhs], [(rhs.shape, dtype, True), ((batch,), i32, False)],
+          lower=True),
+      "getrf column-major": lambda: column_major_call(
+          "batchpart_getrf", [general],
+          [(general.shape, dtype, True), ((batch, n), i32, False), ((batch, n), i32, False),
+           ((batch,), i32, False)]),
+      "lu row-major": lambda: bp.linalg.lu(general),
+      "gesv column-major": lambda: column_major_call(
+          "batchpart_gesv", [general, rhs], [(rhs.shape, dtype, True), ((batch,), i32, False)]),
+      "solve row-major": lambda: bp.linalg.solve(general, rhs),
+      "triangular_solve left": lambda: bp.linalg.triangular_solve(
+          tri, rhs, left_side=True, lower=True),
+      "triangular_solve right, transposed": lambda: bp.linalg.triangular_solve(
+          tri, np.swapaxes(rhs, -1, -2), left_side=False, lower=True, transpose_a=True),
+  }
+
+
+@pytest.mark.parametrize("limit", SUPPORTED[1:] or ["none"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_block_transposes_give_the_element_loops_results_bit_for_bit(limit, dtype):
+  for n in SIZES:
+    batch = 2 * LANES[dtype] + 3
+    for name, run in kernels(batch, n, dtype).items():
+      with block_transposes("none"):
+        expected = jax.tree.map(np.asarray, run())
+      with block_transposes(limit):
+        got = jax.tree.map(np.asarray, run())
+      for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}, limit {limit}")
+
+
+def test_the_limit_caps_what_the_cpu_supports():
+  with block_transposes("none"):
+    assert _core.lapack.block_transposes() == "none"
+  with block_transposes("avx2"):
+    assert _core.lapack.block_transposes() == SUPPORTED[min(1, len(SUPPORTED) - 1)]
+  assert _core.lapack.block_transposes() == SUPPORTED[-1]
+
+
+def test_an_unknown_limit_is_refused_by_name():
+  with pytest.raises(ValueError, match="set_block_transposes.*'avx3'"):
+    _core.lapack.set_block_transposes("avx3")
+  assert _core.lapack.block_transposes() == SUPPORTED[-1]
