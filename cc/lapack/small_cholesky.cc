@@ -98,12 +98,15 @@ __attribute__((always_inline)) inline void Store(R* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
-// Rows [i, i + Q) of column j of the factor (j < i): a(i, j) minus the
+// Rows [i, i + Q) of column j of the factor (j < i): a(i, j) (with
+// Symmetrize, (a(i, j) + conj(a(j, i))) / 2, as SymmetrizeTriangle in
+// kernel_helpers.h computes it, so both paths factor the same numbers; the
+// upper triangle is not written before the factor is done) minus the
 // sum over k < j of l(i, k) conj(l(j, k)), in k order as LAPACK's potf2
 // sums, times `inverse` (1 / l(j, j)); the layout as FactorPlanes. Each
 // row's sum is one chain of dependent multiply-adds; Q of them at once keep
 // the SIMD units busy.
-template <typename T, int Q>
+template <typename T, int Q, bool Symmetrize>
 __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int64_t j,
                                                       Real<T>* __restrict re,
                                                       Real<T>* __restrict im,
@@ -118,6 +121,12 @@ __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int6
   for (int q = 0; q < Q; ++q) {
     acc_re[q] = Load(re + ((i + q) * n + j) * W);
     if constexpr (kIsComplex<T>) acc_im[q] = Load(im + ((i + q) * n + j) * W);
+    if constexpr (Symmetrize) {
+      acc_re[q] = (acc_re[q] + Load(re + (j * n + i + q) * W)) / R(2);
+      if constexpr (kIsComplex<T>) {
+        acc_im[q] = (acc_im[q] - Load(im + (j * n + i + q) * W)) / R(2);
+      }
+    }
   }
   for (int64_t k = 0; k < j; ++k) {
     const V br = Load(rj + k * W);
@@ -153,12 +162,21 @@ __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int6
 }
 
 // Left-looking Cholesky of the lower triangle of n x n lanes, element (i, j)
-// at (i * n + j) * W of `re` (and `im`, complex only); info as FactorLower.
-template <typename T>
+// at (i * n + j) * W of `re` (and `im`, complex only), of (A + A^H) / 2 with
+// Symmetrize; info as FactorLower.
+template <typename T, bool Symmetrize>
 BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict re,
                                                   Real<T>* __restrict im, int32_t* info) {
   using R = Real<T>;
   constexpr int W = kLanes<T>;
+  if constexpr (Symmetrize) {
+    // The diagonal's (a + conj(a)) / 2 up front: ColumnRows updates it
+    // before its column comes.
+    for (int64_t j = 0; j < n; ++j) {
+      R* d = re + (j * n + j) * W;
+      for (int l = 0; l < W; ++l) d[l] = (d[l] + d[l]) / R(2);
+    }
+  }
   for (int64_t j = 0; j < n; ++j) {
     R* rj = re + j * n * W;
     [[maybe_unused]] R* ij = im + j * n * W;
@@ -183,8 +201,8 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict
     // four rows at a time: each row's sum is one chain of dependent
     // multiply-adds, and four of them keep the SIMD units busy.
     int64_t i = j + 1;
-    for (; i + 4 <= n; i += 4) ColumnRows<T, 4>(n, i, j, re, im, inverse);
-    for (; i < n; ++i) ColumnRows<T, 1>(n, i, j, re, im, inverse);
+    for (; i + 4 <= n; i += 4) ColumnRows<T, 4, Symmetrize>(n, i, j, re, im, inverse);
+    for (; i < n; ++i) ColumnRows<T, 1, Symmetrize>(n, i, j, re, im, inverse);
   }
 }
 
@@ -254,22 +272,34 @@ BATCHPART_SMALL_CHOLESKY_CLONES void SolvePlanes(int64_t n, int64_t r, const Rea
   }
 }
 
-// The lower triangle of (A + A^H) / 2, computed as SymmetrizeTriangle
-// (kernel_helpers.h) does, so both paths factor the same numbers.
+// Zeros above the diagonal, and NaN everywhere in the lanes whose info
+// says the factorization failed.
 template <typename T>
-void SymmetrizeLower(Group<T>& g) {
+BATCHPART_SMALL_CHOLESKY_CLONES void FinishPlanes(int64_t n, Real<T>* __restrict re,
+                                                  Real<T>* __restrict im, const int32_t* info) {
   using R = Real<T>;
   constexpr int W = kLanes<T>;
-  const int64_t n = g.rows();
+  bool failed = false;
+  R keep[W];
+  for (int l = 0; l < W; ++l) {
+    failed |= info[l] != 0;
+    keep[l] = info[l] == 0 ? R(1) : R(0);
+  }
+  const R nan = std::numeric_limits<R>::quiet_NaN();
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j <= i; ++j) {
-      R* x = g.re(i, j);
-      const R* y = g.re(j, i);
-      for (int l = 0; l < W; ++l) x[l] = (x[l] + y[l]) / R(2);
+    for (int64_t j = 0; j < n; ++j) {
+      R* x = re + (i * n + j) * W;
+      [[maybe_unused]] R* y = im + (i * n + j) * W;
+      if (j > i) {
+        for (int l = 0; l < W; ++l) x[l] = R(0);
+        if constexpr (kIsComplex<T>) {
+          for (int l = 0; l < W; ++l) y[l] = R(0);
+        }
+      }
+      if (!failed) continue;
+      for (int l = 0; l < W; ++l) x[l] = keep[l] != 0 ? x[l] : nan;
       if constexpr (kIsComplex<T>) {
-        R* xi = g.im(i, j);
-        const R* yi = g.im(j, i);
-        for (int l = 0; l < W; ++l) xi[l] = (xi[l] - yi[l]) / R(2);
+        for (int l = 0; l < W; ++l) y[l] = keep[l] != 0 ? y[l] : nan;
       }
     }
   }
@@ -279,33 +309,15 @@ void SymmetrizeLower(Group<T>& g) {
 
 template <typename T>
 void FactorLower(Group<T>& g, bool symmetrize, int32_t* info) {
-  using R = Real<T>;
-  constexpr int W = kLanes<T>;
-  const int64_t n = g.rows();
-  if (symmetrize) SymmetrizeLower(g);
-  for (int l = 0; l < W; ++l) info[l] = 0;
-  FactorPlanes<T>(n, g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr, info);
-  bool failed = false;
-  for (int l = 0; l < W; ++l) failed |= info[l] != 0;
-  const R nan = std::numeric_limits<R>::quiet_NaN();
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      R* x = g.re(i, j);
-      [[maybe_unused]] R* y = kIsComplex<T> ? g.im(i, j) : nullptr;
-      if (j > i) {
-        for (int l = 0; l < W; ++l) x[l] = R(0);
-        if constexpr (kIsComplex<T>) {
-          for (int l = 0; l < W; ++l) y[l] = R(0);
-        }
-      }
-      if (!failed) continue;
-      for (int l = 0; l < W; ++l) {
-        if (info[l] == 0) continue;
-        x[l] = nan;
-        if constexpr (kIsComplex<T>) y[l] = nan;
-      }
-    }
+  Real<T>* re = g.re(0, 0);
+  Real<T>* im = kIsComplex<T> ? g.im(0, 0) : nullptr;
+  for (int l = 0; l < kLanes<T>; ++l) info[l] = 0;
+  if (symmetrize) {
+    FactorPlanes<T, true>(g.rows(), re, im, info);
+  } else {
+    FactorPlanes<T, false>(g.rows(), re, im, info);
   }
+  FinishPlanes<T>(g.rows(), re, im, info);
 }
 
 template <typename T>
