@@ -757,6 +757,16 @@ def test_num_chunks_policy():
     assert _core.lapack.num_chunks(10_000, 1e4, 4) <= 16
 
 
+@pytest.mark.parametrize("threads", [2, 3, 4, 8])
+@pytest.mark.parametrize("batch, flops", [(256, 2730), (256, 4e3), (100, 1e4), (37, 5e4), (5, 4e5)])
+def test_chunks_share_out_evenly_over_the_threads(threads, batch, flops):
+    # Chunks are claimed one at a time; with 3 chunks on 2 threads one thread
+    # does two of them while the other waits (256 groups of 16 interleaved
+    # 8 x 8 float32 Cholesky factors: 2730 flops each, 3 affordable chunks).
+    chunks = _core.lapack.num_chunks(batch, flops, threads)
+    assert chunks == 1 or chunks < threads or chunks % threads == 0, chunks
+
+
 @pytest.fixture
 def serial_then_restore():
     yield lambda enabled: _core.lapack.set_intra_op_parallelism(enabled)

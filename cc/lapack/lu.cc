@@ -65,8 +65,8 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
   constexpr int W = interleaved::kLanes<T>;
   const int64_t size = shape.m * shape.n, k = shape.k;
   const interleaved::Strides layout = Order<T>::Layout(shape);
-  // A group costs about what one matrix costs the per-matrix path.
-  const double flops = kFlopScale<T> * shape.m * shape.n * shape.k;
+  // A group's work is its W matrices' (as in solve.cc).
+  const double flops = W * kFlopScale<T> * shape.m * shape.n * shape.k;
   const int64_t groups = (batch + W - 1) / W;
   return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
     interleaved::Group<T> group(shape.m, shape.n);

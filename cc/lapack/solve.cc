@@ -108,8 +108,10 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
   const T* b_data = b.typed_data<T>();
   T* x_data = x.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
-  // A group costs about what one element costs the per-element path.
-  const double flops = kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r);
+  // A group's work is its W matrices' (the batch loop sizes its chunks by
+  // work; counted as one matrix's, a batch of 4096 8 x 8 matrices came out
+  // too little to share and ran on one thread).
+  const double flops = W * kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r);
   const int64_t groups = (batch + W - 1) / W;
   return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
     interleaved::Group<T> lu(n, n), rhs(n, r);
