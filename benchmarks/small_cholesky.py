@@ -64,7 +64,7 @@ def _both_paths(jax, fn, args, repeats):
   from batchpart import _core
   out = {}
   for enabled in (False, True):
-    _core.lapack.set_small_cholesky(enabled)
+    _core.lapack.set_small_path("cholesky", "auto" if enabled else "never")
     jax.block_until_ready(fn(*args))
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
@@ -77,7 +77,7 @@ def _both_paths(jax, fn, args, repeats):
       jax.block_until_ready(r)
       samples.append((time.perf_counter() - t0) / loops)
     out[enabled] = min(samples)  # the machine is shared: the least disturbed run
-  _core.lapack.set_small_cholesky(True)
+  _core.lapack.set_small_path("cholesky", "auto")
   return out[False], out[True]
 
 

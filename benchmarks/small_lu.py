@@ -6,7 +6,7 @@ against jax's own kernels, on one CPU device.
   python benchmarks/small_lu.py jax     # the headline sizes against jax
 
 The per-matrix path is what the kernels run with
-``_core.lapack.set_small_lu(False)``; batch loops run serially
+``_core.lapack.set_small_path("lu", "never")``; batch loops run serially
 (``set_intra_op_parallelism(False)``), so the numbers are one core's.
 """
 
@@ -31,7 +31,7 @@ from batchpart._lapack_targets import column_major  # noqa: E402
 def best_seconds(f, args, *, small_lu: bool, repeats: int = 5, min_time: float = 0.05) -> float:
   """The fastest of `repeats` rounds, seconds per call (the machine is
   shared: the minimum is the least disturbed)."""
-  _core.lapack.set_small_lu(small_lu)
+  _core.lapack.set_small_path("lu", "auto" if small_lu else "never")
   try:
     jax.block_until_ready(f(*args))
     t0 = time.perf_counter()
@@ -46,7 +46,7 @@ def best_seconds(f, args, *, small_lu: bool, repeats: int = 5, min_time: float =
       best = min(best, (time.perf_counter() - t0) / loops)
     return best
   finally:
-    _core.lapack.set_small_lu(True)
+    _core.lapack.set_small_path("lu", "auto")
 
 
 def column_major_getrf(a):

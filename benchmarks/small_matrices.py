@@ -66,9 +66,8 @@ def measure(jax, jnp, bp, np, batch, n, dtype, *, repeats):
 def _per_matrix_path(core, enabled: bool) -> None:
   """Lets the kernels take their small-matrix paths (the default) or sends
   every batch to the per-matrix LAPACK/BLAS path."""
-  core.lapack.set_small_cholesky(enabled)
-  core.lapack.set_small_lu(enabled)
-  core.lapack.set_small_trsm("auto" if enabled else "never")
+  for kernel in ("cholesky", "lu", "triangular_solve"):
+    core.lapack.set_small_path(kernel, "auto" if enabled else "never")
 
 
 def switch(jax, jnp, bp, np, sizes, repeats):

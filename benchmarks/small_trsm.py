@@ -37,11 +37,11 @@ def _inputs(batch, n, rhs, dtype, seed=0):
 def _with_mode(f, mode):
   """f run with batchpart's triangular solve forced onto one path."""
   def run(*args):
-    _core.lapack.set_small_trsm(mode)
+    _core.lapack.set_small_path("triangular_solve", mode)
     try:
       return jax.block_until_ready(f(*args))
     finally:
-      _core.lapack.set_small_trsm("auto")
+      _core.lapack.set_small_path("triangular_solve", "auto")
   return run
 
 

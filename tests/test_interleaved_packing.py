@@ -1,9 +1,9 @@
-"""The block transposes that pack and unpack the small-matrix kernels' groups
-(cc/lapack/interleaved.cc): each instruction set this CPU has gives results
-bit for bit equal to element-by-element packing, for every kernel that packs,
-every dtype and layout, sizes that are and are not multiples of the lanes,
-and batches that end in a part-filled group (which packs element by element
-in every mode)."""
+"""What the small-matrix kernels share (cc/lapack/interleaved.*): the block
+transposes that pack and unpack their groups, where each instruction set this
+CPU has gives results bit for bit equal to element-by-element packing (every
+kernel that packs, every dtype and layout, sizes that are and are not
+multiples of the lanes, batches that end in a part-filled group, which packs
+element by element in every mode); and the one switch of their paths."""
 
 from __future__ import annotations
 
@@ -108,3 +108,52 @@ def test_an_unknown_limit_is_refused_by_name():
   with pytest.raises(ValueError, match="set_block_transposes.*'avx3'"):
     _core.lapack.set_block_transposes("avx3")
   assert _core.lapack.block_transposes() == SUPPORTED[-1]
+
+
+KERNELS = ["cholesky", "triangular_solve", "lu"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_small_path_round_trips_and_rejects_unknown_names(kernel):
+  assert _core.lapack.small_path(kernel) == "auto"
+  for path in ("never", "always", "auto"):
+    _core.lapack.set_small_path(kernel, path)
+    assert _core.lapack.small_path(kernel) == path
+  with pytest.raises(ValueError, match="path must be one of 'auto', 'always', 'never', not 'some'"):
+    _core.lapack.set_small_path(kernel, "some")
+  assert _core.lapack.small_path(kernel) == "auto"
+  with pytest.raises(ValueError, match="kernel must be one of 'cholesky', .*, not 'qr'"):
+    _core.lapack.set_small_path("qr", "never")
+
+
+@contextlib.contextmanager
+def small_path(kernel, path):
+  _core.lapack.set_small_path(kernel, path)
+  try:
+    yield
+  finally:
+    _core.lapack.set_small_path(kernel, "auto")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_always_runs_the_interleaved_kernels_above_their_switch_points(dtype):
+  # n = 40 and a batch of 3: beyond every automatic switch point of potrf,
+  # posv, getrf and gesv (n and, for Cholesky, the batch), so only "always"
+  # takes the interleaved kernels; they agree with the per-matrix path.
+  rng = np.random.default_rng(1)
+  n, batch = 40, 3
+  spd = hermitian_pd(rng, (batch,), n, dtype)
+  general = random_array(rng, (batch, n, n), dtype) + 2 * np.sqrt(n) * np.eye(n, dtype=dtype)
+  rhs = random_array(rng, (batch, n, 2), dtype)
+  tol = 1e-4 if np.finfo(dtype).bits == 32 else 1e-10
+  runs = {
+      "cholesky": lambda: (bp.linalg.cholesky(spd), bp.linalg.solve(spd, rhs, assume_a="pos")),
+      "lu": lambda: (bp.linalg.lu(general)[0], bp.linalg.solve(general, rhs)),
+  }
+  for kernel, run in runs.items():
+    results = {}
+    for path in ("never", "always"):
+      with small_path(kernel, path):
+        results[path] = [np.asarray(x) for x in run()]
+    for got, expected in zip(results["always"], results["never"], strict=True):
+      np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * np.abs(expected).max())

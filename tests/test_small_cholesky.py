@@ -36,11 +36,11 @@ def _registered():
 @contextlib.contextmanager
 def lapack_only():
   """Sends every batch to LAPACK, whatever its size."""
-  _core.lapack.set_small_cholesky(False)
+  _core.lapack.set_small_path("cholesky", "never")
   try:
     yield
   finally:
-    _core.lapack.set_small_cholesky(True)
+    _core.lapack.set_small_path("cholesky", "auto")
 
 
 def potrf(a, lower=True, symmetrize=False):

@@ -39,12 +39,12 @@ def _registered():
 @contextlib.contextmanager
 def small_lu(enabled: bool):
   """Runs the kernels with (True) or without the interleaved path."""
-  before = _core.lapack.small_lu()
-  _core.lapack.set_small_lu(enabled)
+  before = _core.lapack.small_path("lu")
+  _core.lapack.set_small_path("lu", "auto" if enabled else "never")
   try:
     yield
   finally:
-    _core.lapack.set_small_lu(before)
+    _core.lapack.set_small_path("lu", before)
 
 
 def sizes_around_switch(target, row_major, dtype):

@@ -6,7 +6,7 @@ BLAS path it replaces.
 
 The targets are called through ``jax.ffi.ffi_call`` with explicit layouts, so
 that both the column-major and the row-major target are exercised;
-``_core.lapack.set_small_trsm`` forces either path.
+``_core.lapack.set_small_path("triangular_solve", ...)`` forces either path.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ def _lapack_with_x64():
 @contextlib.contextmanager
 def path(mode):
   """Runs the block with the triangular solve forced onto one path."""
-  _core.lapack.set_small_trsm(mode)
+  _core.lapack.set_small_path("triangular_solve", mode)
   try:
     yield
   finally:
-    _core.lapack.set_small_trsm("auto")
+    _core.lapack.set_small_path("triangular_solve", "auto")
 
 
 def trsm(a, b, flags, *, row_major):
@@ -207,15 +207,6 @@ def test_interleaved_and_blas_paths_agree(row_major, dtype, n, batch):
     for mode in ("auto", "always"):
       difference = np.max(np.abs(results[mode] - results["never"])) / scale
       assert difference <= 16 * n * eps * cond, (mode, difference, cond)
-
-
-def test_policy_round_trips_and_rejects_unknown_modes():
-  assert _core.lapack.small_trsm() == "auto"
-  with path("never"):
-    assert _core.lapack.small_trsm() == "never"
-  assert _core.lapack.small_trsm() == "auto"
-  with pytest.raises(ValueError, match="mode"):
-    _core.lapack.set_small_trsm("sometimes")
 
 
 # ---- non-finite input ----------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
 #include "lapack/small_cholesky.h"
@@ -39,24 +40,19 @@ ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bo
   constexpr int64_t W = il::kLanes<T>;
   const int64_t size = n * n;
   const il::Strides strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
-  const double flops = W * kFlopScale<T> * n * n * n / 3.0;
-  return ForEachBatchChunk(pool, (batch + W - 1) / W, flops, [&](int64_t begin, int64_t end) {
-    il::Group<T> group(n, n);
-    const T* src[W];
-    T* dst[W];
-    int32_t group_info[W];
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t first = g * W, count = std::min(W, batch - first);
-      for (int64_t l = 0; l < count; ++l) {
-        src[l] = a_data + (first + l) * size;
-        dst[l] = l_data + (first + l) * size;
-      }
-      group.Pack(src, count, strides);
-      il::FactorLower(group, symmetrize, group_info);
-      group.Unpack(dst, count, strides);
-      std::copy_n(group_info, count, info_data + first);
-    }
-  });
+  return il::ForEachGroup<T>(
+      pool, batch, kFlopScale<T> * n * n * n / 3.0, [n] { return il::Group<T>(n, n); },
+      [&](il::Group<T>& group, il::Lanes lanes) {
+        const T* src[W];
+        T* dst[W];
+        int32_t group_info[W];
+        il::LanePointers(a_data, il::Itself, size, lanes, src);
+        il::LanePointers(l_data, il::Itself, size, lanes, dst);
+        group.Pack(src, lanes.count, strides);
+        il::FactorLower(group, symmetrize, group_info);
+        group.Unpack(dst, lanes.count, strides);
+        std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      });
 }
 
 template <typename T>

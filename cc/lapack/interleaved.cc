@@ -29,6 +29,9 @@ namespace {
 // The most a block move may use (set by SetBlockTransposes).
 std::atomic<Isa> g_limit{Isa::kAvx512};
 
+// SetSmallPath's settings, by SmallKernel (zero-initialized: kAuto).
+std::atomic<SmallPath> g_paths[3];
+
 #ifdef BATCHPART_INTERLEAVED_SIMD
 
 #define BATCHPART_INLINE __attribute__((always_inline)) inline
@@ -230,6 +233,13 @@ Isa DetectedIsa() { return Isa::kNone; }
 Isa BestIsa() { return std::min(DetectedIsa(), g_limit.load(std::memory_order_relaxed)); }
 
 }  // namespace
+
+void SetSmallPath(SmallKernel kernel, SmallPath path) {
+  g_paths[static_cast<int>(kernel)].store(path);
+}
+SmallPath GetSmallPath(SmallKernel kernel) {
+  return g_paths[static_cast<int>(kernel)].load(std::memory_order_relaxed);
+}
 
 void SetBlockTransposes(Isa limit) { g_limit.store(limit); }
 Isa BlockTransposes() { return BestIsa(); }

@@ -53,6 +53,19 @@ inline Order DenseOrder(int64_t rows, int64_t cols, Strides s) {
 // kLanes<T> x kLanes<T> elements at a time in SIMD registers, and return 0
 // where the strides are not dense or the compiler has no vector shuffles.
 // re and im are a group's planes (im null for real T).
+// Which path a batched kernel family takes for small matrices, for tests
+// that compare both paths and for measurements: kAuto, the switch points
+// measured against the per-matrix path (each kernel's source); kAlways, the
+// interleaved kernel at any size and batch; kNever, the per-matrix path.
+enum class SmallKernel {
+  kCholesky,        // potrf and posv (small_cholesky.h)
+  kTriangularSolve, // trsm (small_triangular_solve.h)
+  kLu,              // getrf and gesv (small_lu.h)
+};
+enum class SmallPath { kAuto, kAlways, kNever };
+void SetSmallPath(SmallKernel kernel, SmallPath path);
+SmallPath GetSmallPath(SmallKernel kernel);
+
 // The instruction sets a block transpose can use, in order.
 enum class Isa { kNone, kAvx2, kAvx512 };
 // Caps the instruction set of the block transposes (kNone: the element

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernels.h"
 #include "lapack/lu_steps.h"
@@ -53,8 +54,8 @@ struct RowMajor {
 // Whether the batch goes through the interleaved kernel (small_lu.h).
 template <typename T, template <typename> class Order>
 bool FactorInterleaved(const LuShape& shape, int64_t batch) {
-  return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
-         Order<T>::kInterleaved.contains(std::max(shape.m, shape.n));
+  return interleaved::UseSmallLu(Order<T>::kInterleaved, std::max(shape.m, shape.n), batch,
+                                 interleaved::kSmallLuMinBatch<T>);
 }
 
 // The batch in groups of kLanes<T> matrices, each packed, factored and
@@ -62,36 +63,37 @@ bool FactorInterleaved(const LuShape& shape, int64_t batch) {
 template <typename T, template <typename> class Order>
 ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t batch, const T* a_data,
                         T* lu_data, int32_t* piv_data, int32_t* perm_data, int32_t* info_data) {
-  constexpr int W = interleaved::kLanes<T>;
+  namespace il = interleaved;
+  constexpr int W = il::kLanes<T>;
   const int64_t size = shape.m * shape.n, k = shape.k;
-  const interleaved::Strides layout = Order<T>::Layout(shape);
-  // A group's work is its W matrices' (as in solve.cc).
-  const double flops = W * kFlopScale<T> * shape.m * shape.n * shape.k;
-  const int64_t groups = (batch + W - 1) / W;
-  return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
-    interleaved::Group<T> group(shape.m, shape.n);
-    std::vector<int32_t> pivots(std::max<int64_t>(1, k) * W);
-    int32_t info[W];
-    const T* src[W];
-    T* dst[W];
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t first = g * W, count = std::min<int64_t>(W, batch - first);
-      for (int64_t l = 0; l < count; ++l) {
-        src[l] = a_data + (first + l) * size;
-        dst[l] = lu_data + (first + l) * size;
-      }
-      group.Pack(src, count, layout);
-      interleaved::FactorGroup(group, pivots.data(), info);
-      group.Unpack(dst, count, layout);
-      for (int64_t l = 0; l < count; ++l) {
-        const int64_t b = first + l;
-        info_data[b] = info[l];
-        int32_t* piv = piv_data + b * k;
-        for (int64_t i = 0; i < k; ++i) piv[i] = pivots[i * W + l];
-        PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
-      }
-    }
-  });
+  const il::Strides layout = Order<T>::Layout(shape);
+  struct Scratch {
+    il::Group<T> group;
+    std::vector<int32_t> pivots;
+  };
+  return il::ForEachGroup<T>(
+      pool, batch, kFlopScale<T> * shape.m * shape.n * shape.k,
+      [&] {
+        return Scratch{il::Group<T>(shape.m, shape.n),
+                       std::vector<int32_t>(std::max<int64_t>(1, k) * W)};
+      },
+      [&](Scratch& s, il::Lanes lanes) {
+        int32_t info[W];
+        const T* src[W];
+        T* dst[W];
+        il::LanePointers(a_data, il::Itself, size, lanes, src);
+        il::LanePointers(lu_data, il::Itself, size, lanes, dst);
+        s.group.Pack(src, lanes.count, layout);
+        il::FactorGroup(s.group, s.pivots.data(), info);
+        s.group.Unpack(dst, lanes.count, layout);
+        for (int64_t l = 0; l < lanes.count; ++l) {
+          const int64_t b = lanes.first + l;
+          info_data[b] = info[l];
+          int32_t* piv = piv_data + b * k;
+          for (int64_t i = 0; i < k; ++i) piv[i] = s.pivots[i * W + l];
+          PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
+        }
+      });
 }
 
 template <typename T, template <typename> class Order>

@@ -48,28 +48,47 @@ void SetBlasThreadControl(uintptr_t address) {
   SetLocalBlasThreadsFunction(reinterpret_cast<SetLocalBlasThreadsFn>(address));
 }
 
-void SetSmallTrsmMode(const std::string& mode) {
-  if (mode == "auto") {
-    SetSmallTrsmPolicy(SmallTrsmPolicy::kAuto);
-  } else if (mode == "always") {
-    SetSmallTrsmPolicy(SmallTrsmPolicy::kAlways);
-  } else if (mode == "never") {
-    SetSmallTrsmPolicy(SmallTrsmPolicy::kNever);
-  } else {
-    throw std::invalid_argument("batchpart._core.lapack.set_small_trsm: mode must be 'auto', "
-                                "'always' or 'never', not '" + mode + "'");
+// The names of SetSmallPath's kernel families and paths, as Python gives them.
+constexpr std::pair<interleaved::SmallKernel, const char*> kSmallKernelNames[] = {
+    {interleaved::SmallKernel::kCholesky, "cholesky"},
+    {interleaved::SmallKernel::kTriangularSolve, "triangular_solve"},
+    {interleaved::SmallKernel::kLu, "lu"},
+};
+constexpr std::pair<interleaved::SmallPath, const char*> kSmallPathNames[] = {
+    {interleaved::SmallPath::kAuto, "auto"},
+    {interleaved::SmallPath::kAlways, "always"},
+    {interleaved::SmallPath::kNever, "never"},
+};
+
+// The value named `name` in `table`, or a ValueError naming `what` and the choices.
+template <typename Value, size_t N>
+Value Named(const std::pair<Value, const char*> (&table)[N], const std::string& name,
+            const char* what) {
+  std::string choices;
+  for (const auto& [value, entry] : table) {
+    if (name == entry) return value;
+    choices += std::string(choices.empty() ? "'" : ", '") + entry + "'";
   }
+  throw std::invalid_argument(std::string("batchpart._core.lapack.") + what + " must be one of " +
+                              choices + ", not '" + name + "'");
 }
 
-std::string SmallTrsmMode() {
-  switch (GetSmallTrsmPolicy()) {
-    case SmallTrsmPolicy::kAlways:
-      return "always";
-    case SmallTrsmPolicy::kNever:
-      return "never";
-    default:
-      return "auto";
+template <typename Value, size_t N>
+std::string NameOf(const std::pair<Value, const char*> (&table)[N], Value value) {
+  for (const auto& [entry, name] : table) {
+    if (entry == value) return name;
   }
+  return "?";
+}
+
+void SetSmallPath(const std::string& kernel, const std::string& path) {
+  interleaved::SetSmallPath(Named(kSmallKernelNames, kernel, "set_small_path: kernel"),
+                            Named(kSmallPathNames, path, "set_small_path: path"));
+}
+
+std::string SmallPathOf(const std::string& kernel) {
+  return NameOf(kSmallPathNames,
+                interleaved::GetSmallPath(Named(kSmallKernelNames, kernel, "small_path: kernel")));
 }
 
 constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
@@ -78,20 +97,8 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
     {interleaved::Isa::kAvx512, "avx512"},
 };
 
-std::string IsaName(interleaved::Isa isa) {
-  for (const auto& [value, name] : kIsaNames) {
-    if (value == isa) return name;
-  }
-  return "none";
-}
-
 void SetBlockTransposes(const std::string& limit) {
-  for (const auto& [value, name] : kIsaNames) {
-    if (limit == name) return interleaved::SetBlockTransposes(value);
-  }
-  throw std::invalid_argument(
-      "batchpart._core.lapack.set_block_transposes: limit must be 'avx512', 'avx2' or 'none', "
-      "not '" + limit + "'");
+  interleaved::SetBlockTransposes(Named(kIsaNames, limit, "set_block_transposes: limit"));
 }
 
 }  // namespace
@@ -108,10 +115,12 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("set_intra_op_parallelism", &SetIntraOpParallelism, nb::arg("enabled"),
         "Lets batch loops use XLA's intra-op thread pool (default) or forces them serial.");
   m.def("intra_op_parallelism", &IntraOpParallelism);
-  m.def("set_small_lu", &interleaved::SetSmallLuEnabled, nb::arg("enabled"),
-        "Lets getrf and gesv factor batches of small matrices interleaved (default) or forces "
-        "them one matrix at a time.");
-  m.def("small_lu", &interleaved::SmallLuEnabled);
+  m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
+        "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
+        "'lu': getrf and gesv) takes for batches of small matrices: 'auto' (the measured switch "
+        "points, default), 'always' (the batch-interleaved kernel at any size) or 'never' (one "
+        "LAPACK call per matrix); for tests and measurements.");
+  m.def("small_path", &SmallPathOf, nb::arg("kernel"), "The path set_small_path set.");
   m.def(
       "small_lu_sizes",
       [] {
@@ -139,16 +148,8 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
         "matrices use BLAS threads.");
   m.def("single_threaded_blas", &SingleThreadedBlas);
-  m.def("set_small_trsm", &SetSmallTrsmMode, nb::arg("mode"),
-        "Which triangular solves take the batch-interleaved small-matrix kernel: 'auto' (the "
-        "measured switch, default), 'always' or 'never' (BLAS); for tests and measurements.");
-  m.def("small_trsm", &SmallTrsmMode);
   m.def("small_trsm_max_size", &SmallTrsmMaxSize,
         "The largest triangle that 'auto' solves in the interleaved kernel.");
-  m.def("set_small_cholesky", &interleaved::SetSmallCholesky, nb::arg("enabled"),
-        "Lets potrf and posv factor small matrices batch-interleaved (default) or sends every "
-        "batch to LAPACK.");
-  m.def("small_cholesky", &interleaved::SmallCholesky);
   m.def(
       "small_cholesky_limits",
       [] {
@@ -162,10 +163,11 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "transposes: 'avx512' (default: the CPU's best), 'avx2', or 'none' (element by "
         "element); for tests and measurements.");
   m.def(
-      "block_transposes", [] { return IsaName(interleaved::BlockTransposes()); },
+      "block_transposes", [] { return NameOf(kIsaNames, interleaved::BlockTransposes()); },
       "The instruction set the block transposes use now.");
   m.def(
-      "supported_block_transposes", [] { return IsaName(interleaved::SupportedBlockTransposes()); },
+      "supported_block_transposes",
+      [] { return NameOf(kIsaNames, interleaved::SupportedBlockTransposes()); },
       "The best instruction set this CPU and build give the block transposes.");
   m.def("num_chunks", &NumChunks, nb::arg("batch"), nb::arg("flops_per_element"),
         nb::arg("num_threads"), "How a batch loop would be split (1: serial).");

@@ -7,6 +7,7 @@
 #include "common/batch_broadcast.h"
 #include "common/contracts.h"
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
 #include "lapack/option_kernels.h"
@@ -56,27 +57,28 @@ ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool 
   T* x_data = x.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
   const il::Strides a_strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
-  const double flops = W * kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r);
-  return ForEachBatchChunk(pool, (batch + W - 1) / W, flops, [&](int64_t begin, int64_t end) {
-    il::Group<T> factor(n, n), rhs(n, r);
-    const T* src[W];
-    T* dst[W];
-    int32_t group_info[W];
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t first = g * W, count = std::min(W, batch - first);
-      for (int64_t l = 0; l < count; ++l) src[l] = a_data + a_index(first + l) * a_size;
-      factor.Pack(src, count, a_strides);
-      il::FactorLower(factor, /*symmetrize=*/false, group_info);
-      if (!lower) il::Conjugate(factor);
-      for (int64_t l = 0; l < count; ++l) src[l] = b_data + b_index(first + l) * x_size;
-      rhs.Pack(src, count, il::ColumnMajor(n));
-      // A failed lane's factor is NaN, and so its solution.
-      il::SolveLower(factor, rhs);
-      for (int64_t l = 0; l < count; ++l) dst[l] = x_data + (first + l) * x_size;
-      rhs.Unpack(dst, count, il::ColumnMajor(n));
-      std::copy_n(group_info, count, info_data + first);
-    }
-  });
+  struct Scratch {
+    il::Group<T> factor, rhs;
+  };
+  return il::ForEachGroup<T>(
+      pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r),
+      [n, r] { return Scratch{il::Group<T>(n, n), il::Group<T>(n, r)}; },
+      [&](Scratch& s, il::Lanes lanes) {
+        const T* src[W];
+        T* dst[W];
+        int32_t group_info[W];
+        il::LanePointers(a_data, a_index, a_size, lanes, src);
+        s.factor.Pack(src, lanes.count, a_strides);
+        il::FactorLower(s.factor, /*symmetrize=*/false, group_info);
+        if (!lower) il::Conjugate(s.factor);
+        il::LanePointers(b_data, b_index, x_size, lanes, src);
+        s.rhs.Pack(src, lanes.count, il::ColumnMajor(n));
+        // A failed lane's factor is NaN, and so its solution.
+        il::SolveLower(s.factor, s.rhs);
+        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
+        s.rhs.Unpack(dst, lanes.count, il::ColumnMajor(n));
+        std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      });
 }
 
 template <typename T>

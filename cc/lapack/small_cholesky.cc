@@ -43,26 +43,33 @@ constexpr int64_t kMaxSolveSize = 32;
 // interleaved (benchmarks/small_cholesky.py batch).
 constexpr int64_t kMinBatch = 4;
 
-std::atomic<bool> g_enabled{true};
+// Whether a batch of n x n matrices goes interleaved, given the automatic
+// cut-off on n.
+bool UseInterleaved(int64_t n, int64_t batch, int64_t max_size) {
+  if (n < 1 || batch < 1) return false;
+  switch (GetSmallPath(SmallKernel::kCholesky)) {
+    case SmallPath::kAlways:
+      return true;
+    case SmallPath::kNever:
+      return false;
+    case SmallPath::kAuto:
+      break;
+  }
+  return n <= max_size && batch >= kMinBatch;
+}
 
 }  // namespace
 
 bool UseSmallCholesky(int64_t n, int64_t batch) {
-  return g_enabled.load(std::memory_order_relaxed) && n >= 1 && n <= kMaxFactorSize &&
-         batch >= kMinBatch;
+  return UseInterleaved(n, batch, kMaxFactorSize);
 }
 
-bool UseSmallPosv(int64_t n, int64_t batch) {
-  return g_enabled.load(std::memory_order_relaxed) && n >= 1 && n <= kMaxSolveSize &&
-         batch >= kMinBatch;
-}
+bool UseSmallPosv(int64_t n, int64_t batch) { return UseInterleaved(n, batch, kMaxSolveSize); }
 
 int64_t SmallCholeskyMaxSize() { return kMaxFactorSize; }
 int64_t SmallPosvMaxSize() { return kMaxSolveSize; }
 int64_t SmallCholeskyMinBatch() { return kMinBatch; }
 
-void SetSmallCholesky(bool enabled) { g_enabled.store(enabled); }
-bool SmallCholesky() { return g_enabled.load(); }
 
 namespace {
 

@@ -24,18 +24,14 @@ namespace batchpart::lapack::interleaved {
 
 // Whether potrf (UseSmallCholesky) and posv (UseSmallPosv) factor a batch
 // of n x n matrices interleaved rather than by one LAPACK call each (see
-// small_cholesky.cc for the measurements behind the cut-offs).
+// small_cholesky.cc for the measurements behind the cut-offs), as
+// GetSmallPath(SmallKernel::kCholesky) has it.
 bool UseSmallCholesky(int64_t n, int64_t batch);
 bool UseSmallPosv(int64_t n, int64_t batch);
 // The cut-offs they apply: the largest n of each, the smallest batch.
 int64_t SmallCholeskyMaxSize();
 int64_t SmallPosvMaxSize();
 int64_t SmallCholeskyMinBatch();
-
-// Switches the interleaved path off (every batch on LAPACK) or back on; for
-// measurements and for tests that compare both paths.
-void SetSmallCholesky(bool enabled);
-bool SmallCholesky();
 
 // Factors every lane of the square `g` in place: with `symmetrize`, first
 // replaces its lower triangle by that of (A + A^H) / 2. Then the lower

@@ -13,8 +13,6 @@
 namespace batchpart::lapack::interleaved {
 namespace {
 
-std::atomic<bool> g_enabled{true};
-
 // The helpers below are always inlined, so that the kernels compiled per
 // instruction set (target_clones) get each loop compiled for it too; a call
 // would run the default build.
@@ -365,7 +363,5 @@ BATCHPART_INSTANTIATE(std::complex<float>)
 BATCHPART_INSTANTIATE(std::complex<double>)
 #undef BATCHPART_INSTANTIATE
 
-void SetSmallLuEnabled(bool enabled) { g_enabled.store(enabled); }
-bool SmallLuEnabled() { return g_enabled.load(); }
 
 }  // namespace batchpart::lapack::interleaved

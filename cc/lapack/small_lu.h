@@ -81,10 +81,21 @@ void FactorGroup(Group<T>& g, int32_t* pivots, int32_t* info);
 template <typename T>
 void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
 
-// Switches the interleaved kernels off (every batch on the per-matrix path)
-// or back on; for measurements and for tests that compare both paths.
-void SetSmallLuEnabled(bool enabled);
-bool SmallLuEnabled();
+// Whether getrf or gesv (sizes: its k*Sizes range above) factors a
+// batch of matrices of largest dimension n interleaved, as
+// GetSmallPath(SmallKernel::kLu) has it.
+inline bool UseSmallLu(SizeRange sizes, int64_t n, int64_t batch, int64_t min_batch) {
+  if (n < 1 || batch < 1) return false;
+  switch (GetSmallPath(SmallKernel::kLu)) {
+    case SmallPath::kAlways:
+      return true;
+    case SmallPath::kNever:
+      return false;
+    case SmallPath::kAuto:
+      break;
+  }
+  return batch >= min_batch && sizes.contains(n);
+}
 
 }  // namespace batchpart::lapack::interleaved
 

@@ -1,7 +1,6 @@
 #include "lapack/small_triangular_solve.h"
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cmath>
 #include <complex>
@@ -10,6 +9,7 @@
 
 #include "common/batch_broadcast.h"
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/interleaved.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/lapack_api.h"
@@ -18,6 +18,7 @@ namespace batchpart::lapack {
 namespace {
 
 using interleaved::Group;
+using interleaved::SmallPath;
 using interleaved::kLanes;
 using interleaved::Strides;
 
@@ -40,8 +41,6 @@ constexpr int64_t kMaxSize = 24;
 // matrices on; at that size a call is mostly jax's dispatch, ~8 us).
 template <typename T>
 constexpr int64_t kMinBatch = kLanes<T> / 2;
-
-std::atomic<SmallTrsmPolicy> g_policy{SmallTrsmPolicy::kAuto};
 
 // The reciprocals of one diagonal element of M across the lanes: 1 / d, as
 // OpenBLAS's trsm does (it stores the diagonal's reciprocals), so that a
@@ -186,11 +185,9 @@ Strides Transposed(Strides s) { return {s.col_stride, s.row_stride}; }
 
 template <typename T>
 bool UsesSmallTrsm(const TrsmShape& shape) {
-  const SmallTrsmPolicy policy = g_policy.load();
-  if (policy == SmallTrsmPolicy::kNever || shape.p == 0 || shape.rows * shape.cols == 0) {
-    return false;
-  }
-  if (policy == SmallTrsmPolicy::kAlways) return true;
+  const SmallPath path = interleaved::GetSmallPath(interleaved::SmallKernel::kTriangularSolve);
+  if (path == SmallPath::kNever || shape.p == 0 || shape.rows * shape.cols == 0) return false;
+  if (path == SmallPath::kAlways) return true;
   return shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch<T>;
 }
 
@@ -218,31 +215,26 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
 
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
-  const int64_t groups = (batch + W - 1) / W;
-  const double flops = W * kFlopScale<T> * p * shape.rows * shape.cols;
-  // The loop's elements are groups, so every chunk holds whole groups.
-  return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
-    Group<T> m(p, p), xg(p, k);
-    std::array<const T*, W> a_src{}, b_src{};
-    std::array<T*, W> x_dst{};
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t first = g * W, count = std::min<int64_t>(W, batch - first);
-      for (int64_t l = 0; l < count; ++l) {
-        a_src[l] = a + a_index(first + l) * a_size;
-        b_src[l] = b + b_index(first + l) * x_size;
-        x_dst[l] = x + (first + l) * x_size;
-      }
-      m.PackTriangle(a_src.data(), count, a_strides, lower_m);
-      xg.Pack(b_src.data(), count, x_strides);
-      Substitute(m, xg, lower_m, conjugate, options.unit_diagonal);
-      xg.Unpack(x_dst.data(), count, x_strides);
-    }
-  });
+  struct Scratch {
+    Group<T> m, x;
+  };
+  return interleaved::ForEachGroup<T>(
+      pool, batch, kFlopScale<T> * p * shape.rows * shape.cols,
+      [&] { return Scratch{Group<T>(p, p), Group<T>(p, k)}; },
+      [&](Scratch& s, interleaved::Lanes lanes) {
+        const T* src[W];
+        T* dst[W];
+        interleaved::LanePointers(a, a_index, a_size, lanes, src);
+        s.m.PackTriangle(src, lanes.count, a_strides, lower_m);
+        interleaved::LanePointers(b, b_index, x_size, lanes, src);
+        s.x.Pack(src, lanes.count, x_strides);
+        Substitute(s.m, s.x, lower_m, conjugate, options.unit_diagonal);
+        interleaved::LanePointers(x, interleaved::Itself, x_size, lanes, dst);
+        s.x.Unpack(dst, lanes.count, x_strides);
+      });
 }
 
 int64_t SmallTrsmMaxSize() { return kMaxSize; }
-void SetSmallTrsmPolicy(SmallTrsmPolicy policy) { g_policy.store(policy); }
-SmallTrsmPolicy GetSmallTrsmPolicy() { return g_policy.load(); }
 
 #define BATCHPART_SMALL_TRSM(T)                                                                 \
   template bool UsesSmallTrsm<T>(const TrsmShape&);                                             \

@@ -29,13 +29,6 @@ xla::ffi::Error SmallTrsm(xla::ffi::ThreadPool& pool, const TrsmShape& shape,
 // The largest triangle the kAuto policy gives the interleaved kernel.
 int64_t SmallTrsmMaxSize();
 
-// Which path batchpart_trsm takes: kAuto (the measured switch), or always or
-// never the interleaved kernel, whatever the size; for tests that compare
-// both paths and for measuring the switch.
-enum class SmallTrsmPolicy { kAuto, kAlways, kNever };
-void SetSmallTrsmPolicy(SmallTrsmPolicy policy);
-SmallTrsmPolicy GetSmallTrsmPolicy();
-
 }  // namespace batchpart::lapack
 
 #endif  // BATCHPART_LAPACK_SMALL_TRIANGULAR_SOLVE_H_

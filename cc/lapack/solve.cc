@@ -8,6 +8,7 @@
 
 #include "common/batch_broadcast.h"
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
@@ -88,8 +89,8 @@ void SolveCached(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t*
 // Whether the batch goes through the interleaved kernels (small_lu.h).
 template <typename T, template <typename> class Order>
 bool SolveInterleaved(const GesvShape& shape, int64_t batch) {
-  return interleaved::SmallLuEnabled() && batch >= interleaved::kSmallLuMinBatch<T> &&
-         Order<T>::kInterleaved.contains(shape.n);
+  return interleaved::UseSmallLu(Order<T>::kInterleaved, shape.n, batch,
+                                 interleaved::kSmallLuMinBatch<T>);
 }
 
 // The batch in groups of kLanes<T> elements: each lane's A (broadcast or
@@ -108,36 +109,34 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
   const T* b_data = b.typed_data<T>();
   T* x_data = x.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
-  // A group's work is its W matrices' (the batch loop sizes its chunks by
-  // work; counted as one matrix's, a batch of 4096 8 x 8 matrices came out
-  // too little to share and ran on one thread).
-  const double flops = W * kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r);
-  const int64_t groups = (batch + W - 1) / W;
-  return ForEachBatchChunk(pool, groups, flops, [&](int64_t begin, int64_t end) {
-    interleaved::Group<T> lu(n, n), rhs(n, r);
-    std::vector<int32_t> pivots(std::max<int64_t>(1, n) * W);
-    int32_t group_info[W];
-    const T* a_src[W];
-    const T* b_src[W];
-    T* dst[W];
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t first = g * W, count = std::min<int64_t>(W, batch - first);
-      for (int64_t l = 0; l < count; ++l) {
-        a_src[l] = a_data + a_index(first + l) * a_size;
-        b_src[l] = b_data + b_index(first + l) * x_size;
-        dst[l] = x_data + (first + l) * x_size;
-      }
-      lu.Pack(a_src, count, a_layout);
-      interleaved::FactorGroup(lu, pivots.data(), group_info);
-      rhs.Pack(b_src, count, x_layout);
-      interleaved::SolveGroup(lu, pivots.data(), rhs);
-      rhs.Unpack(dst, count, x_layout);
-      for (int64_t l = 0; l < count; ++l) {
-        info_data[first + l] = group_info[l];
-        if (group_info[l] != 0) FillNaN(dst[l], x_size);
-      }
-    }
-  });
+  namespace il = interleaved;
+  struct Scratch {
+    il::Group<T> lu, rhs;
+    std::vector<int32_t> pivots;
+  };
+  return il::ForEachGroup<T>(
+      pool, batch, kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r),
+      [&] {
+        return Scratch{il::Group<T>(n, n), il::Group<T>(n, r),
+                       std::vector<int32_t>(std::max<int64_t>(1, n) * W)};
+      },
+      [&](Scratch& s, il::Lanes lanes) {
+        int32_t group_info[W];
+        const T* src[W];
+        T* dst[W];
+        il::LanePointers(a_data, a_index, a_size, lanes, src);
+        s.lu.Pack(src, lanes.count, a_layout);
+        il::FactorGroup(s.lu, s.pivots.data(), group_info);
+        il::LanePointers(b_data, b_index, x_size, lanes, src);
+        s.rhs.Pack(src, lanes.count, x_layout);
+        il::SolveGroup(s.lu, s.pivots.data(), s.rhs);
+        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
+        s.rhs.Unpack(dst, lanes.count, x_layout);
+        for (int64_t l = 0; l < lanes.count; ++l) {
+          info_data[lanes.first + l] = group_info[l];
+          if (group_info[l] != 0) FillNaN(dst[l], x_size);
+        }
+      });
 }
 
 template <typename T, template <typename> class Order>

@@ -1,0 +1,52 @@
+// The batch loop of the small-matrix kernels: the batch in groups of
+// kLanes<T> matrices (interleaved.h), whole groups per chunk of XLA's thread
+// pool (batch_loop.h).
+#ifndef BATCHPART_LAPACK_GROUP_LOOP_H_
+#define BATCHPART_LAPACK_GROUP_LOOP_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "lapack/batch_loop.h"
+#include "lapack/interleaved.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace batchpart::lapack::interleaved {
+
+// One group's batch elements: [first, first + count), count <= kLanes<T>
+// (less only in the batch's last group).
+struct Lanes {
+  int64_t first, count;
+};
+
+// Calls body(scratch, lanes) for every group of the batch, in order within
+// each chunk; make_scratch() is called once per chunk for what its groups
+// reuse (Group buffers, pivots). flops_per_matrix is one matrix's work: the
+// pool sizes its chunks by work, and a group does kLanes<T> matrices'.
+template <typename T, typename MakeScratch, typename Body>
+xla::ffi::Error ForEachGroup(xla::ffi::ThreadPool& pool, int64_t batch, double flops_per_matrix,
+                        const MakeScratch& make_scratch, const Body& body) {
+  constexpr int64_t W = kLanes<T>;
+  return ForEachBatchChunk(pool, (batch + W - 1) / W, W * flops_per_matrix,
+                           [&](int64_t begin, int64_t end) {
+                             auto scratch = make_scratch();
+                             for (int64_t g = begin; g < end; ++g) {
+                               body(scratch, Lanes{g * W, std::min(W, batch - g * W)});
+                             }
+                           });
+}
+
+// The matrices of a group's lanes: out[l] = base + index(first + l) * size,
+// index mapping a batch element to its operand's (a broadcast index, or the
+// element itself).
+template <typename P, typename Index>
+void LanePointers(P* base, const Index& index, int64_t size, Lanes lanes, P** out) {
+  for (int64_t l = 0; l < lanes.count; ++l) out[l] = base + index(lanes.first + l) * size;
+}
+
+// The index of an operand that is not broadcast.
+inline int64_t Itself(int64_t b) { return b; }
+
+}  // namespace batchpart::lapack::interleaved
+
+#endif  // BATCHPART_LAPACK_GROUP_LOOP_H_
