@@ -21,12 +21,17 @@ SETTLE_SECONDS = 0.25
 
 
 def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.1,
-                settle: float = SETTLE_SECONDS):
+                settle: float = SETTLE_SECONDS, warmup: float = 0.0):
   """Median seconds per call of each (already jitted) candidate.
 
   Each round calls every candidate enough times to run for ``min_time``
   (calibrated on the first call), pausing ``settle`` seconds before each
-  candidate, then the rounds are repeated.
+  candidate, then the rounds are repeated. With ``warmup``, each candidate
+  first runs untimed for that many seconds after its pause: on this machine
+  a kernel that splits its batch over XLA's thread pool ran its first 10-20
+  ms after an idle pause as if on one core (a 4096 x 8 x 8 LU: 320 us a call
+  in 50 ms rounds, 219 us without the pause, 227 us in 0.5 s rounds), which
+  would charge the pause to the candidates that use both cores.
   """
   loops = {}
   for name, f in candidates.items():
@@ -42,6 +47,9 @@ def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0
     for name in names[r % len(names):] + names[:r % len(names)]:
       f = candidates[name]
       time.sleep(settle)
+      warm_until = time.perf_counter() + warmup
+      while time.perf_counter() < warm_until:
+        jax.block_until_ready(f(*args))
       t0 = time.perf_counter()
       for _ in range(loops[name]):
         out = f(*args)

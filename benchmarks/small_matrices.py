@@ -26,6 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # (4 MiB): big enough to leave the caches' luck out, small enough to be quick.
 CURVE_BYTES = 2048 * 16 * 16 * 8
 CURVE_SIZES = (2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)
+# Untimed calls after each candidate's pause (_timing.interleaved): the
+# batch loops' second thread is slow to join after an idle pause.
+WARMUP = 0.05
 
 
 def _ops(jax, jnp, bp):
@@ -58,7 +61,7 @@ def measure(jax, jnp, bp, np, batch, n, dtype, *, repeats):
   for name, (ours, theirs, kind) in _ops(jax, jnp, bp).items():
     a = jax.device_put(_matrices(np, batch, n, kind, dtype))
     t = interleaved({"bp": jax.jit(ours), "jax": jax.jit(theirs), "pass": memory_pass}, (a,),
-                    repeats=repeats, min_time=0.05)
+                    repeats=repeats, min_time=0.05, warmup=WARMUP)
     out[name] = (t["bp"], t["jax"], t["pass"])
   return out
 
@@ -99,7 +102,7 @@ def switch(jax, jnp, bp, np, sizes, repeats):
         a = jax.device_put(_matrices(np, batch, n, kind, dtype))
         f = jax.jit(ours)
         t = interleaved({"small": with_paths(f, True), "per_matrix": with_paths(f, False)},
-                        (a,), repeats=repeats, min_time=0.05)
+                        (a,), repeats=repeats, min_time=0.05, warmup=WARMUP)
         cells.append(f"{t['per_matrix'] / t['small']:.2f}x")
       print(f"| {n} | {batch} | " + " | ".join(cells) + " |", flush=True)
 

@@ -55,6 +55,17 @@ BATCHPART_INLINE void StoreLanes(R* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// Whether any lane of a vector comparison's result is set.
+template <typename Mask>
+BATCHPART_INLINE bool AnyLane(const Mask& mask) {
+  constexpr int n = sizeof(Mask) / sizeof(mask[0]);
+  decltype(mask[0] + 0) bits[n];
+  std::memcpy(bits, &mask, sizeof(Mask));
+  decltype(mask[0] + 0) any = 0;
+  for (int l = 0; l < n; ++l) any |= bits[l];
+  return any != 0;
+}
+
 // The pivot magnitudes (|re| + |im|) of element (i, j)'s lanes.
 template <typename T>
 BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,
@@ -164,37 +175,34 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
     // Each lane's pivot: the first row of largest magnitude (i?amax). A
     // vector type, not a loop over lanes: the search carries its maximum
     // from row to row, and as a loop GCC kept it in memory or left it scalar.
-    alignas(64) R best[W];
-    alignas(64) R row[W];
-    {
-      using Vec = typename LaneVector<T>::type;
-      Vec top, at = Vec{} + static_cast<R>(k);
-      Magnitudes<T>(a, k, k, top);
-      for (int64_t i = k + 1; i < m; ++i) {
-        Vec v;
-        Magnitudes<T>(a, i, k, v);
-        const auto larger = v > top;
-        top = larger ? v : top;
-        at = larger ? Vec{} + static_cast<R>(i) : at;
-      }
-      std::memcpy(best, &top, sizeof(Vec));
-      std::memcpy(row, &at, sizeof(Vec));
+    using Vec = typename LaneVector<T>::type;
+    Vec top, at = Vec{} + static_cast<R>(k);
+    Magnitudes<T>(a, k, k, top);
+    for (int64_t i = k + 1; i < m; ++i) {
+      Vec v;
+      Magnitudes<T>(a, i, k, v);
+      const auto larger = v > top;
+      top = larger ? v : top;
+      at = larger ? Vec{} + static_cast<R>(i) : at;
     }
+    alignas(64) R row[W];
+    std::memcpy(row, &at, sizeof(Vec));
     alignas(64) int32_t p[W];
     BATCHPART_LANES
-    for (int l = 0; l < W; ++l) p[l] = static_cast<int32_t>(row[l]);
+    for (int l = 0; l < W; ++l) p[l] = pivots[k * W + l] = static_cast<int32_t>(row[l]);
     // A zero largest magnitude means an all-zero column (a NaN never wins
     // against a zero diagonal, as in i?amax): the pivot stays in place and
-    // the lane skips this step.
+    // the lane skips this step. The flags are lane vectors and their
+    // reductions: as loops with a flag carried across lanes they ran lane
+    // by lane, a visible part of a small matrix's step.
+    const auto zero = top == Vec{};
+    const bool any_zero = AnyLane(zero);
     alignas(64) R active[W];
-    bool any_zero = false;
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) {
-      pivots[k * W + l] = p[l];
-      const bool zero = best[l] == R(0);
-      active[l] = zero ? R(0) : R(1);
-      if (zero && info[l] == 0) info[l] = static_cast<int32_t>(k + 1);
-      any_zero |= zero;
+    if (any_zero) {
+      StoreLanes(active, zero ? Vec{} : Vec{} + R(1));
+      for (int l = 0; l < W; ++l) {
+        if (active[l] == 0 && info[l] == 0) info[l] = static_cast<int32_t>(k + 1);
+      }
     }
     SwapRows(a, k, p);
 
@@ -212,14 +220,14 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
         const std::complex<R> inverse = R(1) / pivot;
         inv_re[l] = inverse.real();
         inv_im[l] = inverse.imag();
-        any_tiny |= active[l] != 0 && std::abs(pivot) < std::numeric_limits<R>::min();
+        any_tiny |= (!any_zero || active[l] != 0) &&
+                    std::abs(pivot) < std::numeric_limits<R>::min();
       }
     } else {
-      BATCHPART_LANES
-      for (int l = 0; l < W; ++l) {
-        inv_re[l] = R(1) / pr[l];
-        any_tiny |= active[l] != 0 && std::abs(pr[l]) < std::numeric_limits<R>::min();
-      }
+      const Vec pivot = LoadLanes<Vec>(pr);
+      StoreLanes(inv_re, R(1) / pivot);
+      const auto tiny = (pivot < 0 ? -pivot : pivot) < std::numeric_limits<R>::min();
+      any_tiny = any_zero ? AnyLane(tiny & ~zero) : AnyLane(tiny);
     }
     if (!any_zero && !any_tiny) {
       for (int64_t i = k + 1; i < m; ++i) {
