@@ -245,20 +245,21 @@ void SetBlockTransposes(Isa limit) { g_limit.store(limit); }
 Isa BlockTransposes() { return BestIsa(); }
 Isa SupportedBlockTransposes() { return DetectedIsa(); }
 
-template <typename T>
-int64_t PackFlat(const T* const* src, int64_t rows, int64_t cols, Strides s, Real<T>* re,
-                 Real<T>* im) {
+// Runs the block moves for the best instruction set allowed: avx512() or
+// avx2() (float only, see above); 0 (no elements moved) where none applies
+// or the strides are not dense. The callables take (column_major).
+template <typename T, typename Avx512, typename Avx2>
+int64_t DispatchBlocks(int64_t rows, int64_t cols, Strides s, const Avx512& avx512,
+                       const Avx2& avx2) {
 #ifdef BATCHPART_INTERLEAVED_SIMD
   const Order order = DenseOrder(rows, cols, s);
   if (order == Order::kStrided) return 0;
   const bool column_major = order == Order::kColumnMajor;
   switch (BestIsa()) {
     case Isa::kAvx512:
-      return PackAvx512<T>(src, rows, cols, column_major, re, im);
+      return avx512(column_major);
     case Isa::kAvx2:
-      if constexpr (std::is_same_v<Real<T>, float>) {
-        return PackAvx2<T>(src, rows, cols, column_major, re, im);
-      }
+      if constexpr (std::is_same_v<Real<T>, float>) return avx2(column_major);
       break;
     case Isa::kNone:
       break;
@@ -268,25 +269,29 @@ int64_t PackFlat(const T* const* src, int64_t rows, int64_t cols, Strides s, Rea
 }
 
 template <typename T>
+int64_t PackFlat(const T* const* src, int64_t rows, int64_t cols, Strides s, Real<T>* re,
+                 Real<T>* im) {
+#ifdef BATCHPART_INTERLEAVED_SIMD
+  return DispatchBlocks<T>(
+      rows, cols, s,
+      [&](bool column_major) { return PackAvx512<T>(src, rows, cols, column_major, re, im); },
+      [&](bool column_major) { return PackAvx2<T>(src, rows, cols, column_major, re, im); });
+#else
+  return 0;
+#endif
+}
+
+template <typename T>
 int64_t UnpackFlat(const Real<T>* re, const Real<T>* im, int64_t rows, int64_t cols, Strides s,
                    T* const* dst) {
 #ifdef BATCHPART_INTERLEAVED_SIMD
-  const Order order = DenseOrder(rows, cols, s);
-  if (order == Order::kStrided) return 0;
-  const bool column_major = order == Order::kColumnMajor;
-  switch (BestIsa()) {
-    case Isa::kAvx512:
-      return UnpackAvx512<T>(re, im, rows, cols, column_major, dst);
-    case Isa::kAvx2:
-      if constexpr (std::is_same_v<Real<T>, float>) {
-        return UnpackAvx2<T>(re, im, rows, cols, column_major, dst);
-      }
-      break;
-    case Isa::kNone:
-      break;
-  }
-#endif
+  return DispatchBlocks<T>(
+      rows, cols, s,
+      [&](bool column_major) { return UnpackAvx512<T>(re, im, rows, cols, column_major, dst); },
+      [&](bool column_major) { return UnpackAvx2<T>(re, im, rows, cols, column_major, dst); });
+#else
   return 0;
+#endif
 }
 
 #define BATCHPART_INSTANTIATE(T)                                                              \

@@ -66,6 +66,20 @@ enum class SmallPath { kAuto, kAlways, kNever };
 void SetSmallPath(SmallKernel kernel, SmallPath path);
 SmallPath GetSmallPath(SmallKernel kernel);
 
+// Whether `kernel` takes the interleaved path: as set, or where that is
+// kAuto, `automatic` (the kernel's own switch points).
+inline bool UseSmallPath(SmallKernel kernel, bool automatic) {
+  switch (GetSmallPath(kernel)) {
+    case SmallPath::kAlways:
+      return true;
+    case SmallPath::kNever:
+      return false;
+    case SmallPath::kAuto:
+      break;
+  }
+  return automatic;
+}
+
 // The instruction sets a block transpose can use, in order.
 enum class Isa { kNone, kAvx2, kAvx512 };
 // Caps the instruction set of the block transposes (kNone: the element

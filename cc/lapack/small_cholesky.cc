@@ -46,16 +46,8 @@ constexpr int64_t kMinBatch = 4;
 // Whether a batch of n x n matrices goes interleaved, given the automatic
 // cut-off on n.
 bool UseInterleaved(int64_t n, int64_t batch, int64_t max_size) {
-  if (n < 1 || batch < 1) return false;
-  switch (GetSmallPath(SmallKernel::kCholesky)) {
-    case SmallPath::kAlways:
-      return true;
-    case SmallPath::kNever:
-      return false;
-    case SmallPath::kAuto:
-      break;
-  }
-  return n <= max_size && batch >= kMinBatch;
+  return n >= 1 && batch >= 1 &&
+         UseSmallPath(SmallKernel::kCholesky, n <= max_size && batch >= kMinBatch);
 }
 
 }  // namespace

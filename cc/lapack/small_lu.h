@@ -85,16 +85,8 @@ void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
 // batch of matrices of largest dimension n interleaved, as
 // GetSmallPath(SmallKernel::kLu) has it.
 inline bool UseSmallLu(SizeRange sizes, int64_t n, int64_t batch, int64_t min_batch) {
-  if (n < 1 || batch < 1) return false;
-  switch (GetSmallPath(SmallKernel::kLu)) {
-    case SmallPath::kAlways:
-      return true;
-    case SmallPath::kNever:
-      return false;
-    case SmallPath::kAuto:
-      break;
-  }
-  return batch >= min_batch && sizes.contains(n);
+  return n >= 1 && batch >= 1 &&
+         UseSmallPath(SmallKernel::kLu, batch >= min_batch && sizes.contains(n));
 }
 
 }  // namespace batchpart::lapack::interleaved

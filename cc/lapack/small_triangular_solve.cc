@@ -18,7 +18,6 @@ namespace batchpart::lapack {
 namespace {
 
 using interleaved::Group;
-using interleaved::SmallPath;
 using interleaved::kLanes;
 using interleaved::Strides;
 
@@ -185,10 +184,10 @@ Strides Transposed(Strides s) { return {s.col_stride, s.row_stride}; }
 
 template <typename T>
 bool UsesSmallTrsm(const TrsmShape& shape) {
-  const SmallPath path = interleaved::GetSmallPath(interleaved::SmallKernel::kTriangularSolve);
-  if (path == SmallPath::kNever || shape.p == 0 || shape.rows * shape.cols == 0) return false;
-  if (path == SmallPath::kAlways) return true;
-  return shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch<T>;
+  if (shape.p == 0 || shape.rows * shape.cols == 0) return false;
+  return interleaved::UseSmallPath(
+      interleaved::SmallKernel::kTriangularSolve,
+      shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch<T>);
 }
 
 template <typename T>
