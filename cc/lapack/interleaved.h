@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <complex>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "lapack/lapack_api.h"
@@ -28,6 +29,29 @@ namespace batchpart::lapack::interleaved {
 // Matrices per group: one 512-bit vector of the real type.
 template <typename T>
 inline constexpr int kLanes = static_cast<int>(64 / sizeof(Real<T>));
+
+// The kLanes<T> lanes of one element as one vector value (GCC and Clang
+// vector extensions), for the kernels compiled per instruction set: its
+// arithmetic is one instruction per 512 bits of the clone's instruction set,
+// and a few such values stay in registers where arrays of lanes spilled.
+// Only inside always-inlined code: passed to a call, a vector's ABI would
+// depend on the caller's instruction set.
+template <typename T>
+struct LaneVector {
+  typedef Real<T> type __attribute__((vector_size(64)));
+};
+
+template <typename R>
+[[gnu::always_inline]] inline typename LaneVector<R>::type LoadLanes(const R* p) {
+  typename LaneVector<R>::type v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename R>
+[[gnu::always_inline]] inline void StoreLanes(R* p, const typename LaneVector<R>::type& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // Where a matrix's element (i, j) lies: data + i * row_stride + j * col_stride
 // (column-major n x n: row_stride 1, col_stride n; row-major: the reverse).

@@ -140,8 +140,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
         return sizes;
       },
       "{(target, row_major, single precision): (min n, max n)} that getrf ('getrf') and gesv "
-      "('gesv') factor interleaved, for batches of at least small_lu_min_batch().");
-  m.def("small_lu_min_batch", [] { return interleaved::kSmallLuMinBatch<float>; });
+      "('gesv') factor interleaved, for batches of at least kSmallLuMinBatch (small_lu.h).");
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),

@@ -76,27 +76,6 @@ namespace {
 #define BATCHPART_SMALL_CHOLESKY_CLONES
 #endif
 
-// The W lanes of one element as one vector value (GCC and Clang vector
-// extensions): arithmetic on it is one instruction per 512 bits of the
-// clone's instruction set, and a few of them stay in registers where arrays
-// of lanes were spilled.
-template <typename R>
-struct LaneVector {
-  typedef R V __attribute__((vector_size(64)));
-};
-
-template <typename R, typename V = typename LaneVector<R>::V>
-__attribute__((always_inline)) inline V Load(const R* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-
-template <typename R, typename V>
-__attribute__((always_inline)) inline void Store(R* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
 // Rows [i, i + Q) of column j of the factor (j < i): a(i, j) (with
 // Symmetrize, (a(i, j) + conj(a(j, i))) / 2, as SymmetrizeTriangle in
 // kernel_helpers.h computes it, so both paths factor the same numbers; the
@@ -111,29 +90,29 @@ __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int6
                                                       Real<T>* __restrict im,
                                                       const Real<T>* inverse_lanes) {
   using R = Real<T>;
-  using V = typename LaneVector<R>::V;
+  using V = typename LaneVector<R>::type;
   constexpr int W = kLanes<T>;
   const R* rj = re + j * n * W;
   [[maybe_unused]] const R* ij = im + j * n * W;
   V acc_re[Q];
   [[maybe_unused]] V acc_im[Q];
   for (int q = 0; q < Q; ++q) {
-    acc_re[q] = Load(re + ((i + q) * n + j) * W);
-    if constexpr (kIsComplex<T>) acc_im[q] = Load(im + ((i + q) * n + j) * W);
+    acc_re[q] = LoadLanes(re + ((i + q) * n + j) * W);
+    if constexpr (kIsComplex<T>) acc_im[q] = LoadLanes(im + ((i + q) * n + j) * W);
     if constexpr (Symmetrize) {
-      acc_re[q] = (acc_re[q] + Load(re + (j * n + i + q) * W)) / R(2);
+      acc_re[q] = (acc_re[q] + LoadLanes(re + (j * n + i + q) * W)) / R(2);
       if constexpr (kIsComplex<T>) {
-        acc_im[q] = (acc_im[q] - Load(im + (j * n + i + q) * W)) / R(2);
+        acc_im[q] = (acc_im[q] - LoadLanes(im + (j * n + i + q) * W)) / R(2);
       }
     }
   }
   for (int64_t k = 0; k < j; ++k) {
-    const V br = Load(rj + k * W);
+    const V br = LoadLanes(rj + k * W);
     for (int q = 0; q < Q; ++q) {
-      const V ar = Load(re + ((i + q) * n + k) * W);
+      const V ar = LoadLanes(re + ((i + q) * n + k) * W);
       if constexpr (kIsComplex<T>) {
-        const V bi = Load(ij + k * W);
-        const V ai = Load(im + ((i + q) * n + k) * W);
+        const V bi = LoadLanes(ij + k * W);
+        const V ai = LoadLanes(im + ((i + q) * n + k) * W);
         acc_re[q] -= ar * br + ai * bi;
         acc_im[q] -= ai * br - ar * bi;
       } else {
@@ -145,18 +124,18 @@ __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int6
   // writes zeros, where inf * 0 would be NaN.
   // Then each row's diagonal loses |l(i, j)|^2, the next term of its own sum
   // in the same k order, here where the rows' updates are independent.
-  const V inverse = Load(inverse_lanes);
+  const V inverse = LoadLanes(inverse_lanes);
   for (int q = 0; q < Q; ++q) {
     const V out_re = inverse == V{} ? V{} : acc_re[q] * inverse;
-    Store(re + ((i + q) * n + j) * W, out_re);
+    StoreLanes(re + ((i + q) * n + j) * W, out_re);
     R* diagonal = re + ((i + q) * n + i + q) * W;
-    V d = Load(diagonal) - out_re * out_re;
+    V d = LoadLanes(diagonal) - out_re * out_re;
     if constexpr (kIsComplex<T>) {
       const V out_im = inverse == V{} ? V{} : acc_im[q] * inverse;
-      Store(im + ((i + q) * n + j) * W, out_im);
+      StoreLanes(im + ((i + q) * n + j) * W, out_im);
       d -= out_im * out_im;
     }
-    Store(diagonal, d);
+    StoreLanes(diagonal, d);
   }
 }
 
@@ -205,6 +184,48 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FactorPlanes(int64_t n, Real<T>* __restrict
   }
 }
 
+// Step k of a substitution on column c of `x` (element (i, c) at
+// (i * r + c) * W): x(k) times 1 / l(k, k), then taken off rows [i_begin,
+// i_end): x(i) -= l(i, k) x(k), or with Transposed x(i) -= conj(l(k, i))
+// x(k). L is as FactorPlanes leaves it.
+template <typename T, bool Transposed>
+__attribute__((always_inline)) inline void SubstituteStep(
+    int64_t n, int64_t r, int64_t c, int64_t k, int64_t i_begin, int64_t i_end,
+    const Real<T>* __restrict lr, const Real<T>* __restrict li, Real<T>* __restrict xr,
+    Real<T>* __restrict xi) {
+  using R = Real<T>;
+  using V = typename LaneVector<R>::type;
+  constexpr int W = kLanes<T>;
+  const V inverse = (V{} + R(1)) / LoadLanes(lr + (k * n + k) * W);
+  R* xk_re = xr + (k * r + c) * W;
+  const V x_re = LoadLanes(xk_re) * inverse;
+  StoreLanes(xk_re, x_re);
+  [[maybe_unused]] V x_im;
+  if constexpr (kIsComplex<T>) {
+    R* xk_im = xi + (k * r + c) * W;
+    x_im = LoadLanes(xk_im) * inverse;
+    StoreLanes(xk_im, x_im);
+  }
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    const int64_t at = (Transposed ? k * n + i : i * n + k) * W;
+    const V a_re = LoadLanes(lr + at);
+    R* out_re = xr + (i * r + c) * W;
+    if constexpr (kIsComplex<T>) {
+      const V a_im = LoadLanes(li + at);
+      R* out_im = xi + (i * r + c) * W;
+      if constexpr (Transposed) {
+        StoreLanes(out_re, LoadLanes(out_re) - (a_re * x_re + a_im * x_im));
+        StoreLanes(out_im, LoadLanes(out_im) - (a_re * x_im - a_im * x_re));
+      } else {
+        StoreLanes(out_re, LoadLanes(out_re) - (a_re * x_re - a_im * x_im));
+        StoreLanes(out_im, LoadLanes(out_im) - (a_re * x_im + a_im * x_re));
+      }
+    } else {
+      StoreLanes(out_re, LoadLanes(out_re) - a_re * x_re);
+    }
+  }
+}
+
 // Forward then back substitution L Y = B, L^H X = Y on n x r lanes of `x`
 // (element (i, c) at (i * r + c) * W), L as FactorPlanes leaves it. Column
 // by column: once x(k, c) is known it is taken off every row still to come,
@@ -213,61 +234,9 @@ template <typename T>
 BATCHPART_SMALL_CHOLESKY_CLONES void SolvePlanes(int64_t n, int64_t r, const Real<T>* __restrict lr,
                                                  const Real<T>* __restrict li,
                                                  Real<T>* __restrict xr, Real<T>* __restrict xi) {
-  using R = Real<T>;
-  using V = typename LaneVector<R>::V;
-  constexpr int W = kLanes<T>;
-  const V one = V{} + R(1);
   for (int64_t c = 0; c < r; ++c) {
-    // L Y = B, k ascending: y(i) -= l(i, k) y(k) for i > k.
-    for (int64_t k = 0; k < n; ++k) {
-      const V inverse = one / Load(lr + (k * n + k) * W);
-      R* yk_re = xr + (k * r + c) * W;
-      const V y_re = Load(yk_re) * inverse;
-      Store(yk_re, y_re);
-      [[maybe_unused]] V y_im;
-      if constexpr (kIsComplex<T>) {
-        R* yk_im = xi + (k * r + c) * W;
-        y_im = Load(yk_im) * inverse;
-        Store(yk_im, y_im);
-      }
-      for (int64_t i = k + 1; i < n; ++i) {
-        const V a_re = Load(lr + (i * n + k) * W);
-        R* yi_re = xr + (i * r + c) * W;
-        if constexpr (kIsComplex<T>) {
-          const V a_im = Load(li + (i * n + k) * W);
-          R* yi_im = xi + (i * r + c) * W;
-          Store(yi_re, Load(yi_re) - (a_re * y_re - a_im * y_im));
-          Store(yi_im, Load(yi_im) - (a_re * y_im + a_im * y_re));
-        } else {
-          Store(yi_re, Load(yi_re) - a_re * y_re);
-        }
-      }
-    }
-    // L^H X = Y, k descending: x(i) -= conj(l(k, i)) x(k) for i < k.
-    for (int64_t k = n; k-- > 0;) {
-      const V inverse = one / Load(lr + (k * n + k) * W);
-      R* xk_re = xr + (k * r + c) * W;
-      const V x_re = Load(xk_re) * inverse;
-      Store(xk_re, x_re);
-      [[maybe_unused]] V x_im;
-      if constexpr (kIsComplex<T>) {
-        R* xk_im = xi + (k * r + c) * W;
-        x_im = Load(xk_im) * inverse;
-        Store(xk_im, x_im);
-      }
-      for (int64_t i = 0; i < k; ++i) {
-        const V a_re = Load(lr + (k * n + i) * W);
-        R* xi_re = xr + (i * r + c) * W;
-        if constexpr (kIsComplex<T>) {
-          const V a_im = Load(li + (k * n + i) * W);
-          R* xi_im = xi + (i * r + c) * W;
-          Store(xi_re, Load(xi_re) - (a_re * x_re + a_im * x_im));
-          Store(xi_im, Load(xi_im) - (a_re * x_im - a_im * x_re));
-        } else {
-          Store(xi_re, Load(xi_re) - a_re * x_re);
-        }
-      }
-    }
+    for (int64_t k = 0; k < n; ++k) SubstituteStep<T, false>(n, r, c, k, k + 1, n, lr, li, xr, xi);
+    for (int64_t k = n; k-- > 0;) SubstituteStep<T, true>(n, r, c, k, 0, k, lr, li, xr, xi);
   }
 }
 

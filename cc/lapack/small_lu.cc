@@ -37,24 +37,6 @@ struct Planes {
   BATCHPART_INLINE R* Im(int64_t i, int64_t j) const { return im + (i * cols + j) * kLanes<T>; }
 };
 
-// The lanes of one element as one GCC vector (of kLanes<T> reals).
-template <typename T>
-struct LaneVector {
-  typedef Real<T> type __attribute__((vector_size(sizeof(Real<T>) * kLanes<T>)));
-};
-
-template <typename V, typename R>
-BATCHPART_INLINE V LoadLanes(const R* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-
-template <typename R, typename V>
-BATCHPART_INLINE void StoreLanes(R* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
 // Whether any lane of a vector comparison's result is set.
 template <typename Mask>
 BATCHPART_INLINE bool AnyLane(const Mask& mask) {
@@ -79,70 +61,33 @@ BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,
   }
 }
 
-// x -= l * u on every lane (complex: on both planes).
-template <typename T>
-BATCHPART_INLINE void SubtractProduct(const Planes<T>& a, int64_t i, int64_t j, const Real<T>* lr,
-                                      const Real<T>* li, const Real<T>* __restrict ur,
-                                      const Real<T>* __restrict ui) {
-  constexpr int W = kLanes<T>;
-  Real<T>* __restrict xr = a.Re(i, j);
-  if constexpr (kIsComplex<T>) {
-    Real<T>* __restrict xi = a.Im(i, j);
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) {
-      xr[l] -= lr[l] * ur[l] - li[l] * ui[l];
-      xi[l] -= lr[l] * ui[l] + li[l] * ur[l];
-    }
-  } else {
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) xr[l] -= lr[l] * ur[l];
-  }
-}
-
-// The same on the lanes where `active` is nonzero only; the others keep x
-// exactly (0 * inf would make a NaN of it).
-template <typename T>
-BATCHPART_INLINE void SubtractProductMasked(const Planes<T>& a, int64_t i, int64_t j,
-                                            const Real<T>* lr, const Real<T>* li,
-                                            const Real<T>* __restrict ur,
-                                            const Real<T>* __restrict ui, const Real<T>* active) {
-  constexpr int W = kLanes<T>;
-  Real<T>* __restrict xr = a.Re(i, j);
-  if constexpr (kIsComplex<T>) {
-    Real<T>* __restrict xi = a.Im(i, j);
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) {
-      const Real<T> r = xr[l] - (lr[l] * ur[l] - li[l] * ui[l]);
-      const Real<T> m = xi[l] - (lr[l] * ui[l] + li[l] * ur[l]);
-      xr[l] = active[l] != 0 ? r : xr[l];
-      xi[l] = active[l] != 0 ? m : xi[l];
-    }
-  } else {
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) {
-      const Real<T> r = xr[l] - lr[l] * ur[l];
-      xr[l] = active[l] != 0 ? r : xr[l];
-    }
-  }
-}
-
-// Row i over columns [j_begin, cols) minus l(i, k) times row k: the
-// multiplier's lanes held in a register across the row.
-template <typename T>
-BATCHPART_INLINE void UpdateRow(const Planes<T>& a, int64_t i, int64_t k, int64_t j_begin) {
+// Row i of `x` over columns [j_begin, cols) minus l times row k, l being
+// one element's lanes (lr, and li for complex T). Masked: only on the lanes
+// where `active` is nonzero; the others keep x exactly (0 * inf would make
+// a NaN of it).
+template <typename T, bool Masked = false>
+BATCHPART_INLINE void SubtractRow(const Planes<T>& x, int64_t i, int64_t k, const Real<T>* lr,
+                                  const Real<T>* li, int64_t j_begin,
+                                  const Real<T>* active = nullptr) {
   using V = typename LaneVector<T>::type;
-  const V lr = LoadLanes<V>(a.Re(i, k));
-  if constexpr (kIsComplex<T>) {
-    const V li = LoadLanes<V>(a.Im(i, k));
-    for (int64_t j = j_begin; j < a.cols; ++j) {
-      const V ur = LoadLanes<V>(a.Re(k, j)), ui = LoadLanes<V>(a.Im(k, j));
-      StoreLanes(a.Re(i, j), LoadLanes<V>(a.Re(i, j)) - (lr * ur - li * ui));
-      StoreLanes(a.Im(i, j), LoadLanes<V>(a.Im(i, j)) - (lr * ui + li * ur));
+  const V l_re = LoadLanes(lr);
+  [[maybe_unused]] V l_im, on;
+  if constexpr (kIsComplex<T>) l_im = LoadLanes(li);
+  if constexpr (Masked) on = LoadLanes(active);
+  for (int64_t j = j_begin; j < x.cols; ++j) {
+    const V u_re = LoadLanes(x.Re(k, j)), old_re = LoadLanes(x.Re(i, j));
+    V new_re;
+    if constexpr (kIsComplex<T>) {
+      const V u_im = LoadLanes(x.Im(k, j)), old_im = LoadLanes(x.Im(i, j));
+      new_re = old_re - (l_re * u_re - l_im * u_im);
+      V new_im = old_im - (l_re * u_im + l_im * u_re);
+      if constexpr (Masked) new_im = on != 0 ? new_im : old_im;
+      StoreLanes(x.Im(i, j), new_im);
+    } else {
+      new_re = old_re - l_re * u_re;
     }
-  } else {
-    for (int64_t j = j_begin; j < a.cols; ++j) {
-      StoreLanes(a.Re(i, j), LoadLanes<V>(a.Re(i, j)) - lr * LoadLanes<V>(a.Re(k, j)));
-    }
+    if constexpr (Masked) new_re = on != 0 ? new_re : old_re;
+    StoreLanes(x.Re(i, j), new_re);
   }
 }
 
@@ -224,7 +169,7 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
                     std::abs(pivot) < std::numeric_limits<R>::min();
       }
     } else {
-      const Vec pivot = LoadLanes<Vec>(pr);
+      const Vec pivot = LoadLanes(pr);
       StoreLanes(inv_re, R(1) / pivot);
       const auto tiny = (pivot < 0 ? -pivot : pivot) < std::numeric_limits<R>::min();
       any_tiny = any_zero ? AnyLane(tiny & ~zero) : AnyLane(tiny);
@@ -267,17 +212,14 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
     }
 
     // The rank-1 update of the trailing block, one SIMD operation per element.
-    if (any_zero) {
-      for (int64_t i = k + 1; i < m; ++i) {
-        const R* lr = a.Re(i, k);
-        const R* li = kIsComplex<T> ? a.Im(i, k) : nullptr;
-        for (int64_t j = k + 1; j < n; ++j) {
-          SubtractProductMasked(a, i, j, lr, li, a.Re(k, j), kIsComplex<T> ? a.Im(k, j) : nullptr,
-                                active);
-        }
+    for (int64_t i = k + 1; i < m; ++i) {
+      const R* lr = a.Re(i, k);
+      const R* li = kIsComplex<T> ? a.Im(i, k) : nullptr;
+      if (any_zero) {
+        SubtractRow<T, true>(a, i, k, lr, li, k + 1, active);
+      } else {
+        SubtractRow<T>(a, i, k, lr, li, k + 1);
       }
-    } else {
-      for (int64_t i = k + 1; i < m; ++i) UpdateRow(a, i, k, k + 1);
     }
   }
 }
@@ -324,11 +266,7 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
   // (row by row, each element would be one chain of dependent updates).
   for (int64_t k = 0; k < n; ++k) {
     for (int64_t i = k + 1; i < n; ++i) {
-      const R* lr = lu.Re(i, k);
-      const R* li = kIsComplex<T> ? lu.Im(i, k) : nullptr;
-      for (int64_t j = 0; j < r; ++j) {
-        SubtractProduct(x, i, j, lr, li, x.Re(k, j), kIsComplex<T> ? x.Im(k, j) : nullptr);
-      }
+      SubtractRow(x, i, k, lu.Re(i, k), kIsComplex<T> ? lu.Im(i, k) : nullptr, 0);
     }
   }
   for (int64_t k = n - 1; k >= 0; --k) {
@@ -336,11 +274,7 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
     const R* di = kIsComplex<T> ? lu.Im(k, k) : nullptr;
     for (int64_t j = 0; j < r; ++j) DivideLanes(x, k, j, dr, di);
     for (int64_t i = 0; i < k; ++i) {
-      const R* ur = lu.Re(i, k);
-      const R* ui = kIsComplex<T> ? lu.Im(i, k) : nullptr;
-      for (int64_t j = 0; j < r; ++j) {
-        SubtractProduct(x, i, j, ur, ui, x.Re(k, j), kIsComplex<T> ? x.Im(k, j) : nullptr);
-      }
+      SubtractRow(x, i, k, lu.Re(i, k), kIsComplex<T> ? lu.Im(i, k) : nullptr, 0);
     }
   }
 }
