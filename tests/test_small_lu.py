@@ -269,6 +269,28 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
     np.testing.assert_array_equal(np.isfinite(x), np.isfinite(x0))
 
 
+@LAYOUTS
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_subnormal_elements_are_singular_and_leave_the_others_alone(row_major, dtype):
+  # XLA's CPU threads flush subnormal numbers to zero, so a matrix scaled
+  # below the smallest normal number has a zero pivot column (info = 1) on
+  # both paths, while the ordinary matrices sharing its groups factor as
+  # they would alone.
+  rng = np.random.default_rng(5)
+  n = 6
+  a = well_conditioned(rng, (2 * LANES[dtype] + 3, n, n), dtype)
+  a[::3] *= np.finfo(dtype).tiny / 16
+  lu, pivots, perm, info = getrf(a, row_major)
+  with small_lu(False):
+    _, pivots0, _, info0 = getrf(a, row_major)
+  np.testing.assert_array_equal(pivots, pivots0)
+  np.testing.assert_array_equal(info, info0)
+  assert (info[::3] == 1).all()
+  normal = np.ones(len(a), bool)
+  normal[::3] = False
+  check_against_scipy(a[normal], lu[normal], pivots[normal], perm[normal], info[normal])
+
+
 # ---- against the per-matrix path ----------------------------------------------------
 
 

@@ -91,6 +91,7 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
           info_data[b] = info[l];
           int32_t* piv = piv_data + b * k;
           for (int64_t i = 0; i < k; ++i) piv[i] = s.pivots[i * W + l];
+          il::SwapEarlierColumns(shape.m, shape.n, dst[l], layout, piv);
           PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
         }
       });
