@@ -77,6 +77,7 @@ inline Order DenseOrder(int64_t rows, int64_t cols, Strides s) {
 // kLanes<T> x kLanes<T> elements at a time in SIMD registers, and return 0
 // where the strides are not dense or the compiler has no vector shuffles.
 // re and im are a group's planes (im null for real T).
+
 // Which path a batched kernel family takes for small matrices, for tests
 // that compare both paths and for measurements: kAuto, the switch points
 // measured against the per-matrix path (each kernel's source); kAlways, the
@@ -85,8 +86,18 @@ enum class SmallKernel {
   kCholesky,        // potrf and posv (small_cholesky.h)
   kTriangularSolve, // trsm (small_triangular_solve.h)
   kLu,              // getrf and gesv (small_lu.h)
+  kQr,              // qr of real matrices (small_qr.h)
 };
 enum class SmallPath { kAuto, kAlways, kNever };
+
+// The sizes at which a kernel takes the interleaved path (each kernel's
+// header has its measured ranges).
+struct SizeRange {
+  int64_t min, max;
+  bool contains(int64_t n) const { return min <= n && n <= max; }
+};
+template <typename T>
+inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 void SetSmallPath(SmallKernel kernel, SmallPath path);
 SmallPath GetSmallPath(SmallKernel kernel);
 

@@ -1,15 +1,17 @@
 // batchpart_qr and batchpart_qr_row_major: batched Householder QR of
 // column-major matrices (geqrf, then orgqr/ungqr for Q) or of row-major ones
-// (qr_steps.h).
+// (qr_steps.h); batches of small real matrices interleaved (small_qr.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "lapack/batch_loop.h"
+#include "lapack/group_loop.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/kernel_steps.h"
 #include "lapack/kernels.h"
 #include "lapack/qr_steps.h"
+#include "lapack/small_qr.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -46,11 +48,56 @@ void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
   WriteQAndR(shape, s.a.data(), s.tau.data(), s.work, q, r);
 }
 
+// Whether the batch goes through the interleaved QR (small_qr.h).
+template <typename T>
+bool QrInterleaved(const QrShape& shape, bool row_major) {
+  namespace il = interleaved;
+  return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>,
+                        kIsComplex<T>, shape.m, shape.n, Product(shape.batch));
+}
+
+// The batch in groups of kLanes<T> matrices, each packed, factored and
+// unpacked by the interleaved QR; the thread pool shares out groups.
+template <typename T>
+ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
+                    const ffi::AnyBuffer& a, ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
+  namespace il = interleaved;
+  constexpr int W = il::kLanes<T>;
+  const int64_t m = shape.m, n = shape.n, q_cols = shape.q_cols, r_rows = shape.r_rows;
+  const int64_t a_size = m * n, q_size = m * q_cols, r_size = r_rows * n;
+  const il::Strides a_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(m);
+  const il::Strides q_layout = row_major ? il::RowMajor(q_cols) : il::ColumnMajor(m);
+  const il::Strides r_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(r_rows);
+  const T* a_data = a.typed_data<T>();
+  T* q_data = q.typed_data<T>();
+  T* r_data = r.typed_data<T>();
+  struct Scratch {
+    il::Group<T> a, q, r;
+  };
+  return il::ForEachGroup<T>(
+      pool, Product(shape.batch), kFlopScale<T> * 2.0 * shape.k * (m * n + m * q_cols),
+      [&] { return Scratch{il::Group<T>(m, n), il::Group<T>(m, q_cols), il::Group<T>(r_rows, n)}; },
+      [&](Scratch& s, il::Lanes lanes) {
+        const T* src[W];
+        T* dst[W];
+        il::LanePointers(a_data, il::Itself, a_size, lanes, src);
+        s.a.Pack(src, lanes.count, a_layout);
+        il::QrGroup(s.a, s.q, s.r);
+        il::LanePointers(q_data, il::Itself, q_size, lanes, dst);
+        s.q.Unpack(dst, lanes.count, q_layout);
+        il::LanePointers(r_data, il::Itself, r_size, lanes, dst);
+        s.r.Unpack(dst, lanes.count, r_layout);
+      });
+}
+
 template <typename T>
 ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                   ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   const int64_t batch = Product(shape.batch);
   if (batch == 0) return ffi::Error::Success();
+  if (QrInterleaved<T>(shape, /*row_major=*/false)) {
+    return QrGroups<T>(pool, shape, /*row_major=*/false, a, q, r);
+  }
   const int64_t lwork = QueryWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
   return ForEachQrElement<T, QrScratch<T>>(
@@ -63,6 +110,9 @@ template <typename T>
 ffi::Error FactorRowMajor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                           ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   if (Product(shape.batch) == 0) return ffi::Error::Success();
+  if (QrInterleaved<T>(shape, /*row_major=*/true)) {
+    return QrGroups<T>(pool, shape, /*row_major=*/true, a, q, r);
+  }
   const int64_t lwork = UsesRowMajorHouseholder<T>(shape) ? 0 : LqWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kQrRowMajorTarget, "workspace size", lwork));
   return ForEachQrElement<T, RowMajorQrScratch<T>>(

@@ -48,12 +48,6 @@ namespace batchpart::lapack::interleaved {
 //   f32 dominant  0.02 even 0.04->0.03  0.13->0.08  0.57->0.26  1.29->0.67  2.7->1.7    -
 //   f64 random    -         0.09->0.05  0.24->0.19  0.95->0.70  1.97->1.54  3.5->3.9    9.3->9.3
 //   f64 dominant  0.02->.024 0.064 even 0.20->0.16  0.81->0.66  1.80->1.60  4.0->3.6    -
-struct SizeRange {
-  int64_t min, max;
-  bool contains(int64_t n) const { return min <= n && n <= max; }
-};
-template <typename T>
-inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 template <typename T>
 inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
 template <typename T>

@@ -1,0 +1,209 @@
+"""The interleaved small-matrix QR (cc/lapack/small_qr.*) behind batchpart_qr
+and batchpart_qr_row_major: Q and R against the per-matrix path and numpy on
+both sides of the size switch, partly filled groups, tall and wide shapes,
+columns with nothing to annihilate, extreme magnitudes and non-finite
+elements beside ordinary ones, complex types left to the per-matrix path,
+and gradients through bp.linalg.qr."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import batchpart as bp
+from batchpart import _core, _lapack_targets
+from batchpart._lapack_targets import column_major
+from batchpart.testing import assert_close, random_array
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+
+REAL = [np.float32, np.float64]
+# The largest max(m, n) each layout runs interleaved (kQr*Sizes in
+# cc/lapack/small_qr.h; both layouts, both real types).
+SWITCH = 48
+# Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
+LANES = {np.float32: 16, np.float64: 8}
+SIZES = [1, 2, 3, 7, 8, 16, 31, 32, SWITCH - 1, SWITCH, SWITCH + 1]
+LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
+MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+  _lapack_targets.register()
+
+
+@contextlib.contextmanager
+def small_qr(path: str):
+  """Runs the kernels with the interleaved QR as `path` sets it."""
+  before = _core.lapack.small_path("qr")
+  _core.lapack.set_small_path("qr", path)
+  try:
+    yield
+  finally:
+    _core.lapack.set_small_path("qr", before)
+
+
+def qr(a, full, row_major):
+  *batch, m, n = a.shape
+  cols = m if full else min(m, n)
+  layout = (lambda shape: None) if row_major else column_major
+  shapes = [(*batch, m, cols), (*batch, cols, n)]
+  f = jax.ffi.ffi_call(
+      "batchpart_qr_row_major" if row_major else "batchpart_qr",
+      [jax.ShapeDtypeStruct(s, a.dtype) for s in shapes],
+      input_layouts=[layout(a.shape)], output_layouts=[layout(s) for s in shapes])
+  return tuple(np.asarray(x) for x in f(a, full_matrices=full))
+
+
+def both_paths(a, full, row_major):
+  """(Q, R) from the interleaved kernel ("always") and the per-matrix path."""
+  with small_qr("always"):
+    ours = qr(a, full, row_major)
+  with small_qr("never"):
+    theirs = qr(a, full, row_major)
+  return ours, theirs
+
+
+def check_qr(a, q, r, dtype):
+  """Q R = A, Q's columns orthonormal, R upper triangular."""
+  m, cols = q.shape[-2:]
+  scale = max(1.0, float(np.abs(a).max(initial=0.0))) * max(a.shape[-2:], default=1)
+  assert_close(q @ r, a, dtype, scale)
+  identity = np.broadcast_to(np.eye(cols), (*q.shape[:-2], cols, cols))
+  assert_close(np.swapaxes(q, -1, -2) @ q, identity, dtype, max(m, 1))
+  assert not np.tril(r, -1).any()
+
+
+def check_same_as_per_matrix(a, ours, theirs, dtype):
+  """Both paths take LAPACK's reflectors and signs: the same Q and R, to
+  rounding (amplified by the matrices' conditioning)."""
+  (q, r), (q0, r0) = ours, theirs
+  check_qr(a, q, r, dtype)
+  n = max(a.shape[-2:])
+  assert_close(r, r0, dtype, 100 * max(1.0, float(np.abs(a).max(initial=0.0))) * n)
+  assert_close(q, q0, dtype, 100 * n)
+
+
+@LAYOUTS
+@MODES
+@pytest.mark.parametrize("dtype", REAL)
+def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, full, dtype):
+  rng = np.random.default_rng(0)
+  for n in SIZES:
+    a = random_array(rng, (LANES[dtype] + 3, n, n), dtype)
+    with small_qr("auto"):
+      auto = qr(a, full, row_major)
+    ours, theirs = both_paths(a, full, row_major)
+    check_same_as_per_matrix(a, ours, theirs, dtype)
+    # "auto" takes the interleaved kernel up to the switch, bit for bit.
+    expected = ours if n <= SWITCH else theirs
+    for got, want in zip(auto, expected, strict=True):
+      np.testing.assert_array_equal(got, want)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("batch", [1, 5, 17, 100])
+def test_qr_of_batches_that_do_not_fill_the_lanes(row_major, dtype, batch):
+  a = random_array(np.random.default_rng(batch), (batch, 7, 7), dtype)
+  ours, theirs = both_paths(a, False, row_major)
+  check_same_as_per_matrix(a, ours, theirs, dtype)
+
+
+@LAYOUTS
+@MODES
+@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("m, n", [(5, 3), (3, 5), (1, 6), (6, 1), (17, 9), (9, 17), (48, 3),
+                                  (3, 48)])
+def test_qr_of_tall_and_wide_matrices(row_major, full, dtype, m, n):
+  a = random_array(np.random.default_rng(m * n), (11, m, n), dtype)
+  ours, theirs = both_paths(a, full, row_major)
+  check_same_as_per_matrix(a, ours, theirs, dtype)
+  expected = np.linalg.qr(a, mode="complete" if full else "reduced")
+  assert_close(ours[1], expected.R, dtype, 100 * max(m, n))
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", REAL)
+def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(row_major, dtype):
+  # An upper triangular matrix: every column is zero below the diagonal, so
+  # every tau is 0 (LAPACK's larfg): Q = I and R = A exactly, in groups
+  # shared with ordinary matrices.
+  rng = np.random.default_rng(1)
+  n = 6
+  a = random_array(rng, (LANES[dtype] + 1, n, n), dtype)
+  a[::2] = np.triu(a[::2])
+  a[1, :, 2] = 0  # and one zero column in an ordinary matrix
+  ours, theirs = both_paths(a, False, row_major)
+  q, r = ours
+  np.testing.assert_array_equal(q[::2], np.broadcast_to(np.eye(n, dtype=dtype), q[::2].shape))
+  np.testing.assert_array_equal(r[::2], a[::2])
+  check_same_as_per_matrix(a, ours, theirs, dtype)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype, magnitude", [(np.float32, 1e-30), (np.float32, 1e30),
+                                              (np.float64, 1e-170), (np.float64, 1e170)])
+def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude):
+  # Squares of these underflow or overflow (float64: even in double, so the
+  # kernel sums those lanes' norms again, rescaled); the ordinary matrices
+  # in the same groups must not notice.
+  rng = np.random.default_rng(2)
+  n = 8
+  a = random_array(rng, (2 * LANES[dtype] + 3, n, n), np.float64)
+  a[::3] *= magnitude
+  a = a.astype(dtype)
+  ours, theirs = both_paths(a, False, row_major)
+  q, r = ours
+  assert np.isfinite(q).all() and np.isfinite(r).all()
+  for index in (slice(0, None, 3), [i for i in range(len(a)) if i % 3]):
+    check_same_as_per_matrix(a[index], (q[index], r[index]),
+                             (theirs[0][index], theirs[1][index]), dtype)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
+  a = random_array(np.random.default_rng(3), (LANES[dtype] + 2, 8, 8), dtype)
+  a[1, 4, 1] = bad
+  a[LANES[dtype], 0, 0] = bad
+  q, r = both_paths(a, False, row_major)[0]
+  for i in (1, LANES[dtype]):
+    assert not (np.isfinite(q[i]).all() and np.isfinite(r[i]).all())
+  ok = [i for i in range(len(a)) if i not in (1, LANES[dtype])]
+  check_qr(a[ok], q[ok], r[ok], dtype)
+
+
+@LAYOUTS
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_matrices_keep_the_per_matrix_path(row_major, dtype):
+  a = random_array(np.random.default_rng(4), (20, 6, 6), dtype)
+  ours, theirs = both_paths(a, False, row_major)
+  for got, want in zip(ours, theirs, strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", REAL)
+def test_linalg_qr_and_its_gradient_through_the_interleaved_path(dtype):
+  rng = np.random.default_rng(5)
+  a = jnp.asarray(random_array(rng, (LANES[dtype] + 1, 6, 4), dtype))
+  loss = lambda f: lambda a: sum(jnp.sum(jnp.sin(x)) for x in f(a))
+  for mode in ("reduced", "complete"):
+    q, r = bp.linalg.qr(a, mode=mode)
+    check_qr(np.asarray(a), np.asarray(q), np.asarray(r), dtype)
+  grad = jax.grad(loss(lambda a: bp.linalg.qr(a)))(a)
+  expected = jax.grad(loss(lambda a: jnp.linalg.qr(a)))(a)
+  assert_close(np.asarray(grad), np.asarray(expected), dtype, 100)
+
+
+def test_always_runs_the_interleaved_qr_above_its_switch_point():
+  a = random_array(np.random.default_rng(6), (3, SWITCH + 8, SWITCH + 8), np.float64)
+  ours, theirs = both_paths(a, False, True)
+  check_same_as_per_matrix(a, ours, theirs, np.float64)
+  assert any((x != y).any() for x, y in zip(ours, theirs, strict=True))
