@@ -43,6 +43,7 @@ def _ops(jax, jnp, bp):
       "solve": (lambda a: bp.linalg.solve(a, rhs(a)), lambda a: jnp.linalg.solve(a, rhs(a)),
                 "spd"),
       "lu": (lambda a: bp.linalg.lu(a)[0], lambda a: lax.lu(a)[0], "general"),
+      "qr": (lambda a: bp.linalg.qr(a), lambda a: jnp.linalg.qr(a), "general"),
   }
 
 
@@ -69,7 +70,7 @@ def measure(jax, jnp, bp, np, batch, n, dtype, *, repeats):
 def _per_matrix_path(core, enabled: bool) -> None:
   """Lets the kernels take their small-matrix paths (the default) or sends
   every batch to the per-matrix LAPACK/BLAS path."""
-  for kernel in ("cholesky", "lu", "triangular_solve"):
+  for kernel in ("cholesky", "lu", "triangular_solve", "qr"):
     core.lapack.set_small_path(kernel, "auto" if enabled else "never")
 
 

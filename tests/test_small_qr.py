@@ -22,12 +22,21 @@ from batchpart.testing import assert_close, random_array
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 REAL = [np.float32, np.float64]
-# The largest max(m, n) each layout runs interleaved (kQr*Sizes in
-# cc/lapack/small_qr.h; both layouts, both real types).
-SWITCH = 48
+# The max(m, n) each layout runs interleaved (kQr*Sizes in
+# cc/lapack/small_qr.h), by (row_major, single precision).
+SWITCH = _core.lapack.small_qr_sizes()
 # Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
 LANES = {np.float32: 16, np.float64: 8}
-SIZES = [1, 2, 3, 7, 8, 16, 31, 32, SWITCH - 1, SWITCH, SWITCH + 1]
+SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
+
+
+def largest(row_major, dtype):
+  return SWITCH[row_major, np.finfo(dtype).bits == 32][1]
+
+
+def sizes_around_switch(row_major, dtype):
+  high = largest(row_major, dtype)
+  return sorted({*SIZES, high - 1, high, high + 1})
 LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
 
@@ -94,14 +103,14 @@ def check_same_as_per_matrix(a, ours, theirs, dtype):
 @pytest.mark.parametrize("dtype", REAL)
 def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, full, dtype):
   rng = np.random.default_rng(0)
-  for n in SIZES:
+  for n in sizes_around_switch(row_major, dtype):
     a = random_array(rng, (LANES[dtype] + 3, n, n), dtype)
     with small_qr("auto"):
       auto = qr(a, full, row_major)
     ours, theirs = both_paths(a, full, row_major)
     check_same_as_per_matrix(a, ours, theirs, dtype)
     # "auto" takes the interleaved kernel up to the switch, bit for bit.
-    expected = ours if n <= SWITCH else theirs
+    expected = ours if n <= largest(row_major, dtype) else theirs
     for got, want in zip(auto, expected, strict=True):
       np.testing.assert_array_equal(got, want)
 
@@ -203,7 +212,8 @@ def test_linalg_qr_and_its_gradient_through_the_interleaved_path(dtype):
 
 
 def test_always_runs_the_interleaved_qr_above_its_switch_point():
-  a = random_array(np.random.default_rng(6), (3, SWITCH + 8, SWITCH + 8), np.float64)
+  n = largest(True, np.float64) + 8
+  a = random_array(np.random.default_rng(6), (3, n, n), np.float64)
   ours, theirs = both_paths(a, False, True)
   check_same_as_per_matrix(a, ours, theirs, np.float64)
   assert any((x != y).any() for x, y in zip(ours, theirs, strict=True))

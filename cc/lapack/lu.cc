@@ -84,14 +84,13 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
         il::LanePointers(a_data, il::Itself, size, lanes, src);
         il::LanePointers(lu_data, il::Itself, size, lanes, dst);
         s.group.Pack(src, lanes.count, layout);
-        il::FactorGroup(s.group, s.pivots.data(), info);
+        il::FactorGroup(s.group, il::RowSwaps::kWholeRows, s.pivots.data(), info);
         s.group.Unpack(dst, lanes.count, layout);
         for (int64_t l = 0; l < lanes.count; ++l) {
           const int64_t b = lanes.first + l;
           info_data[b] = info[l];
           int32_t* piv = piv_data + b * k;
           for (int64_t i = 0; i < k; ++i) piv[i] = s.pivots[i * W + l];
-          il::SwapEarlierColumns(shape.m, shape.n, dst[l], layout, piv);
           PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
         }
       });

@@ -15,6 +15,7 @@
 #include "lapack/option_kernels.h"
 #include "lapack/small_cholesky.h"
 #include "lapack/small_lu.h"
+#include "lapack/small_qr.h"
 #include "lapack/small_triangular_solve.h"
 
 namespace nb = nanobind;
@@ -143,6 +144,20 @@ void DefineLapackSubmodule(nb::module_& parent) {
       },
       "{(target, row_major, single precision): (min n, max n)} that getrf ('getrf') and gesv "
       "('gesv') factor interleaved, for batches of at least kSmallLuMinBatch (small_lu.h).");
+  m.def(
+      "small_qr_sizes",
+      [] {
+        namespace il = interleaved;
+        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
+        nb::dict sizes;
+        sizes[nb::make_tuple(false, true)] = range(il::kQrColumnMajorSizes<float>);
+        sizes[nb::make_tuple(false, false)] = range(il::kQrColumnMajorSizes<double>);
+        sizes[nb::make_tuple(true, true)] = range(il::kQrRowMajorSizes<float>);
+        sizes[nb::make_tuple(true, false)] = range(il::kQrRowMajorSizes<double>);
+        return sizes;
+      },
+      "{(row_major, single precision): (min, max)} of max(m, n) that the qr targets factor "
+      "interleaved (real types, batches of at least 2; small_qr.h).");
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),

@@ -104,12 +104,15 @@ BATCHPART_INLINE void SubtractRow(const Planes<T>& x, int64_t i, int64_t k, cons
 // the block's steps in one pass, each element loaded and stored once per
 // block instead of once per step. Every element still takes the steps'
 // products one by one in step order, so the values are getf2's bit for bit.
-// A step's row swap moves only the columns from its block on (the block's
-// pending updates need their rows' multipliers); the earlier columns are
-// the caller's to swap (SwapEarlierColumns), or nobody's for a solve.
-// Measured single-threaded, random 16 x 16 float64 / float32 (2 steps per
-// block against 1 with full-row swaps): 0.34 -> 0.31 / 0.23 -> 0.19 us per
-// matrix; 4 steps per block saved less (longer swaps).
+// For a solve, a step's row swap moves only the columns from its block on
+// (the block's pending updates need their rows' multipliers): the solve
+// applies each block's swaps just before that block's columns of L.
+// Measured single-threaded, random 16 x 16 float64 / float32, factor only
+// (2 steps per block and swaps from the block on, against 1 step and
+// whole-row swaps): 0.34 -> 0.28 / 0.23 -> 0.18 us per matrix; 4 steps per
+// block saved less. Swapping the earlier columns of getrf's result after
+// unpacking, row by row per matrix, cost more than it saved (8 x 8 float32:
+// 0.077 -> 0.098 us with pack and unpack), so getrf swaps whole rows.
 constexpr int kBlockSteps = 2;
 
 // Elements (i, j), i in [i_begin, i_end), j in [j_begin, j_end), minus
@@ -177,7 +180,8 @@ template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots, int32_t* info) {
+void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, bool whole_rows,
+                 int32_t* pivots, int32_t* info) {
   using R = Real<T>;
   using Vec = typename LaneVector<T>::type;
   constexpr int W = kLanes<T>;
@@ -237,7 +241,7 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, int32_t* pivots
           if (active[l] == 0 && info[l] == 0) info[l] = static_cast<int32_t>(k + 1);
         }
       }
-      SwapRows(a, k, p, k0);
+      SwapRows(a, k, p, whole_rows ? 0 : k0);
       // Row k (now the pivot row) up to date after the block.
       masked ? SubtractSteps<T, true>(done, a, k, k + 1, j_rest, n, k0, on)
              : SubtractSteps<T, false>(done, a, k, k + 1, j_rest, n, k0, on);
@@ -376,9 +380,9 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
 }  // namespace
 
 template <typename T>
-void FactorGroup(Group<T>& g, int32_t* pivots, int32_t* info) {
-  FactorLanes<T>(g.rows(), g.cols(), g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr, pivots,
-                 info);
+void FactorGroup(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info) {
+  FactorLanes<T>(g.rows(), g.cols(), g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr,
+                 swaps == RowSwaps::kWholeRows, pivots, info);
 }
 
 template <typename T>
@@ -387,26 +391,9 @@ void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
                 x.re(0, 0), kIsComplex<T> ? x.im(0, 0) : nullptr);
 }
 
-template <typename T>
-void SwapEarlierColumns(int64_t m, int64_t n, T* lu, Strides s, const int32_t* pivots) {
-  const int64_t k_end = std::min(m, n);
-  for (int64_t k = kBlockSteps; k < k_end; ++k) {
-    const int64_t p = pivots[k], j_end = k - k % kBlockSteps;
-    if (p == k || p < 0 || p >= m) continue;
-    T* __restrict row = lu + k * s.row_stride;
-    T* __restrict other = lu + p * s.row_stride;
-    if (s.col_stride == 1) {
-      for (int64_t j = 0; j < j_end; ++j) std::swap(row[j], other[j]);
-    } else {
-      for (int64_t j = 0; j < j_end; ++j) std::swap(row[j * s.col_stride], other[j * s.col_stride]);
-    }
-  }
-}
-
 #define BATCHPART_INSTANTIATE(T)                                          \
-  template void FactorGroup<T>(Group<T>&, int32_t*, int32_t*);            \
-  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&); \
-  template void SwapEarlierColumns<T>(int64_t, int64_t, T*, Strides, const int32_t*);
+  template void FactorGroup<T>(Group<T>&, RowSwaps, int32_t*, int32_t*);  \
+  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&);
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
 BATCHPART_INSTANTIATE(std::complex<float>)

@@ -62,22 +62,21 @@ inline constexpr SizeRange kGesvRowMajorSizes = {1, kSingle<T> ? 64 : 48};
 template <typename T>
 inline constexpr int64_t kSmallLuMinBatch = 2;
 
+// How far FactorGroup's row swaps reach: whole rows, getrf's LU; or only
+// the columns from each step's block of steps on (small_lu.cc), which is
+// all SolveGroup needs and saves the rest.
+enum class RowSwaps { kWholeRows, kFromBlock };
+
 // Factors the kLanes<T> rows x cols matrices of `g` in place (L unit lower
 // below the diagonal, U on and above it). Writes pivot i (0-based) of lane
 // l to pivots[i * kLanes<T> + l], i < min(rows, cols), and getrf's info of
-// lane l to info[l]. The steps run in small blocks (small_lu.cc), and a
-// step's row swap leaves the columns before its block alone: getrf's LU
-// is the unpacked result after SwapEarlierColumns.
+// lane l to info[l].
 template <typename T>
-void FactorGroup(Group<T>& g, int32_t* pivots, int32_t* info);
-
-// Applies to one unpacked rows x cols factor `lu` (strides s) the row swaps
-// FactorGroup left out, given its 0-based `pivots` (min(rows, cols)).
-template <typename T>
-void SwapEarlierColumns(int64_t rows, int64_t cols, T* lu, Strides s, const int32_t* pivots);
+void FactorGroup(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info);
 
 // Overwrites the n x r matrices of `x` (holding B) with the solutions of
-// A X = B, given the n x n `lu` and `pivots` as FactorGroup left them.
+// A X = B, given the n x n `lu` and `pivots` FactorGroup left with
+// RowSwaps::kFromBlock.
 // Lanes whose U is singular get Inf or NaN; the caller replaces them.
 template <typename T>
 void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);

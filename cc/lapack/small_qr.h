@@ -29,10 +29,13 @@ namespace batchpart::lapack::interleaved {
 //   f64  0.12->0.04 0.30->0.07 0.72->0.23 3.4->0.94 6.7->3.1  9.3->9.1  25->19   52->116
 //   f32  0.10->0.03 0.33->0.06 0.88->0.16 3.1->0.76 4.6->1.6  7.7->5.3  18->12   37->54
 // At 64 a group of A and Q (8 or 16 matrices) no longer fits in L2. The
-// column-major target's per-matrix path (geqrf + orgqr) is slower than the
-// row-major one, and the interleaved kernel packs either layout alike.
+// column-major target's per-matrix path, LAPACK's geqrf + orgqr, is slower
+// (same measurement on the raw target, reduced):
+//          n=4        16         32         48        56        64
+//   f64  0.95->0.34 5.4->1.4  18.6->11.0 47->30    83->53    105->142
+//   f32  0.63->0.08 5.9->1.0  25->9.7    42->19    76->26    122->81
 template <typename T>
-inline constexpr SizeRange kQrColumnMajorSizes = {1, 48};
+inline constexpr SizeRange kQrColumnMajorSizes = {1, kSingle<T> ? 64 : 56};
 template <typename T>
 inline constexpr SizeRange kQrRowMajorSizes = {1, 48};
 

@@ -126,7 +126,7 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
         T* dst[W];
         il::LanePointers(a_data, a_index, a_size, lanes, src);
         s.lu.Pack(src, lanes.count, a_layout);
-        il::FactorGroup(s.lu, s.pivots.data(), group_info);
+        il::FactorGroup(s.lu, il::RowSwaps::kFromBlock, s.pivots.data(), group_info);
         il::LanePointers(b_data, b_index, x_size, lanes, src);
         s.rhs.Pack(src, lanes.count, x_layout);
         il::SolveGroup(s.lu, s.pivots.data(), s.rhs);
