@@ -7,6 +7,8 @@ the batch size, not the batch size times the number of devices.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -151,6 +153,19 @@ def softmax_reference(x):
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 #: dtype -> rtol and atol of a batchpart.linalg result against NumPy on CPU
 TOL = {np.float32: 2e-4, np.complex64: 2e-4, np.float64: 1e-10, np.complex128: 1e-10}
+
+
+@contextlib.contextmanager
+def small_path(kernel: str, path: str) -> Iterator[None]:
+  """Runs the block with the small-matrix kernel family `kernel` ("cholesky",
+  "triangular_solve", "lu", "qr") on `path` ("auto", "always", "never"),
+  then restores the path it had."""
+  before = _core.lapack.small_path(kernel)
+  _core.lapack.set_small_path(kernel, path)
+  try:
+    yield
+  finally:
+    _core.lapack.set_small_path(kernel, before)
 
 
 def random_array(rng, shape, dtype):

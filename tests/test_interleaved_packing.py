@@ -16,7 +16,7 @@ import pytest
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import hermitian_pd, random_array
+from batchpart.testing import hermitian_pd, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -124,15 +124,6 @@ def test_small_path_round_trips_and_rejects_unknown_names(kernel):
   assert _core.lapack.small_path(kernel) == "auto"
   with pytest.raises(ValueError, match="kernel must be one of 'cholesky', .*, not 'eigh'"):
     _core.lapack.set_small_path("eigh", "never")
-
-
-@contextlib.contextmanager
-def small_path(kernel, path):
-  _core.lapack.set_small_path(kernel, path)
-  try:
-    yield
-  finally:
-    _core.lapack.set_small_path(kernel, "auto")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -5,7 +5,6 @@ derivatives through bp.linalg."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -17,7 +16,7 @@ from jax.test_util import check_grads
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import conj_transpose as herm, hermitian_pd, random_array
+from batchpart.testing import conj_transpose as herm, hermitian_pd, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -31,16 +30,6 @@ BATCHES = [1, 5, 17, 100]
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
   _lapack_targets.register()
-
-
-@contextlib.contextmanager
-def lapack_only():
-  """Sends every batch to LAPACK, whatever its size."""
-  _core.lapack.set_small_path("cholesky", "never")
-  try:
-    yield
-  finally:
-    _core.lapack.set_small_path("cholesky", "auto")
 
 
 def potrf(a, lower=True, symmetrize=False):
@@ -162,7 +151,7 @@ def failing_batch(rng, n, dtype):
 def test_potrf_failures_are_nan_in_that_element_only(n, dtype, lower):
   a, expected = failing_batch(np.random.default_rng(n), n, dtype)
   factor, info = potrf(a, lower=lower)
-  with lapack_only():
+  with small_path("cholesky", "never"):
     lapack_factor, lapack_info = potrf(a, lower=lower)
   np.testing.assert_array_equal(info, lapack_info)
   np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
@@ -182,7 +171,7 @@ def test_both_paths_agree(n, dtype, symmetrize):
   a = hermitian_pd(rng, (11,), n, dtype) + random_array(rng, (11, n, n), dtype) / 8
   for lower in (True, False):
     factor, info = potrf(a.astype(dtype), lower=lower, symmetrize=symmetrize)
-    with lapack_only():
+    with small_path("cholesky", "never"):
       expected, expected_info = potrf(a.astype(dtype), lower=lower, symmetrize=symmetrize)
     np.testing.assert_array_equal(info, expected_info)
     np.testing.assert_allclose(factor, expected, rtol=tol(dtype, n), atol=tol(dtype, n))
@@ -223,7 +212,7 @@ def test_posv_failures_are_nan_in_that_element_only(n, dtype, lower):
   a, expected = failing_batch(rng, n, dtype)
   b = random_array(rng, (17, n, 2), dtype)
   x, info = posv(a, b, lower=lower)
-  with lapack_only():
+  with small_path("cholesky", "never"):
     lapack_x, lapack_info = posv(a, b, lower=lower)
   np.testing.assert_array_equal(info, lapack_info)
   np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])

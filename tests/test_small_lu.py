@@ -6,8 +6,6 @@ path on both sides of the size switch."""
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +15,7 @@ import scipy.linalg
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import DTYPES, TOL, assert_close, random_array
+from batchpart.testing import DTYPES, TOL, assert_close, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -34,17 +32,6 @@ LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
   _lapack_targets.register()
-
-
-@contextlib.contextmanager
-def small_lu(enabled: bool):
-  """Runs the kernels with (True) or without the interleaved path."""
-  before = _core.lapack.small_path("lu")
-  _core.lapack.set_small_path("lu", "auto" if enabled else "never")
-  try:
-    yield
-  finally:
-    _core.lapack.set_small_path("lu", before)
 
 
 def sizes_around_switch(target, row_major, dtype):
@@ -231,7 +218,7 @@ def test_a_zero_pivot_after_elimination(row_major, dtype):
   assert list(info) == [3, 0, 2]
   _, x_info = gesv(a, np.ones((3, 3, 1), dtype), row_major)
   assert list(x_info) == [3, 0, 2]
-  with small_lu(False):
+  with small_path("lu", "never"):
     _, expected_pivots, _, expected_info = getrf(a, row_major)
   np.testing.assert_array_equal(pivots, expected_pivots)
   np.testing.assert_array_equal(info, expected_info)
@@ -261,7 +248,7 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
     # entry of A leaves some. (LAPACK's getrf picks a NaN pivot where
     # getf2's comparisons skip it, and std::complex's products recover
     # infinities that the plain formula makes NaN: garbage either way.)
-    with small_lu(False):
+    with small_path("lu", "never"):
       _, expected_pivots, _, expected_info = getrf(a, row_major)
       x0, _ = gesv(a, b, row_major)
     np.testing.assert_array_equal(pivots, expected_pivots)
@@ -281,7 +268,7 @@ def test_subnormal_elements_are_singular_and_leave_the_others_alone(row_major, d
   a = well_conditioned(rng, (2 * LANES[dtype] + 3, n, n), dtype)
   a[::3] *= np.finfo(dtype).tiny / 16
   lu, pivots, perm, info = getrf(a, row_major)
-  with small_lu(False):
+  with small_path("lu", "never"):
     _, pivots0, _, info0 = getrf(a, row_major)
   np.testing.assert_array_equal(pivots, pivots0)
   np.testing.assert_array_equal(info, info0)
@@ -306,7 +293,7 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
     b = random_array(rng, (LANES[dtype] + 3, n, 2), dtype)
     results = {}
     for enabled in (True, False):
-      with small_lu(enabled):
+      with small_path("lu", "auto" if enabled else "never"):
         results[enabled] = (*getrf(a, row_major), *gesv(a, b, row_major))
     (lu, piv, perm, info, x, x_info), (lu0, piv0, perm0, info0, x0, x_info0) = (
         results[True], results[False])

@@ -7,8 +7,6 @@ and gradients through bp.linalg.qr."""
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, random_array
+from batchpart.testing import assert_close, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -37,6 +35,8 @@ def largest(row_major, dtype):
 def sizes_around_switch(row_major, dtype):
   high = largest(row_major, dtype)
   return sorted({*SIZES, high - 1, high, high + 1})
+
+
 LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
 
@@ -44,17 +44,6 @@ MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
   _lapack_targets.register()
-
-
-@contextlib.contextmanager
-def small_qr(path: str):
-  """Runs the kernels with the interleaved QR as `path` sets it."""
-  before = _core.lapack.small_path("qr")
-  _core.lapack.set_small_path("qr", path)
-  try:
-    yield
-  finally:
-    _core.lapack.set_small_path("qr", before)
 
 
 def qr(a, full, row_major):
@@ -71,9 +60,9 @@ def qr(a, full, row_major):
 
 def both_paths(a, full, row_major):
   """(Q, R) from the interleaved kernel ("always") and the per-matrix path."""
-  with small_qr("always"):
+  with small_path("qr", "always"):
     ours = qr(a, full, row_major)
-  with small_qr("never"):
+  with small_path("qr", "never"):
     theirs = qr(a, full, row_major)
   return ours, theirs
 
@@ -105,7 +94,7 @@ def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, f
   rng = np.random.default_rng(0)
   for n in sizes_around_switch(row_major, dtype):
     a = random_array(rng, (LANES[dtype] + 3, n, n), dtype)
-    with small_qr("auto"):
+    with small_path("qr", "auto"):
       auto = qr(a, full, row_major)
     ours, theirs = both_paths(a, full, row_major)
     check_same_as_per_matrix(a, ours, theirs, dtype)

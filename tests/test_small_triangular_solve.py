@@ -11,7 +11,6 @@ that both the column-major and the row-major target are exercised;
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import jax
@@ -21,7 +20,7 @@ import scipy.linalg
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import random_array
+from batchpart.testing import random_array, small_path
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,16 +39,6 @@ def _lapack_with_x64():
   _lapack_targets.register()
   with jax.enable_x64(True):
     yield
-
-
-@contextlib.contextmanager
-def path(mode):
-  """Runs the block with the triangular solve forced onto one path."""
-  _core.lapack.set_small_path("triangular_solve", mode)
-  try:
-    yield
-  finally:
-    _core.lapack.set_small_path("triangular_solve", "auto")
 
 
 def trsm(a, b, flags, *, row_major):
@@ -146,7 +135,7 @@ def test_every_flag_matches_scipy_on_both_sides_of_the_switch(row_major, dtype, 
 @pytest.mark.parametrize("n", sorted({1, 2, 3, 7, 8, 16, 31, 32, SWITCH, SWITCH + 1}))
 def test_sizes_and_batches_not_a_multiple_of_the_lanes(row_major, dtype, n):
   rng = np.random.default_rng(n)
-  with path("always"):
+  with small_path("triangular_solve", "always"):
     for batch, k, flags in [(1, 1, FLAGS[31]), (5, 4, FLAGS[20]), (17, 1, FLAGS[9]),
                             (100, 2, FLAGS[26])]:
       a = triangular(rng, (batch, n, n), dtype, flags[1])
@@ -160,7 +149,7 @@ def test_sizes_and_batches_not_a_multiple_of_the_lanes(row_major, dtype, n):
 def test_right_hand_side_counts(row_major, dtype, k):
   # 4 right-hand sides make one register block; 1, 3, 5, 9 leave remainders.
   rng = np.random.default_rng(k)
-  with path("always"):
+  with small_path("triangular_solve", "always"):
     for flags in [(True, True, False, False, False), (False, False, True, True, False)]:
       a = triangular(rng, (19, 6, 6), dtype, flags[1])
       b = random_array(rng, rhs_shape((19,), 6, k, flags[0]), dtype)
@@ -173,7 +162,7 @@ def test_right_hand_side_counts(row_major, dtype, k):
 def test_broadcast_batches(row_major, dtype, mode):
   rng = np.random.default_rng(7)
   flags = (True, True, False, False, False)
-  with path(mode):
+  with small_path("triangular_solve", mode):
     # a broadcast over b's leading dim, b over a's trailing one, and a single
     # a for the whole batch.
     for a_batch, b_batch in [((1, 9), (3, 9)), ((3, 9), (3, 1)), ((), (21,)), ((21,), ())]:
@@ -199,7 +188,7 @@ def test_interleaved_and_blas_paths_agree(row_major, dtype, n, batch):
     b = random_array(rng, rhs_shape((batch,), n, 2, flags[0]), dtype)
     results = {}
     for mode in ("auto", "always", "never"):
-      with path(mode):
+      with small_path("triangular_solve", mode):
         results[mode] = trsm(a, b, flags, row_major=row_major)
     _, op = reference(a, b, flags)
     cond = max(np.linalg.cond(m) for m in op)
@@ -239,9 +228,9 @@ def test_nonfinite_input_propagates_as_blas_does(row_major, dtype, flags):
   rng = np.random.default_rng(3)
   n = 6
   a, b = nonfinite_inputs(rng, dtype, n, flags)
-  with path("never"):
+  with small_path("triangular_solve", "never"):
     blas = trsm(a, b, flags, row_major=row_major)
-  with path("always"):
+  with small_path("triangular_solve", "always"):
     small = trsm(a, b, flags, row_major=row_major)
   # Non-finite exactly where BLAS's is. Real: NaN where NaN, Inf where Inf.
   # Complex Inf arithmetic makes NaN parts by the way it is spelled (OpenBLAS
@@ -265,7 +254,7 @@ def test_unread_entries_are_not_read(row_major, dtype):
     a = triangular(rng, (10, 5, 5), dtype, flags[1])
     a[:, np.arange(5), np.arange(5)] = np.nan
     b = random_array(rng, rhs_shape((10,), 5, 2, flags[0]), dtype)
-    with path("always"):
+    with small_path("triangular_solve", "always"):
       x = trsm(a, b, flags, row_major=row_major)
     assert np.all(np.isfinite(x))
     assert_solves(x, a, b, flags)
