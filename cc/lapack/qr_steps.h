@@ -54,6 +54,15 @@ int64_t PaddedRowLength(int64_t cols) {
   return (cols + 2 * kLanes<T> - 1) / kLanes<T> * kLanes<T>;
 }
 
+// Whether a sum of squares in double is one whose square root is the norm
+// to double's accuracy: neither underflowed nor overflowed (NaN passes on).
+inline bool SumOfSquaresIsSafe(double sum) {
+  constexpr double kLow =
+      std::numeric_limits<double>::min() / std::numeric_limits<double>::epsilon();
+  constexpr double kHigh = std::numeric_limits<double>::max() / 2;
+  return std::isnan(sum) || (sum > kLow && sum < kHigh);
+}
+
 // sqrt(sum of x[i * stride]^2), i < len, without overflow or underflow:
 // squares add up in double, which no float can overflow; for doubles out of
 // its safe range the sum is redone scaled by the largest magnitude.
@@ -61,10 +70,7 @@ template <typename T>
 double ColumnNorm(int64_t len, const T* x, int64_t stride) {
   double sum = 0;
   for (int64_t i = 0; i < len; ++i) sum += static_cast<double>(x[i * stride]) * x[i * stride];
-  constexpr double kLow =
-      std::numeric_limits<double>::min() / std::numeric_limits<double>::epsilon();
-  constexpr double kHigh = std::numeric_limits<double>::max() / 2;
-  if (std::isnan(sum) || (sum > kLow && sum < kHigh)) return std::sqrt(sum);
+  if (SumOfSquaresIsSafe(sum)) return std::sqrt(sum);
   double scale = 0;
   for (int64_t i = 0; i < len; ++i) scale = std::max(scale, std::abs(double(x[i * stride])));
   if (scale == 0 || std::isinf(scale)) return scale;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "lapack/lapack_api.h"
@@ -44,23 +43,20 @@ BATCHPART_INLINE void MakeReflectors(const Lanes2D<T>& a, int64_t m, int64_t j, 
       largest[l] = std::max(largest[l], static_cast<double>(std::abs(x[l])));
     }
   }
-  // ColumnNorm's safe range; lanes outside it (squares that underflowed or
-  // overflowed) are summed again, rescaled, unless the column is zero.
-  constexpr double kLow =
-      std::numeric_limits<double>::min() / std::numeric_limits<double>::epsilon();
-  constexpr double kHigh = std::numeric_limits<double>::max() / 2;
+  // Lanes whose squares underflowed or overflowed are summed again,
+  // rescaled, by ColumnNorm (unless the column is zero).
   double norm[W];
   bool rescale = false;
   BATCHPART_LANES
   for (int l = 0; l < W; ++l) {
-    const bool safe = std::isnan(sum[l]) || (sum[l] > kLow && sum[l] < kHigh);
     norm[l] = std::sqrt(sum[l]);
-    rescale |= !safe && largest[l] != 0;
+    rescale |= !SumOfSquaresIsSafe(sum[l]) && largest[l] != 0;
   }
   if (rescale) {
     for (int l = 0; l < W; ++l) {
-      const bool safe = std::isnan(sum[l]) || (sum[l] > kLow && sum[l] < kHigh);
-      if (!safe && largest[l] != 0) norm[l] = ColumnNorm(m - j - 1, a.at(j + 1, j) + l, a.cols * W);
+      if (!SumOfSquaresIsSafe(sum[l]) && largest[l] != 0) {
+        norm[l] = ColumnNorm(m - j - 1, a.at(j + 1, j) + l, a.cols * W);
+      }
     }
   }
   double divisor[W];
