@@ -71,13 +71,6 @@ inline Order DenseOrder(int64_t rows, int64_t cols, Strides s) {
   return Order::kStrided;
 }
 
-// The block-transposing halves of Group::Pack and Group::Unpack for a full
-// group (kLanes<T> matrices) of dense matrices (interleaved.cc): they move
-// the elements at memory offsets [0, returned), a multiple of kLanes<T>,
-// kLanes<T> x kLanes<T> elements at a time in SIMD registers, and return 0
-// where the strides are not dense or the compiler has no vector shuffles.
-// re and im are a group's planes (im null for real T).
-
 // Which path a batched kernel family takes for small matrices, for tests
 // that compare both paths and for measurements: kAuto, the switch points
 // measured against the per-matrix path (each kernel's source); kAlways, the
@@ -90,14 +83,6 @@ enum class SmallKernel {
 };
 enum class SmallPath { kAuto, kAlways, kNever };
 
-// The sizes at which a kernel takes the interleaved path (each kernel's
-// header has its measured ranges).
-struct SizeRange {
-  int64_t min, max;
-  bool contains(int64_t n) const { return min <= n && n <= max; }
-};
-template <typename T>
-inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 void SetSmallPath(SmallKernel kernel, SmallPath path);
 SmallPath GetSmallPath(SmallKernel kernel);
 
@@ -115,6 +100,15 @@ inline bool UseSmallPath(SmallKernel kernel, bool automatic) {
   return automatic;
 }
 
+// The sizes at which a kernel takes the interleaved path (each kernel's
+// header has its measured ranges).
+struct SizeRange {
+  int64_t min, max;
+  bool contains(int64_t n) const { return min <= n && n <= max; }
+};
+template <typename T>
+inline constexpr bool kSingle = sizeof(Real<T>) == 4;
+
 // The instruction sets a block transpose can use, in order.
 enum class Isa { kNone, kAvx2, kAvx512 };
 // Caps the instruction set of the block transposes (kNone: the element
@@ -125,6 +119,12 @@ void SetBlockTransposes(Isa limit);
 Isa BlockTransposes();
 Isa SupportedBlockTransposes();
 
+// The block-transposing halves of Group::Pack and Group::Unpack for a full
+// group (kLanes<T> matrices) of dense matrices (interleaved.cc): they move
+// the elements at memory offsets [0, returned), a multiple of kLanes<T>,
+// kLanes<T> x kLanes<T> elements at a time in SIMD registers, and return 0
+// where the strides are not dense or the compiler has no vector shuffles.
+// re and im are a group's planes (im null for real T).
 template <typename T>
 int64_t PackFlat(const T* const* src, int64_t rows, int64_t cols, Strides s, Real<T>* re,
                  Real<T>* im);

@@ -48,15 +48,16 @@ void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
   WriteQAndR(shape, s.a.data(), s.tau.data(), s.work, q, r);
 }
 
-// Whether the batch goes through the interleaved QR (small_qr.h).
+// Whether a batch of real matrices goes through the interleaved QR
+// (small_qr.h); complex ones never do.
 template <typename T>
 bool QrInterleaved(const QrShape& shape, bool row_major) {
   namespace il = interleaved;
   return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>,
-                        kIsComplex<T>, shape.m, shape.n, Product(shape.batch));
+                        shape.m, shape.n, Product(shape.batch));
 }
 
-// The batch in groups of kLanes<T> matrices, each packed, factored and
+// The batch in groups of kLanes<T> real matrices, each packed, factored and
 // unpacked by the interleaved QR; the thread pool shares out groups.
 template <typename T>
 ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
@@ -95,8 +96,10 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
                   ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   const int64_t batch = Product(shape.batch);
   if (batch == 0) return ffi::Error::Success();
-  if (QrInterleaved<T>(shape, /*row_major=*/false)) {
-    return QrGroups<T>(pool, shape, /*row_major=*/false, a, q, r);
+  if constexpr (!kIsComplex<T>) {
+    if (QrInterleaved<T>(shape, /*row_major=*/false)) {
+      return QrGroups<T>(pool, shape, /*row_major=*/false, a, q, r);
+    }
   }
   const int64_t lwork = QueryWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
@@ -110,8 +113,10 @@ template <typename T>
 ffi::Error FactorRowMajor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                           ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   if (Product(shape.batch) == 0) return ffi::Error::Success();
-  if (QrInterleaved<T>(shape, /*row_major=*/true)) {
-    return QrGroups<T>(pool, shape, /*row_major=*/true, a, q, r);
+  if constexpr (!kIsComplex<T>) {
+    if (QrInterleaved<T>(shape, /*row_major=*/true)) {
+      return QrGroups<T>(pool, shape, /*row_major=*/true, a, q, r);
+    }
   }
   const int64_t lwork = UsesRowMajorHouseholder<T>(shape) ? 0 : LqWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kQrRowMajorTarget, "workspace size", lwork));

@@ -1,11 +1,11 @@
 #include "lapack/small_lu.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <complex>
 #include <cstring>
 #include <cstdint>
-#include <algorithm>
 #include <limits>
 #include <utility>
 

@@ -76,8 +76,8 @@ void FactorGroup(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info);
 
 // Overwrites the n x r matrices of `x` (holding B) with the solutions of
 // A X = B, given the n x n `lu` and `pivots` FactorGroup left with
-// RowSwaps::kFromBlock.
-// Lanes whose U is singular get Inf or NaN; the caller replaces them.
+// RowSwaps::kFromBlock. Lanes whose U is singular get Inf or NaN; the
+// caller replaces them.
 template <typename T>
 void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
 

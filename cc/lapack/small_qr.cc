@@ -160,7 +160,9 @@ void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t
   for (int64_t i = k - 1; i >= 0; --i) {
     const V t = LoadLanes(tau + i * W);
     Reflect(m - i, a, i, i, tau + i * W, q, i, i + 1, q_cols);
-    for (int64_t row = i + 1; row < m; ++row) StoreLanes(q.at(row, i), -t * LoadLanes(a.at(row, i)));
+    for (int64_t row = i + 1; row < m; ++row) {
+      StoreLanes(q.at(row, i), -t * LoadLanes(a.at(row, i)));
+    }
     StoreLanes(q.at(i, i), T(1) - t);
   }
 }
@@ -172,18 +174,10 @@ void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t
 
 template <typename T>
 void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r) {
-  if constexpr (!kIsComplex<T>) {
-    QrLanes<T>(a.rows(), a.cols(), a.re(0, 0), q.cols(), q.re(0, 0), r.rows(), r.re(0, 0));
-  }
+  QrLanes<T>(a.rows(), a.cols(), a.re(0, 0), q.cols(), q.re(0, 0), r.rows(), r.re(0, 0));
 }
 
 template void QrGroup<float>(Group<float>&, Group<float>&, Group<float>&);
 template void QrGroup<double>(Group<double>&, Group<double>&, Group<double>&);
-template void QrGroup<std::complex<float>>(Group<std::complex<float>>&,
-                                           Group<std::complex<float>>&,
-                                           Group<std::complex<float>>&);
-template void QrGroup<std::complex<double>>(Group<std::complex<double>>&,
-                                            Group<std::complex<double>>&,
-                                            Group<std::complex<double>>&);
 
 }  // namespace batchpart::lapack::interleaved

@@ -42,14 +42,14 @@ inline constexpr SizeRange kQrRowMajorSizes = {1, 48};
 // Writes the QR of the kLanes<T> m x n matrices of `a` (destroyed: it holds
 // the reflectors afterwards) to `q` (m x q_cols, q_cols <= m, the first
 // q_cols columns of Q) and `r` (r_rows x n, r_rows <= m, zero below the
-// diagonal). Real T only.
+// diagonal). Instantiated for float and double.
 template <typename T>
 void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r);
 
 // Whether a batch of real m x n matrices takes the interleaved QR, as
 // GetSmallPath(SmallKernel::kQr) has it (sizes: a k*Sizes range above).
-inline bool UseSmallQr(SizeRange sizes, bool is_complex, int64_t m, int64_t n, int64_t batch) {
-  return !is_complex && m >= 1 && n >= 1 && batch >= 1 &&
+inline bool UseSmallQr(SizeRange sizes, int64_t m, int64_t n, int64_t batch) {
+  return m >= 1 && n >= 1 && batch >= 1 &&
          UseSmallPath(SmallKernel::kQr, batch >= 2 && sizes.contains(std::max(m, n)));
 }
 
