@@ -30,7 +30,7 @@ namespace {
 std::atomic<Isa> g_limit{Isa::kAvx512};
 
 // SetSmallPath's settings, by SmallKernel (zero-initialized: kAuto).
-std::atomic<SmallPath> g_paths[4];
+std::atomic<SmallPath> g_paths[static_cast<int>(SmallKernel::kCount)];
 
 #ifdef BATCHPART_INTERLEAVED_SIMD
 

@@ -14,6 +14,7 @@
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
 #include "lapack/small_cholesky.h"
+#include "lapack/small_eigh.h"
 #include "lapack/small_lu.h"
 #include "lapack/small_qr.h"
 #include "lapack/small_triangular_solve.h"
@@ -55,6 +56,7 @@ constexpr std::pair<interleaved::SmallKernel, const char*> kSmallKernelNames[] =
     {interleaved::SmallKernel::kTriangularSolve, "triangular_solve"},
     {interleaved::SmallKernel::kLu, "lu"},
     {interleaved::SmallKernel::kQr, "qr"},
+    {interleaved::SmallKernel::kEigh, "eigh"},
 };
 constexpr std::pair<interleaved::SmallPath, const char*> kSmallPathNames[] = {
     {interleaved::SmallPath::kAuto, "auto"},
@@ -119,7 +121,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("intra_op_parallelism", &IntraOpParallelism);
   m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
         "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
-        "'lu': getrf and gesv; 'qr': qr of real matrices) takes for batches of small matrices: "
+        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh': eigh of real matrices) takes for batches of small matrices: "
         "'auto' (the measured switch points, default), 'always' (the batch-interleaved kernel at "
         "any size) or 'never' (one LAPACK call per matrix); for tests and measurements.");
   m.def("small_path", &SmallPathOf, nb::arg("kernel"), "The path set_small_path set.");
@@ -157,6 +159,18 @@ void DefineLapackSubmodule(nb::module_& parent) {
       },
       "{(row_major, single precision): (min, max)} of max(m, n) that the qr targets factor "
       "interleaved (real types, batches of at least 2; small_qr.h).");
+  m.def(
+      "small_eigh_sizes",
+      [] {
+        namespace il = interleaved;
+        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
+        nb::dict sizes;
+        sizes[nb::bool_(true)] = range(il::kEighSizes<float>);
+        sizes[nb::bool_(false)] = range(il::kEighSizes<double>);
+        return sizes;
+      },
+      "{single precision: (min n, max n)} that batchpart_eigh decomposes interleaved (real "
+      "types, batches of at least 2; small_eigh.h).");
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),

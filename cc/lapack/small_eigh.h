@@ -1,0 +1,71 @@
+// Symmetric eigendecomposition of many small real matrices at once, on the
+// batch-interleaved layout (interleaved.h): the eigh kernel's path for
+// batches of matrices small enough that syevd's per-call cost (workspace
+// logic, a tridiagonal reduction built for large n, a divide and conquer
+// that falls back to QL iteration below 25) dominates.
+//
+// The algorithm is the cyclic Jacobi method, lane by lane: each lane's
+// matrix is scaled by a power of two (exact) so that its largest element
+// lies in [1, 2), then rotated, pair (p, q) after pair in row order, until a
+// whole sweep finds no off-diagonal element above eps * ||A||_F / n (the
+// off-diagonal part is then below eps * ||A||_F, as in a backward-stable
+// eigensolver). A pair is skipped where no lane's element is above that
+// threshold, so late sweeps cost little. Eigenvalues come out ascending,
+// eigenvectors in the same order; a lane with a non-finite element in the
+// triangle read gets NaN and kNonFiniteInfo, and a lane not converged after
+// kMaxEighSweeps sweeps NaN and info 1. Complex matrices keep the
+// per-matrix path.
+#ifndef BATCHPART_LAPACK_SMALL_EIGH_H_
+#define BATCHPART_LAPACK_SMALL_EIGH_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "lapack/interleaved.h"
+
+namespace batchpart::lapack::interleaved {
+
+// The sizes n the eigh kernel runs interleaved; above, syevd per matrix is
+// faster. Measured through the raw target (eigenvalues and vectors) on one
+// CPU device, single-threaded, random symmetric matrices; AMD EPYC with
+// AVX-512, shared, so +-20%; see small_eigh.cc.
+template <typename T>
+inline constexpr SizeRange kEighSizes = {1, kSingle<T> ? 32 : 32};
+
+// Quadratic convergence takes a random matrix of these sizes to the
+// threshold in under ten sweeps; a lane still above it after this many is a
+// failure, not a slow lane.
+inline constexpr int kMaxEighSweeps = 60;
+
+// What EighGroup reuses from one group to the next: V transposed (a
+// rotation updates two of V's columns, rows of vt), and one lane's
+// eigenvalues and their order.
+template <typename T>
+struct EighWork {
+  EighWork(int64_t n, bool vectors) : vt(vectors ? n : 0, vectors ? n : 0), values(n), order(n) {}
+  Group<T> vt;
+  std::vector<T> values;
+  std::vector<int64_t> order;
+};
+
+// Decomposes the kLanes<T> symmetric matrices of `a` (n x n; the lower
+// triangle read when `lower`, else the upper; destroyed). Writes the
+// eigenvalues, ascending, to w (1 x n), the eigenvectors as the columns of
+// v (n x n) when `vectors` (then `work` was made with vectors too), and each
+// lane's info (0, kNonFiniteInfo, or 1 for no convergence) to
+// info[0..kLanes<T>). Instantiated for float and double.
+template <typename T>
+void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T>& w,
+               Group<T>& v, int32_t* info);
+
+// Whether a batch of real n x n matrices takes the interleaved eigh, as
+// GetSmallPath(SmallKernel::kEigh) has it.
+template <typename T>
+bool UseSmallEigh(int64_t n, int64_t batch) {
+  return n >= 1 && batch >= 1 &&
+         UseSmallPath(SmallKernel::kEigh, batch >= 2 && kEighSizes<T>.contains(n));
+}
+
+}  // namespace batchpart::lapack::interleaved
+
+#endif  // BATCHPART_LAPACK_SMALL_EIGH_H_
