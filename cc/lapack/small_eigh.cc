@@ -45,13 +45,15 @@ BATCHPART_INLINE Vec<T> Sqrt(Vec<T> x) {
   return LoadLanes(lanes);
 }
 
-// Whether any lane of a comparison's result is set.
+// Whether any lane of a comparison's result is set: its 64 bytes OR-ed as
+// words (lane by lane, the compiler extracted each lane on its own).
 template <typename Mask>
 BATCHPART_INLINE bool AnyLane(const Mask& mask) {
-  constexpr int kCount = sizeof(Mask) / sizeof(mask[0]);
-  bool any = false;
-  for (int l = 0; l < kCount; ++l) any |= mask[l] != 0;
-  return any;
+  static_assert(sizeof(Mask) == 8 * sizeof(uint64_t));
+  uint64_t words[8];
+  std::memcpy(words, &mask, sizeof(words));
+  return ((words[0] | words[1]) | (words[2] | words[3]) | (words[4] | words[5]) |
+          (words[6] | words[7])) != 0;
 }
 
 // x' = c x - s y and y' = s x + c y, lane by lane, in place.
@@ -111,52 +113,95 @@ void Prepare(const Square<T>& a, T* scale, T* threshold, bool* bad) {
   StoreLanes(threshold, Sqrt<T>(sum) * (std::numeric_limits<T>::epsilon() / static_cast<T>(n)));
 }
 
-// One rotation of the pair (p, q), p < q, in every lane where |a(q, p)| is
-// above the threshold: the lower triangle's rows and columns p and q, and
-// rows p and q of vt (V transposed, so that V's columns are contiguous).
-// Returns the lanes rotated.
+// The rotation of the pair (p, q), p < q, that zeroes a(q, p), in every
+// lane where |a(q, p)| is above the threshold: its cosine and sine go to
+// c_out and s_out, and the 2 x 2 block (p, q) takes it. Returns the lanes
+// rotated (none: nothing written).
 template <typename T>
-BATCHPART_INLINE auto RotatePair(const Square<T>& a, const Square<T>& vt, bool vectors,
-                                 Vec<T> threshold, int64_t p, int64_t q) {
-  const int64_t n = a.n;
+BATCHPART_INLINE auto Angle(const Square<T>& a, Vec<T> threshold, int64_t p, int64_t q, T* c_out,
+                            T* s_out) {
   const Vec<T> apq = LoadLanes(a.at(q, p));
   const auto rotate = Abs<T>(apq) > threshold;
   if (!AnyLane(rotate)) return rotate;
   const Vec<T> app = LoadLanes(a.at(p, p)), aqq = LoadLanes(a.at(q, q));
-  // t = tan(theta), the smaller root of t^2 + 2 t cot(2 theta) - 1 = 0,
-  // cot(2 theta) = (a_qq - a_pp) / (2 a_pq): sign(d) 2 a_pq / (|d| + hypot(d,
-  // 2 a_pq)), d = a_qq - a_pp (sign(0) = +1). The scaled entries keep the
-  // squares in range; lanes not rotated get t = 0.
-  const Vec<T> d = aqq - app, two = apq + apq;
+  // With d = a_qq - a_pp, b = 2 a_pq and h = hypot(d, b), tan(theta) is
+  // t = sign(d) b / (|d| + h) (sign(0) = +1, the smaller angle), and cos
+  // and sin follow without t: c = (|d| + h) / u, s = sign(d) b / u,
+  // u = sqrt(2 h (h + |d|)). The scaled entries keep the squares in range;
+  // lanes not rotated get t = s = 0, c = 1.
   const Vec<T> zero{}, one = zero + T(1);
-  const Vec<T> denominator = Abs<T>(d) + Sqrt<T>(d * d + two * two);
-  Vec<T> t = rotate ? two / (rotate ? denominator : one) : zero;
-  t = d < zero ? -t : t;
-  const Vec<T> c = one / Sqrt<T>(one + t * t), s = t * c;
+  const Vec<T> d = aqq - app, b = apq + apq, size = Abs<T>(d);
+  const Vec<T> h = Sqrt<T>(d * d + b * b), sum = size + h;
+  const Vec<T> signed_b = d < zero ? -b : b;
+  const Vec<T> inverse_u = one / (rotate ? Sqrt<T>((h + h) * sum) : one);
+  const Vec<T> t = rotate ? signed_b / (rotate ? sum : one) : zero;
+  StoreLanes(c_out, rotate ? sum * inverse_u : one);
+  StoreLanes(s_out, rotate ? signed_b * inverse_u : zero);
   StoreLanes(a.at(p, p), app - t * apq);
   StoreLanes(a.at(q, q), aqq + t * apq);
   StoreLanes(a.at(q, p), rotate ? zero : apq);
-  for (int64_t k = 0; k < p; ++k) Rotate<T>(a.at(p, k), a.at(q, k), c, s);
-  for (int64_t k = p + 1; k < q; ++k) Rotate<T>(a.at(k, p), a.at(q, k), c, s);
-  for (int64_t k = q + 1; k < n; ++k) Rotate<T>(a.at(k, p), a.at(k, q), c, s);
-  if (vectors) {
-    for (int64_t k = 0; k < n; ++k) Rotate<T>(vt.at(p, k), vt.at(q, k), c, s);
-  }
   return rotate;
 }
 
+// The rest of the rotation of (p, q) whose cosine and sine are c and s:
+// rows and columns p and q of the lower triangle outside the 2 x 2 block.
+template <typename T>
+BATCHPART_INLINE void RotateOffBlock(const Square<T>& a, int64_t p, int64_t q, Vec<T> c,
+                                     Vec<T> s) {
+  for (int64_t k = 0; k < p; ++k) Rotate<T>(a.at(p, k), a.at(q, k), c, s);
+  for (int64_t k = p + 1; k < q; ++k) Rotate<T>(a.at(k, p), a.at(q, k), c, s);
+  for (int64_t k = q + 1; k < a.n; ++k) Rotate<T>(a.at(k, p), a.at(k, q), c, s);
+}
+
+// The pair of round `round` (0 <= round < m - 1) at position i (0 <= i <
+// m / 2) of the circle method for m (even) indices: every index meets every
+// other once in m - 1 rounds, and the pairs of one round are disjoint.
+inline void RoundPair(int64_t m, int64_t round, int64_t i, int64_t* p, int64_t* q) {
+  const int64_t x = i == 0 ? m - 1 : (round + i) % (m - 1);
+  const int64_t y = i == 0 ? round : (round - i + m - 1) % (m - 1);
+  *p = std::min(x, y);
+  *q = std::max(x, y);
+}
+
 // Sweeps until no lane rotates (or kMaxEighSweeps); returns the lanes that
-// still rotated in the last sweep taken, i.e. did not converge.
+// still rotated in the last sweep taken, i.e. did not converge. A sweep
+// visits every pair once, in rounds of disjoint pairs (RoundPair): the
+// rotations of one round leave each other's 2 x 2 blocks alone, so their
+// angles are computed first, side by side, rather than each waiting for
+// the previous rotation's square roots and divisions (the pair-by-pair
+// order's chain). `rotations` holds n lanes' worth of cosines and sines,
+// `pairs` n indices.
 template <typename T>
 BATCHPART_INLINE auto Sweep(const Square<T>& a, const Square<T>& vt, bool vectors,
-                            const T* threshold_lanes) {
+                            const T* threshold_lanes, T* rotations, int64_t* pairs) {
+  constexpr int W = kLanes<T>;
+  const int64_t n = a.n, m = n + (n & 1);  // odd n: index n is a bye
   const Vec<T> threshold = LoadLanes(threshold_lanes);
   using Mask = decltype(threshold > threshold);
   Mask rotated{};
   for (int sweep = 0; sweep < kMaxEighSweeps; ++sweep) {
     rotated = Mask{};
-    for (int64_t p = 0; p + 1 < a.n; ++p) {
-      for (int64_t q = p + 1; q < a.n; ++q) rotated |= RotatePair<T>(a, vt, vectors, threshold, p, q);
+    for (int64_t round = 0; round + 1 < m; ++round) {
+      int64_t count = 0;
+      for (int64_t i = 0; i < m / 2; ++i) {
+        int64_t p, q;
+        RoundPair(m, round, i, &p, &q);
+        if (q >= n) continue;
+        T* cs = rotations + 2 * count * W;
+        const Mask lanes = Angle<T>(a, threshold, p, q, cs, cs + W);
+        if (!AnyLane(lanes)) continue;
+        rotated |= lanes;
+        pairs[2 * count] = p;
+        pairs[2 * count + 1] = q;
+        ++count;
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t p = pairs[2 * j], q = pairs[2 * j + 1];
+        const Vec<T> c = LoadLanes(rotations + 2 * j * W), s = LoadLanes(rotations + (2 * j + 1) * W);
+        RotateOffBlock<T>(a, p, q, c, s);
+        if (!vectors) continue;
+        for (int64_t k = 0; k < n; ++k) Rotate<T>(vt.at(p, k), vt.at(q, k), c, s);
+      }
     }
     if (!AnyLane(rotated)) break;
   }
@@ -167,8 +212,8 @@ template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void EighLanes(int64_t n, bool lower, bool vectors, T* a_data, T* vt_data, T* scale,
-               T* threshold, bool* bad, bool* unconverged) {
+void EighLanes(int64_t n, bool lower, bool vectors, T* a_data, T* vt_data, T* rotations,
+               int64_t* pairs, T* scale, T* threshold, bool* bad, bool* unconverged) {
   constexpr int W = kLanes<T>;
   const Square<T> a{a_data, n}, vt{vt_data, n};
   if (!lower) MirrorUpper(a);
@@ -177,7 +222,7 @@ void EighLanes(int64_t n, bool lower, bool vectors, T* a_data, T* vt_data, T* sc
     std::memset(vt_data, 0, sizeof(T) * n * n * W);
     for (int64_t i = 0; i < n; ++i) StoreLanes(vt.at(i, i), Vec<T>{} + T(1));
   }
-  const auto rotated = Sweep<T>(a, vt, vectors, threshold);
+  const auto rotated = Sweep<T>(a, vt, vectors, threshold, rotations, pairs);
   for (int l = 0; l < W; ++l) unconverged[l] = rotated[l] != 0;
 }
 
@@ -190,12 +235,12 @@ void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T
                Group<T>& v, int32_t* info) {
   constexpr int W = kLanes<T>;
   const int64_t n = a.rows();
-  Group<T>& vt = work.vt;
   std::vector<T>& values = work.values;
   std::vector<int64_t>& order = work.order;
   alignas(64) T scale[W], threshold[W];
   bool bad[W], unconverged[W];
-  EighLanes<T>(n, lower, vectors, a.re(0, 0), vt.re(0, 0), scale, threshold, bad, unconverged);
+  EighLanes<T>(n, lower, vectors, a.re(0, 0), work.vt.re(0, 0), work.rotations.data(),
+               work.pairs.data(), scale, threshold, bad, unconverged);
   // Each lane's eigenvalues ascending, and its eigenvectors in their order.
   const T nan = std::numeric_limits<T>::quiet_NaN();
   for (int l = 0; l < W; ++l) {
@@ -213,7 +258,7 @@ void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T
               [&](int64_t x, int64_t y) { return values[x] < values[y]; });
     for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = values[order[i]];
     for (int64_t i = 0; vectors && i < n; ++i) {
-      for (int64_t k = 0; k < n; ++k) v.re(k, i)[l] = vt.re(order[i], k)[l];
+      for (int64_t k = 0; k < n; ++k) v.re(k, i)[l] = work.vt.re(order[i], k)[l];
     }
   }
 }

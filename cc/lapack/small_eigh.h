@@ -6,11 +6,11 @@
 //
 // The algorithm is the cyclic Jacobi method, lane by lane: each lane's
 // matrix is scaled by a power of two (exact) so that its largest element
-// lies in [1, 2), then rotated, pair (p, q) after pair in row order, until a
-// whole sweep finds no off-diagonal element above eps * ||A||_F / n (the
-// off-diagonal part is then below eps * ||A||_F, as in a backward-stable
-// eigensolver). A pair is skipped where no lane's element is above that
-// threshold, so late sweeps cost little. Eigenvalues come out ascending,
+// lies in [1, 2), then rotated, every pair (p, q) once a sweep in rounds of
+// disjoint pairs, until a whole sweep finds no off-diagonal element above
+// eps * ||A||_F / n (the off-diagonal part is then below eps * ||A||_F, as
+// in a backward-stable eigensolver). A pair is skipped where no lane's
+// element is above that threshold, so late sweeps cost little. Eigenvalues come out ascending,
 // eigenvectors in the same order; a lane with a non-finite element in the
 // triangle read gets NaN and kNonFiniteInfo, and a lane not converged after
 // kMaxEighSweeps sweeps NaN and info 1. Complex matrices keep the
@@ -26,11 +26,17 @@
 namespace batchpart::lapack::interleaved {
 
 // The sizes n the eigh kernel runs interleaved; above, syevd per matrix is
-// faster. Measured through the raw target (eigenvalues and vectors) on one
+// faster. Measured through bp.linalg.eigh (eigenvalues and vectors) on one
 // CPU device, single-threaded, random symmetric matrices; AMD EPYC with
-// AVX-512, shared, so +-20%; see small_eigh.cc.
+// AVX-512, shared, so +-20%; microseconds per matrix, syevd -> interleaved:
+//          n=2        4          8          12         16        24        28        32        48
+//   f64  0.29->0.06 1.6->0.21 5.4->1.2  11.6->3.4  20->8.5   46->27    59->45    75->77    177->222
+//   f32  0.30->0.06 1.4->0.16 4.6->0.65  9.5->1.6  17->3.6   39->12    48->19    63->32    136->107
+// Jacobi's work, about 8 sweeps of n^2 / 2 rotations of 4n elements each,
+// grows faster than syevd's fixed cost shrinks in proportion; at f32 n = 64
+// syevd is twice as fast.
 template <typename T>
-inline constexpr SizeRange kEighSizes = {1, kSingle<T> ? 32 : 32};
+inline constexpr SizeRange kEighSizes = {1, kSingle<T> ? 48 : 28};
 
 // Quadratic convergence takes a random matrix of these sizes to the
 // threshold in under ten sweeps; a lane still above it after this many is a
@@ -38,12 +44,20 @@ inline constexpr SizeRange kEighSizes = {1, kSingle<T> ? 32 : 32};
 inline constexpr int kMaxEighSweeps = 60;
 
 // What EighGroup reuses from one group to the next: V transposed (a
-// rotation updates two of V's columns, rows of vt), and one lane's
+// rotation of (p, q) updates V's columns p and q, rows of vt), one round's
+// rotations (cosines and sines, and their pairs), and one lane's
 // eigenvalues and their order.
 template <typename T>
 struct EighWork {
-  EighWork(int64_t n, bool vectors) : vt(vectors ? n : 0, vectors ? n : 0), values(n), order(n) {}
+  EighWork(int64_t n, bool vectors)
+      : vt(vectors ? n : 0, vectors ? n : 0),
+        rotations(2 * n * kLanes<T>),
+        pairs(2 * n),
+        values(n),
+        order(n) {}
   Group<T> vt;
+  std::vector<T> rotations;
+  std::vector<int64_t> pairs;
   std::vector<T> values;
   std::vector<int64_t> order;
 };
