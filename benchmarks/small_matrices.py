@@ -44,6 +44,7 @@ def _ops(jax, jnp, bp):
                 "spd"),
       "lu": (lambda a: bp.linalg.lu(a)[0], lambda a: lax.lu(a)[0], "general"),
       "qr": (lambda a: bp.linalg.qr(a), lambda a: jnp.linalg.qr(a), "general"),
+      "eigh": (lambda a: bp.linalg.eigh(a), lambda a: jnp.linalg.eigh(a), "spd"),
   }
 
 
@@ -70,7 +71,7 @@ def measure(jax, jnp, bp, np, batch, n, dtype, *, repeats):
 def _per_matrix_path(core, enabled: bool) -> None:
   """Lets the kernels take their small-matrix paths (the default) or sends
   every batch to the per-matrix LAPACK/BLAS path."""
-  for kernel in ("cholesky", "lu", "triangular_solve", "qr"):
+  for kernel in ("cholesky", "lu", "triangular_solve", "qr", "eigh"):
     core.lapack.set_small_path(kernel, "auto" if enabled else "never")
 
 

@@ -159,16 +159,18 @@ def eigh(a: ArrayLike, *, lower: bool = True, symmetrize_input: bool = True,
 
   Args:
     a: array of shape ``(..., n, n)``.
-    lower: which triangle LAPACK's syevd/heevd reads.
+    lower: which triangle is read.
     symmetrize_input: decompose ``(a + a^H) / 2`` (True, jax's default), or
       the Hermitian matrix given by the ``lower`` (or upper) triangle alone
       (False: the other triangle is never read). Derivatives follow what is
       read.
-    sort_eigenvalues: accepted for jax's signature; syevd returns the
-      eigenvalues ascending either way (jax allows any order when False).
+    sort_eigenvalues: accepted for jax's signature; the eigenvalues come out
+      ascending either way (jax allows any order when False).
     implementation: ``None`` or a ``jax.lax.linalg.EighImplementation``, as
-      jax takes it on CPU: ``None`` and ``QR`` run LAPACK's syevd/heevd,
-      ``JACOBI`` and ``QDWH`` raise ``NotImplementedError`` as jax does there.
+      jax takes it on CPU: ``None`` and ``QR`` run LAPACK's syevd/heevd (on
+      CPU, batches of small real matrices run batchpart's interleaved Jacobi
+      kernel instead, to the same accuracy), ``JACOBI`` and ``QDWH`` raise
+      ``NotImplementedError`` as jax does there.
 
   Returns:
     ``EighResult(eigenvalues, eigenvectors)``: ``(..., n)`` real, ascending, and
