@@ -1,5 +1,5 @@
 // batchpart_eigh: batched Hermitian eigendecomposition (syevd / heevd);
-// batches of small real matrices interleaved (small_eigh.h).
+// batches of small matrices interleaved (small_eigh.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -98,7 +98,7 @@ void DecomposeOne(const EighShape& shape, bool lower, const T* a, Real<T>* w, T*
   }
 }
 
-// The batch in groups of kLanes<T> real matrices, each packed (the triangle
+// The batch in groups of kLanes<T> matrices, each packed (the triangle
 // read), decomposed by the interleaved Jacobi and unpacked; the thread pool
 // shares out groups.
 template <typename T>
@@ -110,31 +110,34 @@ ffi::Error DecomposeGroups(ffi::ThreadPool& pool, const EighShape& shape, bool l
   const int64_t n = shape.n;
   const bool vectors = shape.v_cols > 0;
   const T* a_data = a.typed_data<T>();
-  T* w_data = w.typed_data<T>();
+  Real<T>* w_data = w.typed_data<Real<T>>();
   T* v_data = vectors ? v.typed_data<T>() : nullptr;
   int32_t* info_data = info.typed_data<int32_t>();
   struct Scratch {
-    il::Group<T> a, w, v;
+    il::Group<T> a;
+    il::Group<Real<T>> w;
+    il::Group<T> v;
     il::EighWork<T> work;
   };
   // About six sweeps of n^2 / 2 rotations, each 6 flops per element of two
-  // rows of A (and of V).
-  const double flops = (vectors ? 36.0 : 18.0) * n * n * n;
+  // rows of A (and of V); complex arithmetic about four times that.
+  const double flops = kFlopScale<T> * (vectors ? 36.0 : 18.0) * n * n * n;
   return il::ForEachGroup<T>(
       pool, Product(shape.batch), flops,
       [&] {
-        return Scratch{il::Group<T>(n, n), il::Group<T>(1, n),
+        return Scratch{il::Group<T>(n, n), il::Group<Real<T>>(1, n),
                        il::Group<T>(vectors ? n : 0, vectors ? n : 0), il::EighWork<T>(n, vectors)};
       },
       [&](Scratch& s, il::Lanes lanes) {
         const T* src[W];
         T* dst[W];
+        Real<T>* w_dst[W];
         il::LanePointers(a_data, il::Itself, n * n, lanes, src);
         s.a.PackTriangle(src, lanes.count, il::ColumnMajor(n), lower);
         int32_t lane_info[W];
         il::EighGroup(s.a, lower, vectors, s.work, s.w, s.v, lane_info);
-        il::LanePointers(w_data, il::Itself, n, lanes, dst);
-        s.w.Unpack(dst, lanes.count, il::RowMajor(n));
+        il::LanePointers(w_data, il::Itself, n, lanes, w_dst);
+        s.w.Unpack(w_dst, lanes.count, il::RowMajor(n));
         if (vectors) {
           il::LanePointers(v_data, il::Itself, n * n, lanes, dst);
           s.v.Unpack(dst, lanes.count, il::ColumnMajor(n));
@@ -149,10 +152,8 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const EighShape& shape, bool lower,
                      ffi::AnyBuffer& info) {
   const int64_t batch = Product(shape.batch), n = shape.n;
   if (batch == 0) return ffi::Error::Success();
-  if constexpr (!kIsComplex<T>) {
-    if (interleaved::UseSmallEigh<T>(n, batch)) {
-      return DecomposeGroups<T>(pool, shape, lower, a, w, v, info);
-    }
+  if (interleaved::UseSmallEigh<T>(n, batch)) {
+    return DecomposeGroups<T>(pool, shape, lower, a, w, v, info);
   }
   const bool vectors = shape.v_cols > 0;
   const EighWorkspace sizes = QueryWorkspace<T>(n, vectors ? 'V' : 'N', lower ? 'L' : 'U');

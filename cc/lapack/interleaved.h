@@ -80,7 +80,7 @@ enum class SmallKernel {
   kTriangularSolve, // trsm (small_triangular_solve.h)
   kLu,              // getrf and gesv (small_lu.h)
   kQr,              // qr of real matrices (small_qr.h)
-  kEigh,            // eigh of real matrices (small_eigh.h)
+  kEigh,            // eigh (small_eigh.h)
   kCount,           // the number of kernel families
 };
 enum class SmallPath { kAuto, kAlways, kNever };

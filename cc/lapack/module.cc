@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
+#include <complex>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -121,7 +122,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("intra_op_parallelism", &IntraOpParallelism);
   m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
         "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
-        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh': eigh of real matrices) takes for batches of small matrices: "
+        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh') takes for batches of small matrices: "
         "'auto' (the measured switch points, default), 'always' (the batch-interleaved kernel at "
         "any size) or 'never' (one LAPACK call per matrix); for tests and measurements.");
   m.def("small_path", &SmallPathOf, nb::arg("kernel"), "The path set_small_path set.");
@@ -165,12 +166,14 @@ void DefineLapackSubmodule(nb::module_& parent) {
         namespace il = interleaved;
         const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
         nb::dict sizes;
-        sizes[nb::bool_(true)] = range(il::kEighSizes<float>);
-        sizes[nb::bool_(false)] = range(il::kEighSizes<double>);
+        sizes[nb::make_tuple(false, true)] = range(il::kEighSizes<float>);
+        sizes[nb::make_tuple(false, false)] = range(il::kEighSizes<double>);
+        sizes[nb::make_tuple(true, true)] = range(il::kEighSizes<std::complex<float>>);
+        sizes[nb::make_tuple(true, false)] = range(il::kEighSizes<std::complex<double>>);
         return sizes;
       },
-      "{single precision: (min n, max n)} that batchpart_eigh decomposes interleaved (real "
-      "types, batches of at least 2; small_eigh.h).");
+      "{(complex, single precision): (min n, max n)} that batchpart_eigh decomposes "
+      "interleaved (batches of at least 2; small_eigh.h).");
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
   m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -18,30 +19,34 @@ namespace {
 // (target_clones) gets each loop compiled for it too.
 #define BATCHPART_INLINE [[gnu::always_inline]] inline
 
-// One plane of an interleaved n x n matrix: element (i, j)'s lanes at
-// data + (i * n + j) * kLanes<T>.
+template <typename R>
+using Vec = typename LaneVector<R>::type;
+
+// An interleaved n x n matrix of element type T as planes of reals R:
+// element (i, j)'s lanes at re + (i * n + j) * kLanes<T>, and at im for
+// complex T (null for real T).
 template <typename T>
-struct Square {
-  T* data;
+struct Planes {
+  using R = Real<T>;
+  R* re;
+  R* im;
   int64_t n;
-  BATCHPART_INLINE T* at(int64_t i, int64_t j) const { return data + (i * n + j) * kLanes<T>; }
+  BATCHPART_INLINE R* at_re(int64_t i, int64_t j) const { return re + (i * n + j) * kLanes<T>; }
+  BATCHPART_INLINE R* at_im(int64_t i, int64_t j) const { return im + (i * n + j) * kLanes<T>; }
 };
 
-template <typename T>
-using Vec = typename LaneVector<T>::type;
-
-template <typename T>
-BATCHPART_INLINE Vec<T> Abs(Vec<T> x) {
-  return x < Vec<T>{} ? -x : x;
+template <typename R>
+BATCHPART_INLINE Vec<R> Abs(Vec<R> x) {
+  return x < Vec<R>{} ? -x : x;
 }
 
 // Each lane's square root, through memory so that the loop vectorizes
 // (this file is built without errno, see CMakeLists.txt).
-template <typename T>
-BATCHPART_INLINE Vec<T> Sqrt(Vec<T> x) {
-  alignas(64) T lanes[kLanes<T>];
+template <typename R>
+BATCHPART_INLINE Vec<R> Sqrt(Vec<R> x) {
+  alignas(64) R lanes[kLanes<R>];
   StoreLanes(lanes, x);
-  for (int l = 0; l < kLanes<T>; ++l) lanes[l] = std::sqrt(lanes[l]);
+  for (int l = 0; l < kLanes<R>; ++l) lanes[l] = std::sqrt(lanes[l]);
   return LoadLanes(lanes);
 }
 
@@ -56,101 +61,203 @@ BATCHPART_INLINE bool AnyLane(const Mask& mask) {
           (words[6] | words[7])) != 0;
 }
 
-// x' = c x - s y and y' = s x + c y, lane by lane, in place.
+// One Jacobi rotation, U = [[c, conj(g)], [-g, c]] on the pair (p, q): c
+// real, g = s e with e the phase of a(q, p) (real T: g = s, e folded into
+// s's sign). A <- U^H A U and V <- V U.
 template <typename T>
-BATCHPART_INLINE void Rotate(T* x, T* y, Vec<T> c, Vec<T> s) {
-  const Vec<T> a = LoadLanes(x), b = LoadLanes(y);
-  StoreLanes(x, c * a - s * b);
-  StoreLanes(y, s * a + c * b);
+struct Rotation {
+  using R = Real<T>;
+  Vec<R> c, g_re, g_im;  // g_im unused for real T
+};
+
+// The column operation of a rotation on element pairs (x, y) of columns p
+// and q: x' = c x - g y, y' = conj(g) x + c y. The row operation on
+// elements (P, Q) of rows p and q, P' = c P - conj(g) Q, Q' = g P + c Q, is
+// the same with g conjugated (`conjugate`).
+template <typename T, bool conjugate = false>
+BATCHPART_INLINE void RotatePair(const Rotation<T>& u, Real<T>* x_re, Real<T>* x_im,
+                                 Real<T>* y_re, Real<T>* y_im) {
+  const auto xr = LoadLanes(x_re), yr = LoadLanes(y_re);
+  if constexpr (!kIsComplex<T>) {
+    StoreLanes(x_re, u.c * xr - u.g_re * yr);
+    StoreLanes(y_re, u.g_re * xr + u.c * yr);
+  } else {
+    const auto xi = LoadLanes(x_im), yi = LoadLanes(y_im);
+    const auto gr = u.g_re, gi = conjugate ? -u.g_im : u.g_im;
+    StoreLanes(x_re, u.c * xr - (gr * yr - gi * yi));
+    StoreLanes(x_im, u.c * xi - (gr * yi + gi * yr));
+    StoreLanes(y_re, (gr * xr + gi * xi) + u.c * yr);
+    StoreLanes(y_im, (gr * xi - gi * xr) + u.c * yi);
+  }
 }
 
-// Copies the upper triangle into the lower one, which the sweeps work on.
+// The rotation on a column-p element x = a(k, p) and a row-q element
+// Q = a(q, k) (p < k < q in the lower triangle; a(k, q) = conj(Q)):
+// x' = c x - g conj(Q), Q' = g conj(x) + c Q.
 template <typename T>
-void MirrorUpper(const Square<T>& a) {
+BATCHPART_INLINE void RotateAcross(const Rotation<T>& u, Real<T>* x_re, Real<T>* x_im,
+                                   Real<T>* q_re, Real<T>* q_im) {
+  if constexpr (!kIsComplex<T>) {
+    RotatePair<T>(u, x_re, x_im, q_re, q_im);
+  } else {
+    const auto xr = LoadLanes(x_re), xi = LoadLanes(x_im);
+    const auto qr = LoadLanes(q_re), qi = LoadLanes(q_im);
+    const auto gr = u.g_re, gi = u.g_im;
+    StoreLanes(x_re, u.c * xr - (gr * qr + gi * qi));
+    StoreLanes(x_im, u.c * xi - (gi * qr - gr * qi));
+    StoreLanes(q_re, (gr * xr + gi * xi) + u.c * qr);
+    StoreLanes(q_im, (gi * xr - gr * xi) + u.c * qi);
+  }
+}
+
+// Copies the upper triangle, conjugated, into the lower one, which the
+// sweeps work on.
+template <typename T>
+void MirrorUpper(const Planes<T>& a) {
   for (int64_t i = 1; i < a.n; ++i) {
-    for (int64_t j = 0; j < i; ++j) StoreLanes(a.at(i, j), LoadLanes(a.at(j, i)));
+    for (int64_t j = 0; j < i; ++j) {
+      StoreLanes(a.at_re(i, j), LoadLanes(a.at_re(j, i)));
+      if constexpr (kIsComplex<T>) StoreLanes(a.at_im(i, j), -LoadLanes(a.at_im(j, i)));
+    }
   }
 }
 
 // Scales each lane of the lower triangle by a power of two that brings its
-// largest element into [1, 2) (exact), so the rotations' squares neither
-// overflow nor underflow; a lane with a non-finite element becomes the
-// identity, flagged in `bad`. Returns each lane's scale in `scale` and its
-// threshold, eps * ||A||_F / n of the scaled matrix, in `threshold`.
+// largest real or imaginary part into [1, 2) (exact), so the rotations'
+// squares neither overflow nor underflow; a lane with a non-finite element
+// becomes the identity, flagged in `bad`. The diagonal's imaginary parts are
+// dropped, as LAPACK's heevd ignores them. Returns each lane's scale in
+// `scale` and its threshold, eps * ||A||_F / n of the scaled matrix, in
+// `threshold`.
 template <typename T>
-void Prepare(const Square<T>& a, T* scale, T* threshold, bool* bad) {
+void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) {
+  using R = Real<T>;
   constexpr int W = kLanes<T>;
   const int64_t n = a.n;
-  Vec<T> largest{}, sum{};
+  const Vec<R> infinity = Vec<R>{} + std::numeric_limits<R>::infinity();
+  Vec<R> largest{};
+  // NaN compares false either way; Inf is not below the largest finite.
+  const auto grow = [&](R* x_lanes) {
+    const Vec<R> x = LoadLanes(x_lanes);
+    const Vec<R> size = x == x ? Abs<R>(x) : infinity;
+    largest = size > largest ? size : largest;
+  };
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      const Vec<T> x = LoadLanes(a.at(i, j));
-      // NaN compares false either way; Inf is not below the largest finite.
-      const Vec<T> size = x == x ? Abs<T>(x) : Vec<T>{} + std::numeric_limits<T>::infinity();
-      largest = size > largest ? size : largest;
+      grow(a.at_re(i, j));
+      if constexpr (kIsComplex<T>) grow(a.at_im(i, j));
     }
   }
-  alignas(64) T lanes[W];
+  alignas(64) R lanes[W];
   StoreLanes(lanes, largest);
   for (int l = 0; l < W; ++l) {
-    bad[l] = !(lanes[l] <= std::numeric_limits<T>::max());
-    scale[l] = bad[l] || lanes[l] == 0 ? T(1) : std::ldexp(T(1), -std::ilogb(lanes[l]));
+    bad[l] = !(lanes[l] <= std::numeric_limits<R>::max());
+    scale[l] = bad[l] || lanes[l] == 0 ? R(1) : std::ldexp(R(1), -std::ilogb(lanes[l]));
   }
   for (int l = 0; l < W; ++l) {
     if (!bad[l]) continue;
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j <= i; ++j) a.at(i, j)[l] = i == j ? T(1) : T(0);
+      for (int64_t j = 0; j <= i; ++j) {
+        a.at_re(i, j)[l] = i == j ? R(1) : R(0);
+        if constexpr (kIsComplex<T>) a.at_im(i, j)[l] = R(0);
+      }
     }
   }
-  const Vec<T> factor = LoadLanes(scale);
+  const Vec<R> factor = LoadLanes(scale);
+  Vec<R> sum{};
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      const Vec<T> x = LoadLanes(a.at(i, j)) * factor;
-      StoreLanes(a.at(i, j), x);
-      sum += (i == j ? T(1) : T(2)) * x * x;
+      const Vec<R> x = LoadLanes(a.at_re(i, j)) * factor;
+      StoreLanes(a.at_re(i, j), x);
+      sum += (i == j ? R(1) : R(2)) * x * x;
+      if constexpr (kIsComplex<T>) {
+        const Vec<R> y = i == j ? Vec<R>{} : LoadLanes(a.at_im(i, j)) * factor;
+        StoreLanes(a.at_im(i, j), y);
+        sum += R(2) * y * y;
+      }
     }
   }
-  StoreLanes(threshold, Sqrt<T>(sum) * (std::numeric_limits<T>::epsilon() / static_cast<T>(n)));
+  StoreLanes(threshold, Sqrt<R>(sum) * (std::numeric_limits<R>::epsilon() / static_cast<R>(n)));
 }
 
 // The rotation of the pair (p, q), p < q, that zeroes a(q, p), in every
-// lane where |a(q, p)| is above the threshold: its cosine and sine go to
-// c_out and s_out, and the 2 x 2 block (p, q) takes it. Returns the lanes
-// rotated (none: nothing written).
+// lane where |a(q, p)| is above the threshold: written to rotations (c, g
+// re, g im for complex T, one lane vector each) with its 2 x 2 block taken.
+// Returns the lanes rotated (none: nothing written).
 template <typename T>
-BATCHPART_INLINE auto Angle(const Square<T>& a, Vec<T> threshold, int64_t p, int64_t q, T* c_out,
-                            T* s_out) {
-  const Vec<T> apq = LoadLanes(a.at(q, p));
-  const auto rotate = Abs<T>(apq) > threshold;
+BATCHPART_INLINE auto Angle(const Planes<T>& a, Vec<Real<T>> threshold, int64_t p, int64_t q,
+                            Real<T>* out) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>;
+  const Vec<R> zero{}, one = zero + R(1);
+  // The off-diagonal element's size r and phase e = a(q, p) / r; a real
+  // element keeps its sign in r instead (e = 1).
+  const Vec<R> zr = LoadLanes(a.at_re(q, p));
+  Vec<R> r = zr, zi{};
+  if constexpr (kIsComplex<T>) {
+    zi = LoadLanes(a.at_im(q, p));
+    r = Sqrt<R>(zr * zr + zi * zi);
+  }
+  const auto rotate = Abs<R>(r) > threshold;
   if (!AnyLane(rotate)) return rotate;
-  const Vec<T> app = LoadLanes(a.at(p, p)), aqq = LoadLanes(a.at(q, q));
-  // With d = a_qq - a_pp, b = 2 a_pq and h = hypot(d, b), tan(theta) is
-  // t = sign(d) b / (|d| + h) (sign(0) = +1, the smaller angle), and cos
-  // and sin follow without t: c = (|d| + h) / u, s = sign(d) b / u,
-  // u = sqrt(2 h (h + |d|)). The scaled entries keep the squares in range;
-  // lanes not rotated get t = s = 0, c = 1.
-  const Vec<T> zero{}, one = zero + T(1);
-  const Vec<T> d = aqq - app, b = apq + apq, size = Abs<T>(d);
-  const Vec<T> h = Sqrt<T>(d * d + b * b), sum = size + h;
-  const Vec<T> signed_b = d < zero ? -b : b;
-  const Vec<T> inverse_u = one / (rotate ? Sqrt<T>((h + h) * sum) : one);
-  const Vec<T> t = rotate ? signed_b / (rotate ? sum : one) : zero;
-  StoreLanes(c_out, rotate ? sum * inverse_u : one);
-  StoreLanes(s_out, rotate ? signed_b * inverse_u : zero);
-  StoreLanes(a.at(p, p), app - t * apq);
-  StoreLanes(a.at(q, q), aqq + t * apq);
-  StoreLanes(a.at(q, p), rotate ? zero : apq);
+  const Vec<R> app = LoadLanes(a.at_re(p, p)), aqq = LoadLanes(a.at_re(q, q));
+  // The real symmetric 2 x 2 problem [[a_pp, r], [r, a_qq]]: with d = a_qq
+  // - a_pp, b = 2 r and h = hypot(d, b), tan(theta) is t = sign(d) b / (|d| +
+  // h) (sign(0) = +1, the smaller angle), and cos and sin follow without t:
+  // c = (|d| + h) / u, s = sign(d) b / u, u = sqrt(2 h (h + |d|)). The
+  // scaled entries keep the squares in range; lanes not rotated get t = s =
+  // 0, c = 1.
+  const Vec<R> d = aqq - app, b = r + r, size = Abs<R>(d);
+  const Vec<R> h = Sqrt<R>(d * d + b * b), sum = size + h;
+  const Vec<R> signed_b = d < zero ? -b : b;
+  const Vec<R> inverse_u = one / (rotate ? Sqrt<R>((h + h) * sum) : one);
+  const Vec<R> t = rotate ? signed_b / (rotate ? sum : one) : zero;
+  const Vec<R> s = rotate ? signed_b * inverse_u : zero;
+  StoreLanes(out, rotate ? sum * inverse_u : one);
+  if constexpr (kIsComplex<T>) {
+    const Vec<R> inverse_r = one / (rotate ? r : one);
+    StoreLanes(out + W, s * zr * inverse_r);
+    StoreLanes(out + 2 * W, s * zi * inverse_r);
+    StoreLanes(a.at_im(q, p), rotate ? zero : zi);
+  } else {
+    StoreLanes(out + W, s);
+  }
+  StoreLanes(a.at_re(p, p), app - t * r);
+  StoreLanes(a.at_re(q, q), aqq + t * r);
+  StoreLanes(a.at_re(q, p), rotate ? zero : zr);
   return rotate;
 }
 
-// The rest of the rotation of (p, q) whose cosine and sine are c and s:
-// rows and columns p and q of the lower triangle outside the 2 x 2 block.
+// Lane vectors per rotation in Sweep's buffer: c and g (real or complex).
 template <typename T>
-BATCHPART_INLINE void RotateOffBlock(const Square<T>& a, int64_t p, int64_t q, Vec<T> c,
-                                     Vec<T> s) {
-  for (int64_t k = 0; k < p; ++k) Rotate<T>(a.at(p, k), a.at(q, k), c, s);
-  for (int64_t k = p + 1; k < q; ++k) Rotate<T>(a.at(k, p), a.at(q, k), c, s);
-  for (int64_t k = q + 1; k < a.n; ++k) Rotate<T>(a.at(k, p), a.at(k, q), c, s);
+inline constexpr int kRotationVectors = kIsComplex<T> ? 3 : 2;
+
+template <typename T>
+BATCHPART_INLINE Rotation<T> LoadRotation(const Real<T>* in) {
+  constexpr int W = kLanes<T>;
+  Rotation<T> u;
+  u.c = LoadLanes(in);
+  u.g_re = LoadLanes(in + W);
+  if constexpr (kIsComplex<T>) u.g_im = LoadLanes(in + 2 * W);
+  return u;
+}
+
+// The rest of a rotation of (p, q): rows and columns p and q of the lower
+// triangle outside the 2 x 2 block.
+template <typename T>
+BATCHPART_INLINE void RotateOffBlock(const Planes<T>& a, int64_t p, int64_t q,
+                                     const Rotation<T>& u) {
+  constexpr bool kComplex = kIsComplex<T>;
+  const auto im = [&](int64_t i, int64_t j) { return kComplex ? a.at_im(i, j) : nullptr; };
+  for (int64_t k = 0; k < p; ++k) {
+    RotatePair<T, /*conjugate=*/true>(u, a.at_re(p, k), im(p, k), a.at_re(q, k), im(q, k));
+  }
+  for (int64_t k = p + 1; k < q; ++k) {
+    RotateAcross<T>(u, a.at_re(k, p), im(k, p), a.at_re(q, k), im(q, k));
+  }
+  for (int64_t k = q + 1; k < a.n; ++k) {
+    RotatePair<T>(u, a.at_re(k, p), im(k, p), a.at_re(k, q), im(k, q));
+  }
 }
 
 // The pair of round `round` (0 <= round < m - 1) at position i (0 <= i <
@@ -169,14 +276,16 @@ inline void RoundPair(int64_t m, int64_t round, int64_t i, int64_t* p, int64_t* 
 // rotations of one round leave each other's 2 x 2 blocks alone, so their
 // angles are computed first, side by side, rather than each waiting for
 // the previous rotation's square roots and divisions (the pair-by-pair
-// order's chain). `rotations` holds n lanes' worth of cosines and sines,
-// `pairs` n indices.
+// order's chain). vt is V transposed: row p is V's column p. `rotations`
+// holds n / 2 rotations, `pairs` n indices.
 template <typename T>
-BATCHPART_INLINE auto Sweep(const Square<T>& a, const Square<T>& vt, bool vectors,
-                            const T* threshold_lanes, T* rotations, int64_t* pairs) {
-  constexpr int W = kLanes<T>;
+BATCHPART_INLINE auto Sweep(const Planes<T>& a, const Planes<T>& vt, bool vectors,
+                            const Real<T>* threshold_lanes, Real<T>* rotations, int64_t* pairs) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>, kStride = kRotationVectors<T> * W;
+  constexpr bool kComplex = kIsComplex<T>;
   const int64_t n = a.n, m = n + (n & 1);  // odd n: index n is a bye
-  const Vec<T> threshold = LoadLanes(threshold_lanes);
+  const Vec<R> threshold = LoadLanes(threshold_lanes);
   using Mask = decltype(threshold > threshold);
   Mask rotated{};
   for (int sweep = 0; sweep < kMaxEighSweeps; ++sweep) {
@@ -187,8 +296,7 @@ BATCHPART_INLINE auto Sweep(const Square<T>& a, const Square<T>& vt, bool vector
         int64_t p, q;
         RoundPair(m, round, i, &p, &q);
         if (q >= n) continue;
-        T* cs = rotations + 2 * count * W;
-        const Mask lanes = Angle<T>(a, threshold, p, q, cs, cs + W);
+        const Mask lanes = Angle<T>(a, threshold, p, q, rotations + count * kStride);
         if (!AnyLane(lanes)) continue;
         rotated |= lanes;
         pairs[2 * count] = p;
@@ -197,10 +305,12 @@ BATCHPART_INLINE auto Sweep(const Square<T>& a, const Square<T>& vt, bool vector
       }
       for (int64_t j = 0; j < count; ++j) {
         const int64_t p = pairs[2 * j], q = pairs[2 * j + 1];
-        const Vec<T> c = LoadLanes(rotations + 2 * j * W), s = LoadLanes(rotations + (2 * j + 1) * W);
-        RotateOffBlock<T>(a, p, q, c, s);
-        if (!vectors) continue;
-        for (int64_t k = 0; k < n; ++k) Rotate<T>(vt.at(p, k), vt.at(q, k), c, s);
+        const Rotation<T> u = LoadRotation<T>(rotations + j * kStride);
+        RotateOffBlock<T>(a, p, q, u);
+        for (int64_t k = 0; vectors && k < n; ++k) {
+          RotatePair<T>(u, vt.at_re(p, k), kComplex ? vt.at_im(p, k) : nullptr, vt.at_re(q, k),
+                        kComplex ? vt.at_im(q, k) : nullptr);
+        }
       }
     }
     if (!AnyLane(rotated)) break;
@@ -212,15 +322,18 @@ template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void EighLanes(int64_t n, bool lower, bool vectors, T* a_data, T* vt_data, T* rotations,
-               int64_t* pairs, T* scale, T* threshold, bool* bad, bool* unconverged) {
+void EighLanes(bool lower, bool vectors, Planes<T> a, Planes<T> vt, Real<T>* rotations,
+               int64_t* pairs, Real<T>* scale, Real<T>* threshold, bool* bad,
+               bool* unconverged) {
+  using R = Real<T>;
   constexpr int W = kLanes<T>;
-  const Square<T> a{a_data, n}, vt{vt_data, n};
+  const int64_t n = a.n;
   if (!lower) MirrorUpper(a);
   Prepare(a, scale, threshold, bad);
   if (vectors) {
-    std::memset(vt_data, 0, sizeof(T) * n * n * W);
-    for (int64_t i = 0; i < n; ++i) StoreLanes(vt.at(i, i), Vec<T>{} + T(1));
+    std::memset(vt.re, 0, sizeof(R) * n * n * W);
+    if constexpr (kIsComplex<T>) std::memset(vt.im, 0, sizeof(R) * n * n * W);
+    for (int64_t i = 0; i < n; ++i) StoreLanes(vt.at_re(i, i), Vec<R>{} + R(1));
   }
   const auto rotated = Sweep<T>(a, vt, vectors, threshold, rotations, pairs);
   for (int l = 0; l < W; ++l) unconverged[l] = rotated[l] != 0;
@@ -228,27 +341,41 @@ void EighLanes(int64_t n, bool lower, bool vectors, T* a_data, T* vt_data, T* ro
 
 #undef BATCHPART_INLINE
 
+template <typename T>
+Planes<T> PlanesOf(Group<T>& g) {
+  if constexpr (kIsComplex<T>) {
+    return {g.re(0, 0), g.im(0, 0), g.rows()};
+  } else {
+    return {g.re(0, 0), nullptr, g.rows()};
+  }
+}
+
 }  // namespace
 
 template <typename T>
-void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T>& w,
+void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<Real<T>>& w,
                Group<T>& v, int32_t* info) {
+  using R = Real<T>;
   constexpr int W = kLanes<T>;
   const int64_t n = a.rows();
-  std::vector<T>& values = work.values;
+  std::vector<R>& values = work.values;
   std::vector<int64_t>& order = work.order;
-  alignas(64) T scale[W], threshold[W];
+  alignas(64) R scale[W], threshold[W];
   bool bad[W], unconverged[W];
-  EighLanes<T>(n, lower, vectors, a.re(0, 0), work.vt.re(0, 0), work.rotations.data(),
+  EighLanes<T>(lower, vectors, PlanesOf(a), PlanesOf(work.vt), work.rotations.data(),
                work.pairs.data(), scale, threshold, bad, unconverged);
   // Each lane's eigenvalues ascending, and its eigenvectors in their order.
-  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const R nan = std::numeric_limits<R>::quiet_NaN();
+  const auto set_vector_element = [&](int64_t k, int64_t i, int l, R re, R im) {
+    v.re(k, i)[l] = re;
+    if constexpr (kIsComplex<T>) v.im(k, i)[l] = im;
+  };
   for (int l = 0; l < W; ++l) {
     info[l] = bad[l] ? kNonFiniteInfo : unconverged[l] ? 1 : 0;
     if (info[l] != 0) {
       for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = nan;
       for (int64_t i = 0; vectors && i < n; ++i) {
-        for (int64_t k = 0; k < n; ++k) v.re(k, i)[l] = nan;
+        for (int64_t k = 0; k < n; ++k) set_vector_element(k, i, l, nan, nan);
       }
       continue;
     }
@@ -258,14 +385,25 @@ void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T
               [&](int64_t x, int64_t y) { return values[x] < values[y]; });
     for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = values[order[i]];
     for (int64_t i = 0; vectors && i < n; ++i) {
-      for (int64_t k = 0; k < n; ++k) v.re(k, i)[l] = work.vt.re(order[i], k)[l];
+      for (int64_t k = 0; k < n; ++k) {
+        const Group<T>& vt = work.vt;
+        if constexpr (kIsComplex<T>) {
+          set_vector_element(k, i, l, vt.re(order[i], k)[l], vt.im(order[i], k)[l]);
+        } else {
+          set_vector_element(k, i, l, vt.re(order[i], k)[l], R(0));
+        }
+      }
     }
   }
 }
 
-template void EighGroup<float>(Group<float>&, bool, bool, EighWork<float>&, Group<float>&,
-                               Group<float>&, int32_t*);
-template void EighGroup<double>(Group<double>&, bool, bool, EighWork<double>&, Group<double>&,
-                                Group<double>&, int32_t*);
+#define BATCHPART_EIGH_GROUP(T)                                                               \
+  template void EighGroup<T>(Group<T>&, bool, bool, EighWork<T>&, Group<Real<T>>&, Group<T>&, \
+                             int32_t*)
+BATCHPART_EIGH_GROUP(float);
+BATCHPART_EIGH_GROUP(double);
+BATCHPART_EIGH_GROUP(std::complex<float>);
+BATCHPART_EIGH_GROUP(std::complex<double>);
+#undef BATCHPART_EIGH_GROUP
 
 }  // namespace batchpart::lapack::interleaved

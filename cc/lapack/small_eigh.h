@@ -1,4 +1,4 @@
-// Symmetric eigendecomposition of many small real matrices at once, on the
+// Hermitian eigendecomposition of many small matrices at once, on the
 // batch-interleaved layout (interleaved.h): the eigh kernel's path for
 // batches of matrices small enough that syevd's per-call cost (workspace
 // logic, a tridiagonal reduction built for large n, a divide and conquer
@@ -13,8 +13,10 @@
 // element is above that threshold, so late sweeps cost little. Eigenvalues come out ascending,
 // eigenvectors in the same order; a lane with a non-finite element in the
 // triangle read gets NaN and kNonFiniteInfo, and a lane not converged after
-// kMaxEighSweeps sweeps NaN and info 1. Complex matrices keep the
-// per-matrix path.
+// kMaxEighSweeps sweeps NaN and info 1. A complex rotation takes the phase
+// of a(q, p) into a real one: U = [[c, conj(g)], [-g, c]] with g = s e,
+// e = a(q, p) / |a(q, p)|, and the diagonal's imaginary parts are ignored,
+// as LAPACK's heevd does.
 #ifndef BATCHPART_LAPACK_SMALL_EIGH_H_
 #define BATCHPART_LAPACK_SMALL_EIGH_H_
 
@@ -25,18 +27,21 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The sizes n the eigh kernel runs interleaved; above, syevd per matrix is
-// faster. Measured through bp.linalg.eigh (eigenvalues and vectors) on one
-// CPU device, single-threaded, random symmetric matrices; AMD EPYC with
-// AVX-512, shared, so +-20%; microseconds per matrix, syevd -> interleaved:
-//          n=2        4          8          12         16        24        28        32        48
-//   f64  0.29->0.06 1.6->0.21 5.4->1.2  11.6->3.4  20->8.5   46->27    59->45    75->77    177->222
-//   f32  0.30->0.06 1.4->0.16 4.6->0.65  9.5->1.6  17->3.6   39->12    48->19    63->32    136->107
+// The sizes n the eigh kernel runs interleaved; above, syevd/heevd per
+// matrix is faster. Measured through bp.linalg.eigh (eigenvalues and
+// vectors) on one CPU device, single-threaded, random Hermitian matrices;
+// AMD EPYC with AVX-512, shared, so +-20%; microseconds per matrix, LAPACK
+// -> interleaved:
+//          n=2        4          8          16         24        28        32        48
+//   f64  0.29->0.06 1.6->0.21 5.4->1.2   20->8.5   46->27    59->45    75->77    177->222
+//   f32  0.30->0.06 1.4->0.16 4.6->0.65  17->3.6   39->12    48->19    63->32    136->107
+//   c128 0.70->0.07 2.4->0.35 8.4->2.0   34->15    89->53    82->81    105->177  258->482
+//   c64  0.74->0.07 2.2->0.23 6.9->1.1   28->8.2   73->25    66->38    86->81    191->233
 // Jacobi's work, about 8 sweeps of n^2 / 2 rotations of 4n elements each,
-// grows faster than syevd's fixed cost shrinks in proportion; at f32 n = 64
-// syevd is twice as fast.
+// grows faster than LAPACK's fixed cost shrinks in proportion.
 template <typename T>
-inline constexpr SizeRange kEighSizes = {1, kSingle<T> ? 48 : 28};
+inline constexpr SizeRange kEighSizes = {
+    1, kIsComplex<T> ? (kSingle<T> ? 28 : 24) : (kSingle<T> ? 48 : 28)};
 
 // Quadratic convergence takes a random matrix of these sizes to the
 // threshold in under ten sweeps; a lane still above it after this many is a
@@ -51,28 +56,29 @@ template <typename T>
 struct EighWork {
   EighWork(int64_t n, bool vectors)
       : vt(vectors ? n : 0, vectors ? n : 0),
-        rotations(2 * n * kLanes<T>),
+        rotations(3 * n * kLanes<T>),
         pairs(2 * n),
         values(n),
         order(n) {}
   Group<T> vt;
-  std::vector<T> rotations;
+  std::vector<Real<T>> rotations;
   std::vector<int64_t> pairs;
-  std::vector<T> values;
+  std::vector<Real<T>> values;
   std::vector<int64_t> order;
 };
 
-// Decomposes the kLanes<T> symmetric matrices of `a` (n x n; the lower
+// Decomposes the kLanes<T> Hermitian matrices of `a` (n x n; the lower
 // triangle read when `lower`, else the upper; destroyed). Writes the
 // eigenvalues, ascending, to w (1 x n), the eigenvectors as the columns of
 // v (n x n) when `vectors` (then `work` was made with vectors too), and each
 // lane's info (0, kNonFiniteInfo, or 1 for no convergence) to
-// info[0..kLanes<T>). Instantiated for float and double.
+// info[0..kLanes<T>). Instantiated for float, double, complex<float> and
+// complex<double>.
 template <typename T>
-void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<T>& w,
+void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<Real<T>>& w,
                Group<T>& v, int32_t* info);
 
-// Whether a batch of real n x n matrices takes the interleaved eigh, as
+// Whether a batch of n x n matrices takes the interleaved eigh, as
 // GetSmallPath(SmallKernel::kEigh) has it.
 template <typename T>
 bool UseSmallEigh(int64_t n, int64_t batch) {
