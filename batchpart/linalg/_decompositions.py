@@ -168,7 +168,7 @@ def eigh(a: ArrayLike, *, lower: bool = True, symmetrize_input: bool = True,
       ascending either way (jax allows any order when False).
     implementation: ``None`` or a ``jax.lax.linalg.EighImplementation``, as
       jax takes it on CPU: ``None`` and ``QR`` run LAPACK's syevd/heevd (on
-      CPU, batches of small real matrices run batchpart's interleaved Jacobi
+      CPU, batches of small matrices run batchpart's interleaved Jacobi
       kernel instead, to the same accuracy), ``JACOBI`` and ``QDWH`` raise
       ``NotImplementedError`` as jax does there.
 

@@ -53,6 +53,35 @@ template <typename R>
   std::memcpy(p, &v, sizeof(v));
 }
 
+// One interleaved matrix as planes of reals, for the kernels: element
+// (i, j)'s lanes at re + (i * cols + j) * kLanes<T>, and at im for complex T
+// (null for real T).
+template <typename T>
+struct Planes {
+  using R = Real<T>;
+  R* re;
+  R* im;
+  int64_t cols;
+  [[gnu::always_inline]] R* Re(int64_t i, int64_t j) const {
+    return re + (i * cols + j) * kLanes<T>;
+  }
+  [[gnu::always_inline]] R* Im(int64_t i, int64_t j) const {
+    return im + (i * cols + j) * kLanes<T>;
+  }
+};
+
+// Whether any lane of a lane-vector comparison's result is set: its 64
+// bytes OR-ed as words (lane by lane, the compiler extracted each lane on
+// its own).
+template <typename Mask>
+[[gnu::always_inline]] inline bool AnyLane(const Mask& mask) {
+  static_assert(sizeof(Mask) == 8 * sizeof(uint64_t));
+  uint64_t words[8];
+  std::memcpy(words, &mask, sizeof(words));
+  return ((words[0] | words[1]) | (words[2] | words[3]) | (words[4] | words[5]) |
+          (words[6] | words[7])) != 0;
+}
+
 // Where a matrix's element (i, j) lies: data + i * row_stride + j * col_stride
 // (column-major n x n: row_stride 1, col_stride n; row-major: the reverse).
 struct Strides {

@@ -22,19 +22,6 @@ namespace {
 template <typename R>
 using Vec = typename LaneVector<R>::type;
 
-// An interleaved n x n matrix of element type T as planes of reals R:
-// element (i, j)'s lanes at re + (i * n + j) * kLanes<T>, and at im for
-// complex T (null for real T).
-template <typename T>
-struct Planes {
-  using R = Real<T>;
-  R* re;
-  R* im;
-  int64_t n;
-  BATCHPART_INLINE R* at_re(int64_t i, int64_t j) const { return re + (i * n + j) * kLanes<T>; }
-  BATCHPART_INLINE R* at_im(int64_t i, int64_t j) const { return im + (i * n + j) * kLanes<T>; }
-};
-
 template <typename R>
 BATCHPART_INLINE Vec<R> Abs(Vec<R> x) {
   return x < Vec<R>{} ? -x : x;
@@ -48,17 +35,6 @@ BATCHPART_INLINE Vec<R> Sqrt(Vec<R> x) {
   StoreLanes(lanes, x);
   for (int l = 0; l < kLanes<R>; ++l) lanes[l] = std::sqrt(lanes[l]);
   return LoadLanes(lanes);
-}
-
-// Whether any lane of a comparison's result is set: its 64 bytes OR-ed as
-// words (lane by lane, the compiler extracted each lane on its own).
-template <typename Mask>
-BATCHPART_INLINE bool AnyLane(const Mask& mask) {
-  static_assert(sizeof(Mask) == 8 * sizeof(uint64_t));
-  uint64_t words[8];
-  std::memcpy(words, &mask, sizeof(words));
-  return ((words[0] | words[1]) | (words[2] | words[3]) | (words[4] | words[5]) |
-          (words[6] | words[7])) != 0;
 }
 
 // One Jacobi rotation, U = [[c, conj(g)], [-g, c]] on the pair (p, q): c
@@ -114,10 +90,10 @@ BATCHPART_INLINE void RotateAcross(const Rotation<T>& u, Real<T>* x_re, Real<T>*
 // sweeps work on.
 template <typename T>
 void MirrorUpper(const Planes<T>& a) {
-  for (int64_t i = 1; i < a.n; ++i) {
+  for (int64_t i = 1; i < a.cols; ++i) {
     for (int64_t j = 0; j < i; ++j) {
-      StoreLanes(a.at_re(i, j), LoadLanes(a.at_re(j, i)));
-      if constexpr (kIsComplex<T>) StoreLanes(a.at_im(i, j), -LoadLanes(a.at_im(j, i)));
+      StoreLanes(a.Re(i, j), LoadLanes(a.Re(j, i)));
+      if constexpr (kIsComplex<T>) StoreLanes(a.Im(i, j), -LoadLanes(a.Im(j, i)));
     }
   }
 }
@@ -133,7 +109,7 @@ template <typename T>
 void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) {
   using R = Real<T>;
   constexpr int W = kLanes<T>;
-  const int64_t n = a.n;
+  const int64_t n = a.cols;
   const Vec<R> infinity = Vec<R>{} + std::numeric_limits<R>::infinity();
   Vec<R> largest{};
   // NaN compares false either way; Inf is not below the largest finite.
@@ -144,8 +120,8 @@ void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) 
   };
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      grow(a.at_re(i, j));
-      if constexpr (kIsComplex<T>) grow(a.at_im(i, j));
+      grow(a.Re(i, j));
+      if constexpr (kIsComplex<T>) grow(a.Im(i, j));
     }
   }
   alignas(64) R lanes[W];
@@ -158,8 +134,8 @@ void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) 
     if (!bad[l]) continue;
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j <= i; ++j) {
-        a.at_re(i, j)[l] = i == j ? R(1) : R(0);
-        if constexpr (kIsComplex<T>) a.at_im(i, j)[l] = R(0);
+        a.Re(i, j)[l] = i == j ? R(1) : R(0);
+        if constexpr (kIsComplex<T>) a.Im(i, j)[l] = R(0);
       }
     }
   }
@@ -167,12 +143,12 @@ void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) 
   Vec<R> sum{};
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      const Vec<R> x = LoadLanes(a.at_re(i, j)) * factor;
-      StoreLanes(a.at_re(i, j), x);
+      const Vec<R> x = LoadLanes(a.Re(i, j)) * factor;
+      StoreLanes(a.Re(i, j), x);
       sum += (i == j ? R(1) : R(2)) * x * x;
       if constexpr (kIsComplex<T>) {
-        const Vec<R> y = i == j ? Vec<R>{} : LoadLanes(a.at_im(i, j)) * factor;
-        StoreLanes(a.at_im(i, j), y);
+        const Vec<R> y = i == j ? Vec<R>{} : LoadLanes(a.Im(i, j)) * factor;
+        StoreLanes(a.Im(i, j), y);
         sum += R(2) * y * y;
       }
     }
@@ -192,15 +168,15 @@ BATCHPART_INLINE auto Angle(const Planes<T>& a, Vec<Real<T>> threshold, int64_t 
   const Vec<R> zero{}, one = zero + R(1);
   // The off-diagonal element's size r and phase e = a(q, p) / r; a real
   // element keeps its sign in r instead (e = 1).
-  const Vec<R> zr = LoadLanes(a.at_re(q, p));
+  const Vec<R> zr = LoadLanes(a.Re(q, p));
   Vec<R> r = zr, zi{};
   if constexpr (kIsComplex<T>) {
-    zi = LoadLanes(a.at_im(q, p));
+    zi = LoadLanes(a.Im(q, p));
     r = Sqrt<R>(zr * zr + zi * zi);
   }
   const auto rotate = Abs<R>(r) > threshold;
   if (!AnyLane(rotate)) return rotate;
-  const Vec<R> app = LoadLanes(a.at_re(p, p)), aqq = LoadLanes(a.at_re(q, q));
+  const Vec<R> app = LoadLanes(a.Re(p, p)), aqq = LoadLanes(a.Re(q, q));
   // The real symmetric 2 x 2 problem [[a_pp, r], [r, a_qq]]: with d = a_qq
   // - a_pp, b = 2 r and h = hypot(d, b), tan(theta) is t = sign(d) b / (|d| +
   // h) (sign(0) = +1, the smaller angle), and cos and sin follow without t:
@@ -218,13 +194,13 @@ BATCHPART_INLINE auto Angle(const Planes<T>& a, Vec<Real<T>> threshold, int64_t 
     const Vec<R> inverse_r = one / (rotate ? r : one);
     StoreLanes(out + W, s * zr * inverse_r);
     StoreLanes(out + 2 * W, s * zi * inverse_r);
-    StoreLanes(a.at_im(q, p), rotate ? zero : zi);
+    StoreLanes(a.Im(q, p), rotate ? zero : zi);
   } else {
     StoreLanes(out + W, s);
   }
-  StoreLanes(a.at_re(p, p), app - t * r);
-  StoreLanes(a.at_re(q, q), aqq + t * r);
-  StoreLanes(a.at_re(q, p), rotate ? zero : zr);
+  StoreLanes(a.Re(p, p), app - t * r);
+  StoreLanes(a.Re(q, q), aqq + t * r);
+  StoreLanes(a.Re(q, p), rotate ? zero : zr);
   return rotate;
 }
 
@@ -248,15 +224,15 @@ template <typename T>
 BATCHPART_INLINE void RotateOffBlock(const Planes<T>& a, int64_t p, int64_t q,
                                      const Rotation<T>& u) {
   constexpr bool kComplex = kIsComplex<T>;
-  const auto im = [&](int64_t i, int64_t j) { return kComplex ? a.at_im(i, j) : nullptr; };
+  const auto im = [&](int64_t i, int64_t j) { return kComplex ? a.Im(i, j) : nullptr; };
   for (int64_t k = 0; k < p; ++k) {
-    RotatePair<T, /*conjugate=*/true>(u, a.at_re(p, k), im(p, k), a.at_re(q, k), im(q, k));
+    RotatePair<T, /*conjugate=*/true>(u, a.Re(p, k), im(p, k), a.Re(q, k), im(q, k));
   }
   for (int64_t k = p + 1; k < q; ++k) {
-    RotateAcross<T>(u, a.at_re(k, p), im(k, p), a.at_re(q, k), im(q, k));
+    RotateAcross<T>(u, a.Re(k, p), im(k, p), a.Re(q, k), im(q, k));
   }
-  for (int64_t k = q + 1; k < a.n; ++k) {
-    RotatePair<T>(u, a.at_re(k, p), im(k, p), a.at_re(k, q), im(k, q));
+  for (int64_t k = q + 1; k < a.cols; ++k) {
+    RotatePair<T>(u, a.Re(k, p), im(k, p), a.Re(k, q), im(k, q));
   }
 }
 
@@ -284,7 +260,7 @@ BATCHPART_INLINE auto Sweep(const Planes<T>& a, const Planes<T>& vt, bool vector
   using R = Real<T>;
   constexpr int W = kLanes<T>, kStride = kRotationVectors<T> * W;
   constexpr bool kComplex = kIsComplex<T>;
-  const int64_t n = a.n, m = n + (n & 1);  // odd n: index n is a bye
+  const int64_t n = a.cols, m = n + (n & 1);  // odd n: index n is a bye
   const Vec<R> threshold = LoadLanes(threshold_lanes);
   using Mask = decltype(threshold > threshold);
   Mask rotated{};
@@ -308,8 +284,8 @@ BATCHPART_INLINE auto Sweep(const Planes<T>& a, const Planes<T>& vt, bool vector
         const Rotation<T> u = LoadRotation<T>(rotations + j * kStride);
         RotateOffBlock<T>(a, p, q, u);
         for (int64_t k = 0; vectors && k < n; ++k) {
-          RotatePair<T>(u, vt.at_re(p, k), kComplex ? vt.at_im(p, k) : nullptr, vt.at_re(q, k),
-                        kComplex ? vt.at_im(q, k) : nullptr);
+          RotatePair<T>(u, vt.Re(p, k), kComplex ? vt.Im(p, k) : nullptr, vt.Re(q, k),
+                        kComplex ? vt.Im(q, k) : nullptr);
         }
       }
     }
@@ -327,13 +303,13 @@ void EighLanes(bool lower, bool vectors, Planes<T> a, Planes<T> vt, Real<T>* rot
                bool* unconverged) {
   using R = Real<T>;
   constexpr int W = kLanes<T>;
-  const int64_t n = a.n;
+  const int64_t n = a.cols;
   if (!lower) MirrorUpper(a);
   Prepare(a, scale, threshold, bad);
   if (vectors) {
     std::memset(vt.re, 0, sizeof(R) * n * n * W);
     if constexpr (kIsComplex<T>) std::memset(vt.im, 0, sizeof(R) * n * n * W);
-    for (int64_t i = 0; i < n; ++i) StoreLanes(vt.at_re(i, i), Vec<R>{} + R(1));
+    for (int64_t i = 0; i < n; ++i) StoreLanes(vt.Re(i, i), Vec<R>{} + R(1));
   }
   const auto rotated = Sweep<T>(a, vt, vectors, threshold, rotations, pairs);
   for (int l = 0; l < W; ++l) unconverged[l] = rotated[l] != 0;

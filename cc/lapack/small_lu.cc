@@ -26,29 +26,6 @@ namespace {
 // scalar statements first, GCC left them scalar.
 #define BATCHPART_LANES _Pragma("GCC ivdep") _Pragma("GCC unroll 1")
 
-// One matrix element across the lanes: its real plane, and its imaginary
-// plane for complex T (null for real T).
-template <typename T>
-struct Planes {
-  using R = Real<T>;
-  R* re;
-  R* im;
-  int64_t cols;
-  BATCHPART_INLINE R* Re(int64_t i, int64_t j) const { return re + (i * cols + j) * kLanes<T>; }
-  BATCHPART_INLINE R* Im(int64_t i, int64_t j) const { return im + (i * cols + j) * kLanes<T>; }
-};
-
-// Whether any lane of a vector comparison's result is set.
-template <typename Mask>
-BATCHPART_INLINE bool AnyLane(const Mask& mask) {
-  constexpr int n = sizeof(Mask) / sizeof(mask[0]);
-  decltype(mask[0] + 0) bits[n];
-  std::memcpy(bits, &mask, sizeof(Mask));
-  decltype(mask[0] + 0) any = 0;
-  for (int l = 0; l < n; ++l) any |= bits[l];
-  return any != 0;
-}
-
 // The pivot magnitudes (|re| + |im|) of element (i, j)'s lanes.
 template <typename T>
 BATCHPART_INLINE void Magnitudes(const Planes<T>& a, int64_t i, int64_t j,

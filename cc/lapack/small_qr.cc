@@ -18,25 +18,16 @@ namespace {
 // A loop over the lanes: lane l touches index l of each operand only.
 #define BATCHPART_LANES _Pragma("GCC ivdep")
 
-// One plane of an interleaved matrix: element (i, j)'s lanes at
-// data + (i * cols + j) * kLanes<T>.
-template <typename T>
-struct Lanes2D {
-  T* data;
-  int64_t cols;
-  BATCHPART_INLINE T* at(int64_t i, int64_t j) const { return data + (i * cols + j) * kLanes<T>; }
-};
-
 // Turns column j of `a`, rows [j, m), into each lane's reflector, as
 // MakeReflector does for one matrix: beta on the diagonal, v below it (v's
 // first element 1 implied), tau[l] of lane l; tau = 0 where the column is
 // already zero below the diagonal (nothing to annihilate, column kept).
 template <typename T>
-BATCHPART_INLINE void MakeReflectors(const Lanes2D<T>& a, int64_t m, int64_t j, T* tau) {
+BATCHPART_INLINE void MakeReflectors(const Planes<T>& a, int64_t m, int64_t j, T* tau) {
   constexpr int W = kLanes<T>;
   double sum[W] = {}, largest[W] = {};
   for (int64_t i = j + 1; i < m; ++i) {
-    const T* x = a.at(i, j);
+    const T* x = a.Re(i, j);
     BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       sum[l] += static_cast<double>(x[l]) * x[l];
@@ -55,12 +46,12 @@ BATCHPART_INLINE void MakeReflectors(const Lanes2D<T>& a, int64_t m, int64_t j, 
   if (rescale) {
     for (int l = 0; l < W; ++l) {
       if (!SumOfSquaresIsSafe(sum[l]) && largest[l] != 0) {
-        norm[l] = ColumnNorm(m - j - 1, a.at(j + 1, j) + l, a.cols * W);
+        norm[l] = ColumnNorm(m - j - 1, a.Re(j + 1, j) + l, a.cols * W);
       }
     }
   }
   double divisor[W];
-  T* alpha = a.at(j, j);
+  T* alpha = a.Re(j, j);
   BATCHPART_LANES
   for (int l = 0; l < W; ++l) {
     const double x = alpha[l];
@@ -75,7 +66,7 @@ BATCHPART_INLINE void MakeReflectors(const Lanes2D<T>& a, int64_t m, int64_t j, 
     alpha[l] = keep ? alpha[l] : static_cast<T>(beta);
   }
   for (int64_t i = j + 1; i < m; ++i) {
-    T* x = a.at(i, j);
+    T* x = a.Re(i, j);
     BATCHPART_LANES
     for (int l = 0; l < W; ++l) x[l] = static_cast<T>(x[l] / divisor[l]);
   }
@@ -86,33 +77,33 @@ BATCHPART_INLINE void MakeReflectors(const Lanes2D<T>& a, int64_t m, int64_t j, 
 // then x -= v (tau acc)^T. NB columns at once, so that NB sums run as
 // independent chains.
 template <typename T, int NB>
-BATCHPART_INLINE void ReflectColumns(int64_t rows, const Lanes2D<T>& v, int64_t v_row,
-                                     int64_t v_col, const T* tau, const Lanes2D<T>& x,
+BATCHPART_INLINE void ReflectColumns(int64_t rows, const Planes<T>& v, int64_t v_row,
+                                     int64_t v_col, const T* tau, const Planes<T>& x,
                                      int64_t x_row, int64_t c) {
   using V = typename LaneVector<T>::type;
   V acc[NB];
-  for (int q = 0; q < NB; ++q) acc[q] = LoadLanes(x.at(x_row, c + q));
+  for (int q = 0; q < NB; ++q) acc[q] = LoadLanes(x.Re(x_row, c + q));
   for (int64_t i = 1; i < rows; ++i) {
-    const V vi = LoadLanes(v.at(v_row + i, v_col));
-    for (int q = 0; q < NB; ++q) acc[q] += vi * LoadLanes(x.at(x_row + i, c + q));
+    const V vi = LoadLanes(v.Re(v_row + i, v_col));
+    for (int q = 0; q < NB; ++q) acc[q] += vi * LoadLanes(x.Re(x_row + i, c + q));
   }
   const V t = LoadLanes(tau);
   for (int q = 0; q < NB; ++q) {
     acc[q] *= t;
-    StoreLanes(x.at(x_row, c + q), LoadLanes(x.at(x_row, c + q)) - acc[q]);
+    StoreLanes(x.Re(x_row, c + q), LoadLanes(x.Re(x_row, c + q)) - acc[q]);
   }
   for (int64_t i = 1; i < rows; ++i) {
-    const V vi = LoadLanes(v.at(v_row + i, v_col));
+    const V vi = LoadLanes(v.Re(v_row + i, v_col));
     for (int q = 0; q < NB; ++q) {
-      StoreLanes(x.at(x_row + i, c + q), LoadLanes(x.at(x_row + i, c + q)) - vi * acc[q]);
+      StoreLanes(x.Re(x_row + i, c + q), LoadLanes(x.Re(x_row + i, c + q)) - vi * acc[q]);
     }
   }
 }
 
 // ReflectColumns over columns [c_begin, c_end) of x, four at a time.
 template <typename T>
-BATCHPART_INLINE void Reflect(int64_t rows, const Lanes2D<T>& v, int64_t v_row, int64_t v_col,
-                              const T* tau, const Lanes2D<T>& x, int64_t x_row, int64_t c_begin,
+BATCHPART_INLINE void Reflect(int64_t rows, const Planes<T>& v, int64_t v_row, int64_t v_col,
+                              const T* tau, const Planes<T>& x, int64_t x_row, int64_t c_begin,
                               int64_t c_end) {
   int64_t c = c_begin;
   for (; c + 4 <= c_end; c += 4) ReflectColumns<T, 4>(rows, v, v_row, v_col, tau, x, x_row, c);
@@ -136,7 +127,7 @@ void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t
              T* r_data) {
   using V = typename LaneVector<T>::type;
   constexpr int W = kLanes<T>;
-  const Lanes2D<T> a{a_data, n}, q{q_data, q_cols}, r{r_data, n};
+  const Planes<T> a{a_data, nullptr, n}, q{q_data, nullptr, q_cols}, r{r_data, nullptr, n};
   const int64_t k = std::min(m, n);
   // Each reflector's tau per lane: on the stack up to the sizes the
   // switch points send here, on the heap for a forced larger call.
@@ -149,21 +140,21 @@ void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t
     Reflect(m - j, a, j, j, tau + j * W, a, j, j + 1, n);
   }
   for (int64_t i = 0; i < r_rows; ++i) {
-    for (int64_t c = 0; c < n; ++c) StoreLanes(r.at(i, c), c >= i ? LoadLanes(a.at(i, c)) : V{});
+    for (int64_t c = 0; c < n; ++c) StoreLanes(r.Re(i, c), c >= i ? LoadLanes(a.Re(i, c)) : V{});
   }
   // Q = H(0) ... H(k-1) applied to the first q_cols columns of I, from the
   // last reflector back, as org2r: when H(i) is applied, row i of Q's later
   // columns is still zero and column i is still e_i, so H(i) touches rows
   // i.. of columns i+1.. and column i is written directly.
   std::memset(q_data, 0, sizeof(T) * m * q_cols * W);
-  for (int64_t j = k; j < q_cols; ++j) StoreLanes(q.at(j, j), V{} + T(1));
+  for (int64_t j = k; j < q_cols; ++j) StoreLanes(q.Re(j, j), V{} + T(1));
   for (int64_t i = k - 1; i >= 0; --i) {
     const V t = LoadLanes(tau + i * W);
     Reflect(m - i, a, i, i, tau + i * W, q, i, i + 1, q_cols);
     for (int64_t row = i + 1; row < m; ++row) {
-      StoreLanes(q.at(row, i), -t * LoadLanes(a.at(row, i)));
+      StoreLanes(q.Re(row, i), -t * LoadLanes(a.Re(row, i)));
     }
-    StoreLanes(q.at(i, i), T(1) - t);
+    StoreLanes(q.Re(i, i), T(1) - t);
   }
 }
 
