@@ -112,16 +112,19 @@ void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) 
   const int64_t n = a.cols;
   const Vec<R> infinity = Vec<R>{} + std::numeric_limits<R>::infinity();
   Vec<R> largest{};
-  // NaN compares false either way; Inf is not below the largest finite.
-  const auto grow = [&](R* x_lanes) {
+  // NaN compares false either way; Inf is not below the largest finite. A
+  // diagonal's imaginary part is not used, but must be finite too (as the
+  // per-matrix path checks the whole triangle).
+  const auto grow = [&](R* x_lanes, bool used) {
     const Vec<R> x = LoadLanes(x_lanes);
-    const Vec<R> size = x == x ? Abs<R>(x) : infinity;
+    Vec<R> size = x == x ? Abs<R>(x) : infinity;
+    if (!used) size = size == infinity ? infinity : Vec<R>{};
     largest = size > largest ? size : largest;
   };
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      grow(a.Re(i, j));
-      if constexpr (kIsComplex<T>) grow(a.Im(i, j));
+      grow(a.Re(i, j), true);
+      if constexpr (kIsComplex<T>) grow(a.Im(i, j), i != j);
     }
   }
   alignas(64) R lanes[W];
