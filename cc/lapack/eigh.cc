@@ -119,8 +119,9 @@ ffi::Error DecomposeGroups(ffi::ThreadPool& pool, const EighShape& shape, bool l
     il::Group<T> v;
     il::EighWork<T> work;
   };
-  // About six sweeps of n^2 / 2 rotations, each 6 flops per element of two
-  // rows of A (and of V); complex arithmetic about four times that.
+  // About eight sweeps of n^2 / 2 rotations, each a few flops per element
+  // of two rows and columns of A (and of two columns of V); complex
+  // arithmetic about four times that.
   const double flops = kFlopScale<T> * (vectors ? 36.0 : 18.0) * n * n * n;
   return il::ForEachGroup<T>(
       pool, Product(shape.batch), flops,

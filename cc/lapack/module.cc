@@ -122,9 +122,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("intra_op_parallelism", &IntraOpParallelism);
   m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
         "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
-        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh') takes for batches of small matrices: "
-        "'auto' (the measured switch points, default), 'always' (the batch-interleaved kernel at "
-        "any size) or 'never' (one LAPACK call per matrix); for tests and measurements.");
+        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh') takes for batches of small "
+        "matrices: 'auto' (the measured switch points, default), 'always' (the batch-interleaved "
+        "kernel at any size) or 'never' (one LAPACK call per matrix); for tests and "
+        "measurements.");
   m.def("small_path", &SmallPathOf, nb::arg("kernel"), "The path set_small_path set.");
   m.def(
       "small_lu_sizes",

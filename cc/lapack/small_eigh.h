@@ -10,13 +10,14 @@
 // disjoint pairs, until a whole sweep finds no off-diagonal element above
 // eps * ||A||_F / n (the off-diagonal part is then below eps * ||A||_F, as
 // in a backward-stable eigensolver). A pair is skipped where no lane's
-// element is above that threshold, so late sweeps cost little. Eigenvalues come out ascending,
-// eigenvectors in the same order; a lane with a non-finite element in the
-// triangle read gets NaN and kNonFiniteInfo, and a lane not converged after
-// kMaxEighSweeps sweeps NaN and info 1. A complex rotation takes the phase
-// of a(q, p) into a real one: U = [[c, conj(g)], [-g, c]] with g = s e,
-// e = a(q, p) / |a(q, p)|, and the diagonal's imaginary parts are ignored,
-// as LAPACK's heevd does.
+// element is above that threshold, so late sweeps cost little. Eigenvalues
+// come out ascending, eigenvectors in the same order; a lane with a
+// non-finite element in the triangle read gets NaN and kNonFiniteInfo, and
+// a lane not converged after kMaxEighSweeps sweeps NaN and info 1.
+//
+// A complex rotation takes the phase of a(q, p) into a real one:
+// U = [[c, conj(g)], [-g, c]] with g = s e, e = a(q, p) / |a(q, p)|, and
+// the diagonal's imaginary parts are ignored, as LAPACK's heevd does.
 #ifndef BATCHPART_LAPACK_SMALL_EIGH_H_
 #define BATCHPART_LAPACK_SMALL_EIGH_H_
 
@@ -56,7 +57,7 @@ template <typename T>
 struct EighWork {
   EighWork(int64_t n, bool vectors)
       : vt(vectors ? n : 0, vectors ? n : 0),
-        rotations(3 * n * kLanes<T>),
+        rotations(3 * n * kLanes<T>),  // c and g (re, im) of up to n / 2 pairs
         pairs(2 * n),
         values(n),
         order(n) {}
