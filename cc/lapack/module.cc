@@ -102,6 +102,9 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
     {interleaved::Isa::kAvx512, "avx512"},
 };
 
+// A switch-point table's entry as Python sees it: (min, max).
+nb::tuple Range(interleaved::SizeRange r) { return nb::make_tuple(r.min, r.max); }
+
 void SetBlockTransposes(const std::string& limit) {
   interleaved::SetBlockTransposes(Named(kIsaNames, limit, "set_block_transposes: limit"));
 }
@@ -131,18 +134,17 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_lu_sizes",
       [] {
         namespace il = interleaved;
-        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
         nb::dict sizes;
         // Keyed (target, row_major, single precision); complex types take
         // their real type's ranges.
-        sizes[nb::make_tuple("getrf", false, true)] = range(il::kGetrfColumnMajorSizes<float>);
-        sizes[nb::make_tuple("getrf", false, false)] = range(il::kGetrfColumnMajorSizes<double>);
-        sizes[nb::make_tuple("getrf", true, true)] = range(il::kGetrfRowMajorSizes<float>);
-        sizes[nb::make_tuple("getrf", true, false)] = range(il::kGetrfRowMajorSizes<double>);
-        sizes[nb::make_tuple("gesv", false, true)] = range(il::kGesvColumnMajorSizes<float>);
-        sizes[nb::make_tuple("gesv", false, false)] = range(il::kGesvColumnMajorSizes<double>);
-        sizes[nb::make_tuple("gesv", true, true)] = range(il::kGesvRowMajorSizes<float>);
-        sizes[nb::make_tuple("gesv", true, false)] = range(il::kGesvRowMajorSizes<double>);
+        sizes[nb::make_tuple("getrf", false, true)] = Range(il::kGetrfColumnMajorSizes<float>);
+        sizes[nb::make_tuple("getrf", false, false)] = Range(il::kGetrfColumnMajorSizes<double>);
+        sizes[nb::make_tuple("getrf", true, true)] = Range(il::kGetrfRowMajorSizes<float>);
+        sizes[nb::make_tuple("getrf", true, false)] = Range(il::kGetrfRowMajorSizes<double>);
+        sizes[nb::make_tuple("gesv", false, true)] = Range(il::kGesvColumnMajorSizes<float>);
+        sizes[nb::make_tuple("gesv", false, false)] = Range(il::kGesvColumnMajorSizes<double>);
+        sizes[nb::make_tuple("gesv", true, true)] = Range(il::kGesvRowMajorSizes<float>);
+        sizes[nb::make_tuple("gesv", true, false)] = Range(il::kGesvRowMajorSizes<double>);
         return sizes;
       },
       "{(target, row_major, single precision): (min n, max n)} that getrf ('getrf') and gesv "
@@ -151,12 +153,11 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_qr_sizes",
       [] {
         namespace il = interleaved;
-        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
         nb::dict sizes;
-        sizes[nb::make_tuple(false, true)] = range(il::kQrColumnMajorSizes<float>);
-        sizes[nb::make_tuple(false, false)] = range(il::kQrColumnMajorSizes<double>);
-        sizes[nb::make_tuple(true, true)] = range(il::kQrRowMajorSizes<float>);
-        sizes[nb::make_tuple(true, false)] = range(il::kQrRowMajorSizes<double>);
+        sizes[nb::make_tuple(false, true)] = Range(il::kQrColumnMajorSizes<float>);
+        sizes[nb::make_tuple(false, false)] = Range(il::kQrColumnMajorSizes<double>);
+        sizes[nb::make_tuple(true, true)] = Range(il::kQrRowMajorSizes<float>);
+        sizes[nb::make_tuple(true, false)] = Range(il::kQrRowMajorSizes<double>);
         return sizes;
       },
       "{(row_major, single precision): (min, max)} of max(m, n) that the qr targets factor "
@@ -165,12 +166,11 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_eigh_sizes",
       [] {
         namespace il = interleaved;
-        const auto range = [](il::SizeRange r) { return nb::make_tuple(r.min, r.max); };
         nb::dict sizes;
-        sizes[nb::make_tuple(false, true)] = range(il::kEighSizes<float>);
-        sizes[nb::make_tuple(false, false)] = range(il::kEighSizes<double>);
-        sizes[nb::make_tuple(true, true)] = range(il::kEighSizes<std::complex<float>>);
-        sizes[nb::make_tuple(true, false)] = range(il::kEighSizes<std::complex<double>>);
+        sizes[nb::make_tuple(false, true)] = Range(il::kEighSizes<float>);
+        sizes[nb::make_tuple(false, false)] = Range(il::kEighSizes<double>);
+        sizes[nb::make_tuple(true, true)] = Range(il::kEighSizes<std::complex<float>>);
+        sizes[nb::make_tuple(true, false)] = Range(il::kEighSizes<std::complex<double>>);
         return sizes;
       },
       "{(complex, single precision): (min n, max n)} that batchpart_eigh decomposes "

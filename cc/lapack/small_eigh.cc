@@ -343,34 +343,24 @@ void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<R
   bool bad[W], unconverged[W];
   EighLanes<T>(lower, vectors, PlanesOf(a), PlanesOf(work.vt), work.rotations.data(),
                work.pairs.data(), scale, threshold, bad, unconverged);
-  // Each lane's eigenvalues ascending, and its eigenvectors in their order.
+  // Each lane's eigenvalues ascending, and its eigenvectors in their order:
+  // column i of V is row order[i] of vt.
   const R nan = std::numeric_limits<R>::quiet_NaN();
-  const auto set_vector_element = [&](int64_t k, int64_t i, int l, R re, R im) {
-    v.re(k, i)[l] = re;
-    if constexpr (kIsComplex<T>) v.im(k, i)[l] = im;
-  };
+  const Group<T>& vt = work.vt;
   for (int l = 0; l < W; ++l) {
     info[l] = bad[l] ? kNonFiniteInfo : unconverged[l] ? 1 : 0;
-    if (info[l] != 0) {
-      for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = nan;
-      for (int64_t i = 0; vectors && i < n; ++i) {
-        for (int64_t k = 0; k < n; ++k) set_vector_element(k, i, l, nan, nan);
-      }
-      continue;
+    const bool failed = info[l] != 0;
+    if (!failed) {
+      for (int64_t i = 0; i < n; ++i) values[i] = a.re(i, i)[l] / scale[l];
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::sort(order.begin(), order.end(),
+                [&](int64_t x, int64_t y) { return values[x] < values[y]; });
     }
-    for (int64_t i = 0; i < n; ++i) values[i] = a.re(i, i)[l] / scale[l];
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::sort(order.begin(), order.end(),
-              [&](int64_t x, int64_t y) { return values[x] < values[y]; });
-    for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = values[order[i]];
+    for (int64_t i = 0; i < n; ++i) w.re(0, i)[l] = failed ? nan : values[order[i]];
     for (int64_t i = 0; vectors && i < n; ++i) {
       for (int64_t k = 0; k < n; ++k) {
-        const Group<T>& vt = work.vt;
-        if constexpr (kIsComplex<T>) {
-          set_vector_element(k, i, l, vt.re(order[i], k)[l], vt.im(order[i], k)[l]);
-        } else {
-          set_vector_element(k, i, l, vt.re(order[i], k)[l], R(0));
-        }
+        v.re(k, i)[l] = failed ? nan : vt.re(order[i], k)[l];
+        if constexpr (kIsComplex<T>) v.im(k, i)[l] = failed ? nan : vt.im(order[i], k)[l];
       }
     }
   }
