@@ -6,11 +6,14 @@ path on both sides of the size switch."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import batchpart as bp
 from batchpart import _core, _lapack_targets
@@ -305,6 +308,81 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
     ok = ~np.isnan(x0).any(axis=(-1, -2))
     assert np.isnan(x[~ok]).all()
     np.testing.assert_allclose(x[ok], x0[ok], rtol=TOL[dtype] * 100, atol=TOL[dtype] * 100)
+
+
+# ---- the fixed-size kernels (cc/lapack/small_lu_fixed.*) -----------------------------
+
+# The largest n with a fixed-size kernel (kMaxFixedLu in small_lu_fixed.h).
+MAX_FIXED = 16
+AVX512 = _core.lapack.supported_block_transposes() == "avx512"
+
+
+@contextlib.contextmanager
+def generic_kernels():
+  """Runs the block on FactorLanes and SolveLanes: the fixed-size kernels
+  run only under an AVX-512 cap of the block transposes."""
+  _core.lapack.set_block_transposes("avx2")
+  try:
+    yield
+  finally:
+    _core.lapack.set_block_transposes("avx512")
+
+
+def troubled(rng, batch, n, dtype, kinds):
+  """Random matrices with, per batch element, kinds[i] of: 0 none, 1 a zero
+  column, 2 a NaN, 3 an infinity, 4 a column scaled below the smallest
+  normal number (a tiny pivot, or zero where XLA flushes it), 5 small
+  integers (ties in pivot magnitude, exact zero pivots after elimination)."""
+  a = random_array(rng, (batch, n, n), dtype)
+  tiny = np.finfo(dtype).tiny
+  for i, kind in enumerate(kinds):
+    j = int(rng.integers(n))
+    if kind == 1:
+      a[i, :, j] = 0
+    elif kind == 2:
+      a[i, int(rng.integers(n)), j] = np.nan
+    elif kind == 3:
+      a[i, int(rng.integers(n)), j] = -np.inf
+    elif kind == 4:
+      a[i, :, j] *= tiny / 4
+    elif kind == 5:
+      a[i] = rng.integers(-2, 3, (n, n))
+  return a
+
+
+@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@LAYOUTS
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, MAX_FIXED + 1), single=st.booleans(),
+       kinds=st.lists(st.integers(0, 5), min_size=1, max_size=40), seed=st.integers(0, 2**16))
+def test_fixed_size_kernels_give_the_generic_kernels_bits(row_major, n, single, kinds, seed):
+  dtype = np.float32 if single else np.float64
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+  with small_path("lu", "always"):
+    got = (*getrf(a, row_major), *gesv(a, b, row_major))
+    with generic_kernels():
+      expected = (*getrf(a, row_major), *gesv(a, b, row_major))
+  for name, g, e in zip(("lu", "pivots", "perm", "info", "x", "x info"), got, expected,
+                        strict=True):
+    np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
+
+
+@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
+def test_fixed_size_kernels_against_scipy(dtype, n):
+  rng = np.random.default_rng(n)
+  a = random_array(rng, (LANES[dtype] + 5, n, n), dtype)
+  b = random_array(rng, (LANES[dtype] + 5, n, 2), dtype)
+  with small_path("lu", "always"):
+    lu, pivots, perm, info = getrf(a, True)
+    x, x_info = gesv(a, b, True)
+  check_against_scipy(a, lu, pivots, perm, info)
+  assert not x_info.any()
+  assert_close(x, np.linalg.solve(a, b), dtype, n * np.linalg.cond(a).max())
 
 
 # ---- through batchpart.linalg -------------------------------------------------------

@@ -69,13 +69,14 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
   const il::Strides layout = Order<T>::Layout(shape);
   struct Scratch {
     il::Group<T> group;
-    std::vector<int32_t> pivots;
+    std::vector<int32_t> pivots, perm;
   };
   return il::ForEachGroup<T>(
       pool, batch, kFlopScale<T> * shape.m * shape.n * shape.k,
       [&] {
         return Scratch{il::Group<T>(shape.m, shape.n),
-                       std::vector<int32_t>(std::max<int64_t>(1, k) * W)};
+                       std::vector<int32_t>(std::max<int64_t>(1, k) * W),
+                       std::vector<int32_t>(shape.m * W)};
       },
       [&](Scratch& s, il::Lanes lanes) {
         int32_t info[W];
@@ -86,12 +87,14 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
         s.group.Pack(src, lanes.count, layout);
         il::FactorGroup(s.group, il::RowSwaps::kWholeRows, s.pivots.data(), info);
         s.group.Unpack(dst, lanes.count, layout);
+        il::PermutationGroup<T>(s.pivots.data(), k, shape.m, s.perm.data());
         for (int64_t l = 0; l < lanes.count; ++l) {
           const int64_t b = lanes.first + l;
           info_data[b] = info[l];
-          int32_t* piv = piv_data + b * k;
+          int32_t* __restrict piv = piv_data + b * k;
+          int32_t* __restrict perm = perm_data + b * shape.m;
           for (int64_t i = 0; i < k; ++i) piv[i] = s.pivots[i * W + l];
-          PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
+          for (int64_t i = 0; i < shape.m; ++i) perm[i] = s.perm[i * W + l];
         }
       });
 }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "lapack/lapack_api.h"
+#include "lapack/small_lu_fixed.h"
 
 namespace batchpart::lapack::interleaved {
 namespace {
@@ -90,7 +91,7 @@ BATCHPART_INLINE void SubtractRow(const Planes<T>& x, int64_t i, int64_t k, cons
 // block saved less. Swapping the earlier columns of getrf's result after
 // unpacking, row by row per matrix, cost more than it saved (8 x 8 float32:
 // 0.077 -> 0.098 us with pack and unpack), so getrf swaps whole rows.
-constexpr int kBlockSteps = 2;
+constexpr int kBlockSteps = kLuBlockSteps;
 
 // Elements (i, j), i in [i_begin, i_end), j in [j_begin, j_end), minus
 // l(i, t) * u(t, j) for the Steps steps t = t0, t0 + 1, ..., in that order;
@@ -351,6 +352,34 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
   }
 }
 
+// The swaps as blends on lane vectors: row s of the permutation stays in a
+// register while the rows below take their turn (as a loop over lanes, each
+// row's store was the next one's load).
+template <int W>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void PermutationLanes(const int32_t* pivots, int64_t k, int64_t m, int32_t* perm) {
+  typedef int32_t Ints __attribute__((vector_size(4 * W)));
+  for (int64_t i = 0; i < m; ++i) {
+    const Ints row = Ints{} + static_cast<int32_t>(i);
+    std::memcpy(perm + i * W, &row, sizeof(row));
+  }
+  for (int64_t s = 0; s < k && s < m; ++s) {
+    Ints p, top, row;
+    std::memcpy(&p, pivots + s * W, sizeof(p));
+    std::memcpy(&top, perm + s * W, sizeof(top));
+    for (int64_t i = s + 1; i < m; ++i) {
+      std::memcpy(&row, perm + i * W, sizeof(row));
+      const Ints swap = p == (Ints{} + static_cast<int32_t>(i));
+      const Ints moved = swap ? top : row;
+      std::memcpy(perm + i * W, &moved, sizeof(moved));
+      top = swap ? row : top;
+    }
+    std::memcpy(perm + s * W, &top, sizeof(top));
+  }
+}
+
 #undef BATCHPART_INLINE
 #undef BATCHPART_LANES
 
@@ -358,19 +387,31 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
 
 template <typename T>
 void FactorGroup(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info) {
+  if constexpr (!kIsComplex<T>) {
+    if (FactorFixedSize(g, swaps, pivots, info)) return;
+  }
   FactorLanes<T>(g.rows(), g.cols(), g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr,
                  swaps == RowSwaps::kWholeRows, pivots, info);
 }
 
 template <typename T>
+void PermutationGroup(const int32_t* pivots, int64_t k, int64_t m, int32_t* perm) {
+  PermutationLanes<kLanes<T>>(pivots, k, m, perm);
+}
+
+template <typename T>
 void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
+  if constexpr (!kIsComplex<T>) {
+    if (SolveFixedSize(lu, pivots, x)) return;
+  }
   SolveLanes<T>(lu.rows(), x.cols(), lu.re(0, 0), kIsComplex<T> ? lu.im(0, 0) : nullptr, pivots,
                 x.re(0, 0), kIsComplex<T> ? x.im(0, 0) : nullptr);
 }
 
 #define BATCHPART_INSTANTIATE(T)                                          \
   template void FactorGroup<T>(Group<T>&, RowSwaps, int32_t*, int32_t*);  \
-  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&);
+  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&); \
+  template void PermutationGroup<T>(const int32_t*, int64_t, int64_t, int32_t*);
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
 BATCHPART_INSTANTIATE(std::complex<float>)

@@ -67,12 +67,25 @@ inline constexpr int64_t kSmallLuMinBatch = 2;
 // all SolveGroup needs and saves the rest.
 enum class RowSwaps { kWholeRows, kFromBlock };
 
+// FactorGroup's elimination steps per block (small_lu.cc): with
+// RowSwaps::kFromBlock, step k's swap reaches the columns from
+// k - k % kLuBlockSteps on, and SolveGroup applies it accordingly.
+inline constexpr int kLuBlockSteps = 2;
+
 // Factors the kLanes<T> rows x cols matrices of `g` in place (L unit lower
 // below the diagonal, U on and above it). Writes pivot i (0-based) of lane
 // l to pivots[i * kLanes<T> + l], i < min(rows, cols), and getrf's info of
 // lane l to info[l].
 template <typename T>
 void FactorGroup(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info);
+
+// The row permutations of a group's factorizations: from the k pivots per
+// lane FactorGroup wrote, writes perm[i * kLanes<T> + l] (i < m), the row of
+// lane l's matrix that row i of its L U came from (0..m-1 with the pivots'
+// swaps applied in order; a pivot outside [i, m) swaps nothing). All lanes
+// at once, in SIMD: lane by lane, each swap waited on the one before.
+template <typename T>
+void PermutationGroup(const int32_t* pivots, int64_t k, int64_t m, int32_t* perm);
 
 // Overwrites the n x r matrices of `x` (holding B) with the solutions of
 // A X = B, given the n x n `lu` and `pivots` FactorGroup left with

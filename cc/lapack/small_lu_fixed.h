@@ -1,0 +1,41 @@
+// The interleaved LU of small square real matrices, one kernel per size:
+// FactorGroup's (small_lu.h) for n <= kMaxFixedLu on CPUs with AVX-512.
+//
+// At such sizes FactorLanes' steps are mostly overhead: run-time loop
+// bounds, its blocked updates' bookkeeping, and above all its row swaps,
+// which each lane makes on its own in scalar loads and stores (random
+// 8 x 8 float32, single-threaded: 54 ns a matrix to factor, 27 ns on
+// matrices that need no swaps). With n a constant every loop unrolls, a
+// step's column stays in registers, and the swap becomes masked blends
+// inside the update that loads and stores the trailing columns anyway.
+#ifndef BATCHPART_LAPACK_SMALL_LU_FIXED_H_
+#define BATCHPART_LAPACK_SMALL_LU_FIXED_H_
+
+#include <cstdint>
+
+#include "lapack/interleaved.h"
+#include "lapack/small_lu.h"
+
+namespace batchpart::lapack::interleaved {
+
+// The largest n with a kernel of its own. Measured single-threaded
+// (FactorGroup, random matrices, ns per matrix, FactorLanes -> fixed size),
+// see small_lu_fixed.cc.
+inline constexpr int kMaxFixedLu = 16;
+
+// Factors the square real matrices of `g` as FactorGroup does, bit for bit
+// (the same pivots, info and values, zero and tiny pivots included), and
+// returns true; or returns false, `g` untouched, where its size has no
+// kernel or the CPU (capped by SetBlockTransposes) has no AVX-512.
+template <typename T>
+bool FactorFixedSize(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info);
+
+// Solves with a group's FactorFixedSize(RowSwaps::kFromBlock) factors as
+// SolveGroup does, bit for bit, and returns true; or returns false, `x`
+// untouched, as FactorFixedSize would for `lu`.
+template <typename T>
+bool SolveFixedSize(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
+
+}  // namespace batchpart::lapack::interleaved
+
+#endif  // BATCHPART_LAPACK_SMALL_LU_FIXED_H_
