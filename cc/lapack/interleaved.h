@@ -143,8 +143,9 @@ inline constexpr bool kSingle = sizeof(Real<T>) == 4;
 // The instruction sets a block transpose can use, in order.
 enum class Isa { kNone, kAvx2, kAvx512 };
 // Caps the instruction set of the block transposes (kNone: the element
-// loops only), for tests that compare the paths and for measurements; the
-// CPU's own limit still applies. BlockTransposes() is the one in use,
+// loops only) and of the fixed-size LU (small_lu_fixed.h, AVX-512 only),
+// for tests that compare the paths and for measurements; the CPU's own
+// limit still applies. BlockTransposes() is the one in use,
 // SupportedBlockTransposes() the CPU's (and the build's) best.
 void SetBlockTransposes(Isa limit);
 Isa BlockTransposes();

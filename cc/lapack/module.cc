@@ -192,9 +192,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
       },
       "(largest n of potrf, largest n of posv, smallest batch) factored interleaved.");
   m.def("set_block_transposes", &SetBlockTransposes, nb::arg("limit"),
-        "Caps the instruction set the small-matrix kernels' packing uses for its block "
-        "transposes: 'avx512' (default: the CPU's best), 'avx2', or 'none' (element by "
-        "element); for tests and measurements.");
+        "Caps the instruction set of the small-matrix kernels' hand-vectorized paths: the "
+        "packing's block transposes and, at 'avx512' only, the fixed-size LU and solve. "
+        "'avx512' (default: the CPU's best), 'avx2', or 'none' (element by element); for "
+        "tests and measurements.");
   m.def(
       "block_transposes", [] { return NameOf(kIsaNames, interleaved::BlockTransposes()); },
       "The instruction set the block transposes use now.");
