@@ -18,10 +18,15 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The largest n with a kernel of its own. Measured single-threaded
-// (FactorGroup, random matrices, ns per matrix, FactorLanes -> fixed size),
-// see small_lu_fixed.cc.
-inline constexpr int kMaxFixedLu = 16;
+// The largest n with a kernel of its own. Measured single-threaded,
+// standalone (FactorGroup on random matrices, which pivot at almost every
+// step; ns per matrix, FactorLanes -> fixed size; +-10%):
+//            n = 4      8        12        13        14        15        16
+//   float32    21->7  57->22  125->66  141->87  165->103  190->128  225->160..280
+//   float64    33->14 83->44  180->132 210->177 240->205  277->252  325->330..525
+// At n = 16 the fixed-size kernel ran erratically (its 15 row masks no
+// longer fit the mask registers), so it stops at 15.
+inline constexpr int kMaxFixedLu = 15;
 
 // Factors the square real matrices of `g` as FactorGroup does, bit for bit
 // (the same pivots, info and values, zero and tiny pivots included), and
