@@ -6,7 +6,8 @@
 #include <limits>
 #include <utility>
 
-#if defined(__GNUC__) && defined(__x86_64__) && __has_builtin(__builtin_cpu_supports)
+// Where the CPU has AVX-512 is BlockTransposes()' to say (interleaved.cc).
+#if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define BATCHPART_FIXED_LU 1
 #endif
@@ -33,10 +34,8 @@ BATCHPART_STEP bool Any(const Mask& mask) {
   return _mm512_test_epi32_mask(bits, bits) != 0;
 }
 
-// Column j's rows [k, N) after step k's row swap: row k takes the pivot
-// row's element, picked by blends (eq[i]: the lanes whose pivot is row i),
-// and the pivot row takes row k's. c[k] is left as it was (the pivot row's
-// old element for rows below is c[k]).
+// The pivot row's element of a column whose rows K.. are c[K..N): c[i] on
+// the lanes whose pivot is row i (eq[i]), c[K] on those that keep row K.
 template <typename T, int N, int K, typename Mask>
 BATCHPART_STEP Vec<T> PivotElement(const Vec<T> (&c)[N], const Mask (&eq)[N]) {
   Vec<T> u = c[K];
