@@ -76,7 +76,7 @@ BATCHPART_INLINE void SubtractRow(const Planes<T>& x, int64_t i, int64_t k, cons
   }
 }
 
-// The factorization runs kBlockSteps elimination steps at a time: each
+// The factorization runs kLuBlockSteps elimination steps at a time: each
 // step's pivot column and pivot row are brought up to date with the block's
 // earlier steps as they are needed, and the rest of the trailing block takes
 // the block's steps in one pass, each element loaded and stored once per
@@ -91,7 +91,6 @@ BATCHPART_INLINE void SubtractRow(const Planes<T>& x, int64_t i, int64_t k, cons
 // block saved less. Swapping the earlier columns of getrf's result after
 // unpacking, row by row per matrix, cost more than it saved (8 x 8 float32:
 // 0.077 -> 0.098 us with pack and unpack), so getrf swaps whole rows.
-constexpr int kBlockSteps = kLuBlockSteps;
 
 // Elements (i, j), i in [i_begin, i_end), j in [j_begin, j_end), minus
 // l(i, t) * u(t, j) for the Steps steps t = t0, t0 + 1, ..., in that order;
@@ -126,12 +125,12 @@ BATCHPART_INLINE void SubtractSteps(const Planes<T>& a, int64_t i_begin, int64_t
   }
 }
 
-// SubtractSteps for a run-time number of steps, 0 to kBlockSteps.
+// SubtractSteps for a run-time number of steps, 0 to kLuBlockSteps.
 template <typename T, bool Masked>
 BATCHPART_INLINE void SubtractSteps(int steps, const Planes<T>& a, int64_t i_begin,
                                     int64_t i_end, int64_t j_begin, int64_t j_end, int64_t t0,
                                     const Real<T> (*on)[kLanes<T>]) {
-  static_assert(kBlockSteps == 2);
+  static_assert(kLuBlockSteps == 2);
   switch (steps) {
     case 1: return SubtractSteps<T, Masked, 1>(a, i_begin, i_end, j_begin, j_end, t0, on);
     case 2: return SubtractSteps<T, Masked, 2>(a, i_begin, i_end, j_begin, j_end, t0, on);
@@ -167,12 +166,12 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, bool whole_rows
   BATCHPART_LANES
   for (int l = 0; l < W; ++l) info[l] = 0;
   const int64_t k_end = m < n ? m : n;
-  for (int64_t k0 = 0; k0 < k_end; k0 += kBlockSteps) {
-    const int64_t block_end = std::min(k_end, k0 + kBlockSteps);
+  for (int64_t k0 = 0; k0 < k_end; k0 += kLuBlockSteps) {
+    const int64_t block_end = std::min(k_end, k0 + kLuBlockSteps);
     const int64_t j_rest = block_end;  // the columns after the block's
     // The lanes each of the block's steps updates (all but those whose
     // pivot column was zero), and whether any step skips a lane.
-    alignas(64) R on[kBlockSteps][W];
+    alignas(64) R on[kLuBlockSteps][W];
     bool masked = false;
     for (int64_t k = k0; k < block_end; ++k) {
       const int done = static_cast<int>(k - k0);  // the block's steps before k
@@ -333,8 +332,8 @@ void SolveLanes(int64_t n, int64_t r, const Real<T>* lu_re, const Real<T>* lu_im
   // (row by row, each element would be one chain of dependent updates).
   // A block's columns of L hold their rows as the block left them, so each
   // block's swaps come just before its columns.
-  for (int64_t k0 = 0; k0 < n; k0 += kBlockSteps) {
-    const int64_t block_end = std::min(n, k0 + kBlockSteps);
+  for (int64_t k0 = 0; k0 < n; k0 += kLuBlockSteps) {
+    const int64_t block_end = std::min(n, k0 + kLuBlockSteps);
     for (int64_t k = k0; k < block_end; ++k) SwapRows(x, k, pivots + k * W);
     for (int64_t k = k0; k < block_end; ++k) {
       for (int64_t i = k + 1; i < n; ++i) {

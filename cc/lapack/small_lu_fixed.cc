@@ -25,7 +25,9 @@ namespace {
 template <typename T>
 using Vec = typename LaneVector<T>::type;
 
-// Whether any lane of a lane comparison's result is set.
+// Whether any lane of a lane comparison's result is set: AnyLane
+// (interleaved.h) in one test of a mask register, which AVX-512 code can
+// use; AnyLane's word-by-word OR serves every instruction set.
 template <typename Mask>
 BATCHPART_STEP bool Any(const Mask& mask) {
   static_assert(sizeof(Mask) == sizeof(__m512i));
@@ -245,15 +247,19 @@ inline constexpr auto kKernels = Kernels<T, WholeRows>(std::make_integer_sequenc
 
 #endif  // BATCHPART_FIXED_LU
 
+// Whether an n x n group has a fixed-size kernel that this CPU (under
+// SetBlockTransposes' cap) runs.
+[[maybe_unused]] bool HasKernel(int64_t rows, int64_t cols) {
+  return rows == cols && rows >= 1 && rows <= kMaxFixedLu && BlockTransposes() == Isa::kAvx512;
+}
+
 }  // namespace
 
 template <typename T>
 bool FactorFixedSize(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info) {
 #if BATCHPART_FIXED_LU
   const int64_t n = g.rows();
-  if (n != g.cols() || n < 1 || n > kMaxFixedLu || BlockTransposes() != Isa::kAvx512) {
-    return false;
-  }
+  if (!HasKernel(n, g.cols())) return false;
   (swaps == RowSwaps::kWholeRows ? kKernels<T, true> : kKernels<T, false>)[n - 1](
       g.re(0, 0), pivots, info);
   return true;
@@ -266,9 +272,7 @@ template <typename T>
 bool SolveFixedSize(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
 #if BATCHPART_FIXED_LU
   const int64_t n = lu.rows();
-  if (n != lu.cols() || n < 1 || n > kMaxFixedLu || BlockTransposes() != Isa::kAvx512) {
-    return false;
-  }
+  if (!HasKernel(n, lu.cols())) return false;
   kSolves<T>[n - 1](lu.re(0, 0), pivots, x.re(0, 0), x.cols());
   return true;
 #else
