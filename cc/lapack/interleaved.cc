@@ -154,13 +154,12 @@ BATCHPART_INLINE int64_t PackBlocks(const T* const* src, int64_t rows, int64_t c
   return done;
 }
 
-// The inverse of PackBlocks.
-template <typename T, int H>
+// The inverse of PackBlocks, for planes of W lanes.
+template <typename T, int H, int W = kLanes<T>>
 BATCHPART_INLINE int64_t UnpackBlocks(const Real<T>* re, const Real<T>* im, int64_t rows,
                                       int64_t cols, bool column_major, T* const* dst,
                                       int64_t from) {
   using V = typename Simd<Real<T>, H>::V;
-  constexpr int W = kLanes<T>;
   const int64_t done = from + (rows * cols - from) / H * H;
   for (int64_t e = from; e < done; e += H) {
     for (int l0 = 0; l0 < W; l0 += H) {
@@ -226,6 +225,25 @@ __attribute__((target("avx2"))) int64_t UnpackAvx2(const Real<T>* re, const Real
                                                    int64_t rows, int64_t cols, bool column_major,
                                                    T* const* dst) {
   return UnpackBlocks<T, kLanes<T> / 2>(re, im, rows, cols, column_major, dst, 0);
+}
+
+// UnpackIndices' block moves: int32 lanes moved as the float lanes of the
+// same size (the transposes only move bits), in whole W x W blocks and then
+// half blocks; the AVX2 clone in blocks of 8 (one 256-bit vector).
+template <int W>
+__attribute__((target("avx512f"))) int64_t UnpackIndicesAvx512(const int32_t* lanes, int64_t rows,
+                                                               int32_t* const* dst) {
+  const auto* re = reinterpret_cast<const float*>(lanes);
+  auto* const* out = reinterpret_cast<float* const*>(dst);
+  const int64_t done = UnpackBlocks<float, W, W>(re, nullptr, rows, 1, true, out, 0);
+  return UnpackBlocks<float, W / 2, W>(re, nullptr, rows, 1, true, out, done);
+}
+template <int W>
+__attribute__((target("avx2"))) int64_t UnpackIndicesAvx2(const int32_t* lanes, int64_t rows,
+                                                          int32_t* const* dst) {
+  const auto* re = reinterpret_cast<const float*>(lanes);
+  auto* const* out = reinterpret_cast<float* const*>(dst);
+  return UnpackBlocks<float, 8, W>(re, nullptr, rows, 1, true, out, 0);
 }
 
 Isa DetectedIsa() {
@@ -307,6 +325,32 @@ int64_t UnpackFlat(const Real<T>* re, const Real<T>* im, int64_t rows, int64_t c
   return 0;
 #endif
 }
+
+template <int W>
+void UnpackIndices(const int32_t* lanes, int64_t rows, int64_t count, int32_t* const* dst) {
+  int64_t done = 0;
+#ifdef BATCHPART_INTERLEAVED_SIMD
+  if (count == W) {
+    switch (BestIsa()) {
+      case Isa::kAvx512:
+        done = UnpackIndicesAvx512<W>(lanes, rows, dst);
+        break;
+      case Isa::kAvx2:
+        done = UnpackIndicesAvx2<W>(lanes, rows, dst);
+        break;
+      case Isa::kNone:
+        break;
+    }
+  }
+#endif
+  for (int64_t l = 0; l < count; ++l) {
+    int32_t* __restrict out = dst[l];
+    for (int64_t i = done; i < rows; ++i) out[i] = lanes[i * W + l];
+  }
+}
+
+template void UnpackIndices<8>(const int32_t*, int64_t, int64_t, int32_t* const*);
+template void UnpackIndices<16>(const int32_t*, int64_t, int64_t, int32_t* const*);
 
 #define BATCHPART_INSTANTIATE(T)                                                              \
   template int64_t PackFlat<T>(const T* const*, int64_t, int64_t, Strides, Real<T>*,          \

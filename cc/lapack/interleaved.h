@@ -164,6 +164,13 @@ template <typename T>
 int64_t UnpackFlat(const Real<T>* re, const Real<T>* im, int64_t rows, int64_t cols, Strides s,
                    T* const* dst);
 
+// Writes int32 lane rows (row i's W lanes at lanes + i * W, as a group of
+// kLanes<T> == W keeps its pivots) to per-matrix arrays: dst[l][i] =
+// lanes[i * W + l] for i < rows, l < count. A full group moves by block
+// transposes, as UnpackFlat; the rest element by element.
+template <int W>
+void UnpackIndices(const int32_t* lanes, int64_t rows, int64_t count, int32_t* const* dst);
+
 // kLanes<T> matrices of rows x cols in the interleaved layout: re (and im
 // for complex T) of rows * cols * kLanes<T> reals each.
 template <typename T>

@@ -88,14 +88,12 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
         il::FactorGroup(s.group, il::RowSwaps::kWholeRows, s.pivots.data(), info);
         s.group.Unpack(dst, lanes.count, layout);
         il::PermutationGroup<T>(s.pivots.data(), k, shape.m, s.perm.data());
-        for (int64_t l = 0; l < lanes.count; ++l) {
-          const int64_t b = lanes.first + l;
-          info_data[b] = info[l];
-          int32_t* __restrict piv = piv_data + b * k;
-          int32_t* __restrict perm = perm_data + b * shape.m;
-          for (int64_t i = 0; i < k; ++i) piv[i] = s.pivots[i * W + l];
-          for (int64_t i = 0; i < shape.m; ++i) perm[i] = s.perm[i * W + l];
-        }
+        int32_t* rows[W];
+        il::LanePointers(piv_data, il::Itself, k, lanes, rows);
+        il::UnpackIndices<W>(s.pivots.data(), k, lanes.count, rows);
+        il::LanePointers(perm_data, il::Itself, shape.m, lanes, rows);
+        il::UnpackIndices<W>(s.perm.data(), shape.m, lanes.count, rows);
+        std::copy(info, info + lanes.count, info_data + lanes.first);
       });
 }
 
