@@ -112,11 +112,17 @@ BATCHPART_STEP void Step(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
     V c[N];
 #pragma GCC unroll 64
     for (int i = K; i < N; ++i) c[i] = LoadLanes(a.Re(i, j));
-    const V u = PivotElement<T, N, K>(c, eq);
+    // Row i's two blends together: where the masks spill, one reload each.
+    V u = c[K], xs[N];
+#pragma GCC unroll 64
+    for (int i = K + 1; i < N; ++i) {
+      xs[i] = eq[i] ? c[K] : c[i];
+      u = eq[i] ? c[i] : u;
+    }
     StoreLanes(a.Re(K, j), u);
 #pragma GCC unroll 64
     for (int i = K + 1; i < N; ++i) {
-      const V x = eq[i] ? c[K] : c[i];
+      const V x = xs[i];
       V y = x - l[i] * u;
       if constexpr (Abnormal) y = zero ? x : y;
       StoreLanes(a.Re(i, j), y);
@@ -131,9 +137,13 @@ BATCHPART_STEP void Step(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
       V c[N];
 #pragma GCC unroll 64
       for (int i = K; i < N; ++i) c[i] = LoadLanes(a.Re(i, j));
-      StoreLanes(a.Re(K, j), PivotElement<T, N, K>(c, eq));
+      V u = c[K];
 #pragma GCC unroll 64
-      for (int i = K + 1; i < N; ++i) StoreLanes(a.Re(i, j), eq[i] ? c[K] : c[i]);
+      for (int i = K + 1; i < N; ++i) {
+        StoreLanes(a.Re(i, j), eq[i] ? c[K] : c[i]);
+        u = eq[i] ? c[i] : u;
+      }
+      StoreLanes(a.Re(K, j), u);
     }
   }
 }

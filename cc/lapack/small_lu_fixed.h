@@ -21,12 +21,16 @@ namespace batchpart::lapack::interleaved {
 // The largest n with a kernel of its own. Measured single-threaded,
 // standalone (FactorGroup on random matrices, which pivot at almost every
 // step; ns per matrix, FactorLanes -> fixed size; +-10%):
-//            n = 4      8        12        13        14        15        16
-//   float32    21->7  57->22  125->66  141->87  165->103  190->128  225->160..280
-//   float64    33->14 83->44  180->132 210->177 240->205  277->252  325->330..525
-// At n = 16 the fixed-size kernel ran erratically (its 15 row masks no
-// longer fit the mask registers), so it stops at 15.
-inline constexpr int kMaxFixedLu = 15;
+//            n = 4      8        12       13       14        15        16
+//   float32    9->2.5 41->14  93->41  110->49  130->65   152->78   176->97
+//   float64   16->5   64->30 137->83  161->97  189->131  218->156  256->196
+// From n = 14 or so a step's row masks no longer fit the mask registers;
+// each row's two blends sit together so that one reload serves both (apart,
+// n = 16 took 240 ns in float64). Larger sizes would still gain (n = 20:
+// float32 284 -> 182, float64 416 -> 378), but the code grows as n^3: the
+// kernels to 16 are 1.3 MB of machine code, to 20 2.6 MB, and their compile
+// time doubles too.
+inline constexpr int kMaxFixedLu = 16;
 
 // Factors the square real matrices of `g` as FactorGroup does, bit for bit
 // (the same pivots, info and values, zero and tiny pivots included), and
