@@ -313,7 +313,7 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
 # ---- the fixed-size kernels (cc/lapack/small_lu_fixed.*) -----------------------------
 
 # The largest n with a fixed-size kernel (kMaxFixedLu in small_lu_fixed.h).
-MAX_FIXED = 15
+MAX_FIXED = 16
 AVX512 = _core.lapack.supported_block_transposes() == "avx512"
 
 

@@ -50,6 +50,141 @@ template <typename T, int N, int K, bool WholeRows>
 BATCHPART_AVX512 __attribute__((noinline)) void AbnormalStep(const Planes<T>& a, int32_t* pivots,
                                                              Vec<T>& failed);
 
+// Step K's pivot search on rows K.. of a column in registers: each lane's
+// first row of largest magnitude (at) and that magnitude (top).
+template <typename T, int N, int K>
+BATCHPART_STEP void SearchPivot(const Vec<T> (&col)[N], Vec<T>& top, Vec<T>& at) {
+  using R = Real<T>;
+  using V = Vec<T>;
+  at = V{} + R(K);
+  top = col[K] < 0 ? -col[K] : col[K];
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) {
+    const V v = col[i] < 0 ? -col[i] : col[i];
+    const auto larger = v > top;
+    top = larger ? v : top;
+    at = larger ? V{} + R(i) : at;
+  }
+}
+
+// Whether some lane's pivot is zero, NaN or below the smallest normal: the
+// abnormal step's cases.
+template <typename T>
+BATCHPART_STEP bool AnyAbnormal(const Vec<T>& top) {
+  return Any(!(top >= std::numeric_limits<Real<T>>::min()));
+}
+
+// What eliminating step K from a column takes: the lanes whose pivot is row
+// i (eq[i], i > K), row i's multiplier (l[i], after the swap) and the lanes
+// that skip the step (zero, for Abnormal steps).
+template <typename T, int N>
+struct Elimination {
+  using Mask = decltype(Vec<T>{} < Vec<T>{});
+  Mask eq[N];
+  Vec<T> l[N];
+  Mask zero;
+};
+
+// Step K's column, its rows K.. in registers with their pivot search:
+// writes the lanes' pivots, the pivot to the diagonal and the multipliers
+// below it, and fills e. Abnormal: see Step.
+template <typename T, int N, int K, bool Abnormal>
+BATCHPART_STEP void PivotColumn(const Planes<T>& a, const Vec<T> (&col)[N], const Vec<T>& top,
+                                const Vec<T>& at, int32_t* pivots, Vec<T>& failed,
+                                Elimination<T, N>& e) {
+  using R = Real<T>;
+  using V = Vec<T>;
+  constexpr int W = kLanes<T>;
+  constexpr R kTiny = std::numeric_limits<R>::min();
+  alignas(64) R at_lanes[W];
+  StoreLanes(at_lanes, at);
+  _Pragma("GCC ivdep") for (int l = 0; l < W; ++l) {
+    pivots[K * W + l] = static_cast<int32_t>(at_lanes[l]);
+  }
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) e.eq[i] = at == R(i);
+  e.zero = top == V{};
+  if constexpr (Abnormal) failed = (e.zero & (failed == V{})) ? V{} + R(K + 1) : failed;
+  const V pivot = PivotElement<T, N, K>(col, e.eq);
+  const V inv = R(1) / pivot;
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) {
+    const V x = e.eq[i] ? col[K] : col[i];
+    e.l[i] = x * inv;
+    if constexpr (Abnormal) e.l[i] = e.zero ? x : top < kTiny ? x / pivot : e.l[i];
+    StoreLanes(a.Re(i, K), e.l[i]);
+  }
+  StoreLanes(a.Re(K, K), pivot);
+}
+
+// Step K on one trailing column's rows K.. in registers: the swap (row K
+// takes the pivot row's element u), then x - l * u below (Abnormal: x on
+// the lanes that skip the step). Row i's two blends sit together, so that
+// where the masks spill one reload serves both.
+template <typename T, int N, int K, bool Abnormal>
+BATCHPART_STEP void Eliminate(Vec<T> (&c)[N], const Elimination<T, N>& e) {
+  using V = Vec<T>;
+  V u = c[K], xs[N];
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) {
+    xs[i] = e.eq[i] ? c[K] : c[i];
+    u = e.eq[i] ? c[i] : u;
+  }
+  c[K] = u;
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) {
+    c[i] = xs[i] - e.l[i] * u;
+    if constexpr (Abnormal) c[i] = e.zero ? xs[i] : c[i];
+  }
+}
+
+// Rows From.. of column j into registers and back.
+template <typename T, int N, int From>
+BATCHPART_STEP void LoadColumn(const Planes<T>& a, int j, Vec<T> (&c)[N]) {
+#pragma GCC unroll 64
+  for (int i = From; i < N; ++i) c[i] = LoadLanes(a.Re(i, j));
+}
+template <typename T, int N, int From>
+BATCHPART_STEP void StoreColumn(const Planes<T>& a, int j, const Vec<T> (&c)[N]) {
+#pragma GCC unroll 64
+  for (int i = From; i < N; ++i) StoreLanes(a.Re(i, j), c[i]);
+}
+
+// Step K on the trailing columns from `first` on. A loop (the rows
+// unrolled, the columns not): every column runs the same code on the same
+// registers, and unrolled the kernels grew as N^3.
+template <typename T, int N, int K, bool Abnormal>
+BATCHPART_STEP void EliminateColumns(const Planes<T>& a, const Elimination<T, N>& e, int first) {
+#pragma GCC unroll 1
+  for (int j = first; j < N; ++j) {
+    Vec<T> c[N];
+    LoadColumn<T, N, K>(a, j, c);
+    Eliminate<T, N, K, Abnormal>(c, e);
+    StoreColumn<T, N, K>(a, j, c);
+  }
+}
+
+// Step K's swap on the earlier columns it reaches (all, or those of K's
+// block), where some lane swaps.
+template <typename T, int N, int K, bool WholeRows>
+BATCHPART_STEP void SwapEarlierColumns(const Planes<T>& a, const Elimination<T, N>& e,
+                                       const Vec<T>& at) {
+  constexpr int kFrom = WholeRows ? 0 : K - K % kLuBlockSteps;
+  if (kFrom == K || !Any(at != Real<T>(K))) return;
+#pragma GCC unroll 1
+  for (int j = kFrom; j < K; ++j) {
+    Vec<T> c[N];
+    LoadColumn<T, N, K>(a, j, c);
+    Vec<T> u = c[K];
+#pragma GCC unroll 64
+    for (int i = K + 1; i < N; ++i) {
+      StoreLanes(a.Re(i, j), e.eq[i] ? c[K] : c[i]);
+      u = e.eq[i] ? c[i] : u;
+    }
+    StoreLanes(a.Re(K, j), u);
+  }
+}
+
 // Step K of getf2 on the group's N x N matrices: the pivot search, the row
 // swap, the multipliers and the update of the trailing columns, with
 // FactorLanes' arithmetic. Abnormal (a lane's pivot column is zero or its
@@ -58,94 +193,15 @@ BATCHPART_AVX512 __attribute__((noinline)) void AbnormalStep(const Planes<T>& a,
 // pivots divide instead of multiplying by their reciprocal, as getf2.
 template <typename T, int N, int K, bool WholeRows, bool Abnormal>
 BATCHPART_STEP void Step(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
-  using R = Real<T>;
-  using V = Vec<T>;
-  using Mask = decltype(V{} < V{});
-  constexpr int W = kLanes<T>;
-  constexpr R kTiny = std::numeric_limits<R>::min();
-
-  // Each lane's pivot: the first row of largest magnitude.
-  V col[N], top, at = V{} + R(K);
-#pragma GCC unroll 64
-  for (int i = K; i < N; ++i) col[i] = LoadLanes(a.Re(i, K));
-  top = col[K] < 0 ? -col[K] : col[K];
-#pragma GCC unroll 64
-  for (int i = K + 1; i < N; ++i) {
-    const V v = col[i] < 0 ? -col[i] : col[i];
-    const Mask larger = v > top;
-    top = larger ? v : top;
-    at = larger ? V{} + R(i) : at;
-  }
-  if constexpr (!Abnormal) {
-    // NaN pivots go there too; they come out as FactorLanes has them.
-    if (Any(!(top >= kTiny))) return AbnormalStep<T, N, K, WholeRows>(a, pivots, failed);
-  }
-  alignas(64) R at_lanes[W];
-  StoreLanes(at_lanes, at);
-  _Pragma("GCC ivdep") for (int l = 0; l < W; ++l) {
-    pivots[K * W + l] = static_cast<int32_t>(at_lanes[l]);
-  }
-  Mask eq[N];
-#pragma GCC unroll 64
-  for (int i = K + 1; i < N; ++i) eq[i] = at == R(i);
-  [[maybe_unused]] const Mask zero = top == V{};
-  if constexpr (Abnormal) failed = (zero & (failed == V{})) ? V{} + R(K + 1) : failed;
-
-  // Column K: the pivot to the diagonal, the multipliers below it.
-  const V pivot = PivotElement<T, N, K>(col, eq);
-  const V inv = R(1) / pivot;
-  V l[N];
-#pragma GCC unroll 64
-  for (int i = K + 1; i < N; ++i) {
-    const V x = eq[i] ? col[K] : col[i];
-    l[i] = x * inv;
-    if constexpr (Abnormal) l[i] = zero ? x : top < kTiny ? x / pivot : l[i];
-    StoreLanes(a.Re(i, K), l[i]);
-  }
-  StoreLanes(a.Re(K, K), pivot);
-
-  // The trailing columns: swapped and updated, each in registers once. A
-  // loop (the rows unrolled, the columns not): every column runs the same
-  // code on the same registers, and unrolled the kernels grew as N^3.
-#pragma GCC unroll 1
-  for (int j = K + 1; j < N; ++j) {
-    V c[N];
-#pragma GCC unroll 64
-    for (int i = K; i < N; ++i) c[i] = LoadLanes(a.Re(i, j));
-    // Row i's two blends together: where the masks spill, one reload each.
-    V u = c[K], xs[N];
-#pragma GCC unroll 64
-    for (int i = K + 1; i < N; ++i) {
-      xs[i] = eq[i] ? c[K] : c[i];
-      u = eq[i] ? c[i] : u;
-    }
-    StoreLanes(a.Re(K, j), u);
-#pragma GCC unroll 64
-    for (int i = K + 1; i < N; ++i) {
-      const V x = xs[i];
-      V y = x - l[i] * u;
-      if constexpr (Abnormal) y = zero ? x : y;
-      StoreLanes(a.Re(i, j), y);
-    }
-  }
-
-  // The earlier columns the swap reaches (all, or those of K's block).
-  constexpr int kFrom = WholeRows ? 0 : K - K % kLuBlockSteps;
-  if (kFrom < K && Any(at != R(K))) {
-#pragma GCC unroll 1
-    for (int j = kFrom; j < K; ++j) {
-      V c[N];
-#pragma GCC unroll 64
-      for (int i = K; i < N; ++i) c[i] = LoadLanes(a.Re(i, j));
-      V u = c[K];
-#pragma GCC unroll 64
-      for (int i = K + 1; i < N; ++i) {
-        StoreLanes(a.Re(i, j), eq[i] ? c[K] : c[i]);
-        u = eq[i] ? c[i] : u;
-      }
-      StoreLanes(a.Re(K, j), u);
-    }
-  }
+  Vec<T> col[N], top, at;
+  LoadColumn<T, N, K>(a, K, col);
+  SearchPivot<T, N, K>(col, top, at);
+  // NaN pivots take the abnormal step too; they come out as FactorLanes has them.
+  if (!Abnormal && AnyAbnormal<T>(top)) return AbnormalStep<T, N, K, WholeRows>(a, pivots, failed);
+  Elimination<T, N> e;
+  PivotColumn<T, N, K, Abnormal>(a, col, top, at, pivots, failed, e);
+  EliminateColumns<T, N, K, Abnormal>(a, e, K + 1);
+  SwapEarlierColumns<T, N, K, WholeRows>(a, e, at);
 }
 
 template <typename T, int N, int K, bool WholeRows>
@@ -154,15 +210,71 @@ BATCHPART_AVX512 __attribute__((noinline)) void AbnormalStep(const Planes<T>& a,
   Step<T, N, K, WholeRows, true>(a, pivots, failed);
 }
 
+// Steps K and K + 1 (one of FactorLanes' blocks): column K + 1 takes step
+// K, then gives step K + 1 its pivot; each later column then takes both
+// steps in registers, loaded and stored once where single steps loaded and
+// stored it twice. Each element takes the same operations in the same order
+// (a swap commutes with the other rows' updates), so the same values. Where
+// either step is abnormal, it runs on its own, out of line.
+template <typename T, int N, int K, bool WholeRows>
+BATCHPART_STEP void TwoSteps(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
+  using V = Vec<T>;
+  V col[N], top, at;
+  LoadColumn<T, N, K>(a, K, col);
+  SearchPivot<T, N, K>(col, top, at);
+  if (AnyAbnormal<T>(top)) {
+    AbnormalStep<T, N, K, WholeRows>(a, pivots, failed);
+    return Step<T, N, K + 1, WholeRows, false>(a, pivots, failed);
+  }
+  Elimination<T, N> first;
+  PivotColumn<T, N, K, false>(a, col, top, at, pivots, failed, first);
+
+  V next[N], next_top, next_at;
+  LoadColumn<T, N, K>(a, K + 1, next);
+  Eliminate<T, N, K, false>(next, first);
+  SearchPivot<T, N, K + 1>(next, next_top, next_at);
+  if (AnyAbnormal<T>(next_top)) {
+    StoreColumn<T, N, K>(a, K + 1, next);
+    EliminateColumns<T, N, K, false>(a, first, K + 2);
+    SwapEarlierColumns<T, N, K, WholeRows>(a, first, at);
+    return AbnormalStep<T, N, K + 1, WholeRows>(a, pivots, failed);
+  }
+  StoreLanes(a.Re(K, K + 1), next[K]);
+  Elimination<T, N> second;
+  PivotColumn<T, N, K + 1, false>(a, next, next_top, next_at, pivots, failed, second);
+
+#pragma GCC unroll 1
+  for (int j = K + 2; j < N; ++j) {
+    V c[N];
+    LoadColumn<T, N, K>(a, j, c);
+    Eliminate<T, N, K, false>(c, first);
+    Eliminate<T, N, K + 1, false>(c, second);
+    StoreColumn<T, N, K>(a, j, c);
+  }
+  SwapEarlierColumns<T, N, K, WholeRows>(a, first, at);
+  SwapEarlierColumns<T, N, K + 1, WholeRows>(a, second, next_at);
+}
+
+// Steps K and K + 1, or step K alone where it is the last.
+template <typename T, int N, int K, bool WholeRows>
+BATCHPART_STEP void Block(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
+  if constexpr (K + 1 < N) {
+    TwoSteps<T, N, K, WholeRows>(a, pivots, failed);
+  } else {
+    Step<T, N, K, WholeRows, false>(a, pivots, failed);
+  }
+}
+
 // getf2 on a group of N x N matrices in place; pivots and info as
 // FactorGroup writes them.
-template <typename T, int N, bool WholeRows, int... K>
+template <typename T, int N, bool WholeRows, int... B>
 BATCHPART_AVX512 void FactorSteps(Real<T>* re, int32_t* pivots, int32_t* info,
-                                  std::integer_sequence<int, K...>) {
+                                  std::integer_sequence<int, B...>) {
+  static_assert(kLuBlockSteps == 2, "TwoSteps is one block");
   using R = Real<T>;
   const Planes<T> a{re, nullptr, N};
   Vec<T> failed{};  // info as lane values
-  (Step<T, N, K, WholeRows, false>(a, pivots, failed), ...);
+  (Block<T, N, 2 * B, WholeRows>(a, pivots, failed), ...);
   alignas(64) R failed_lanes[kLanes<T>];
   StoreLanes(failed_lanes, failed);
   _Pragma("GCC ivdep") for (int l = 0; l < kLanes<T>; ++l) {
@@ -229,7 +341,7 @@ BATCHPART_AVX512 void Solve(const Real<T>* lu_re, const int32_t* pivots, Real<T>
 
 template <typename T, int N, bool WholeRows>
 void Factor(Real<T>* re, int32_t* pivots, int32_t* info) {
-  FactorSteps<T, N, WholeRows>(re, pivots, info, std::make_integer_sequence<int, N>{});
+  FactorSteps<T, N, WholeRows>(re, pivots, info, std::make_integer_sequence<int, (N + 1) / 2>{});
 }
 
 // The kernels for n = 1 .. kMaxFixedLu, by n - 1.
