@@ -117,24 +117,31 @@ BATCHPART_STEP void PivotColumn(const Planes<T>& a, const Vec<T> (&col)[N], cons
   StoreLanes(a.Re(K, K), pivot);
 }
 
-// Step K on one trailing column's rows K.. in registers: the swap (row K
-// takes the pivot row's element u), then x - l * u below (Abnormal: x on
-// the lanes that skip the step). Row i's two blends sit together, so that
-// where the masks spill one reload serves both.
-template <typename T, int N, int K, bool Abnormal>
-BATCHPART_STEP void Eliminate(Vec<T> (&c)[N], const Elimination<T, N>& e) {
-  using V = Vec<T>;
-  V u = c[K], xs[N];
+// Step K's swap of rows K.. of a column in registers: row K and the pivot
+// row trade elements. Row i's two blends sit together, so that where the
+// masks spill one reload serves both.
+template <typename T, int N, int K>
+BATCHPART_STEP void Swap(Vec<T> (&c)[N], const Elimination<T, N>& e) {
+  Vec<T> u = c[K];
 #pragma GCC unroll 64
   for (int i = K + 1; i < N; ++i) {
-    xs[i] = e.eq[i] ? c[K] : c[i];
-    u = e.eq[i] ? c[i] : u;
+    const Vec<T> row = c[i];
+    c[i] = e.eq[i] ? c[K] : row;
+    u = e.eq[i] ? row : u;
   }
   c[K] = u;
+}
+
+// Step K on one trailing column's rows K.. in registers: the swap (row K
+// takes the pivot row's element u), then x - l * u below (Abnormal: x on
+// the lanes that skip the step).
+template <typename T, int N, int K, bool Abnormal>
+BATCHPART_STEP void Eliminate(Vec<T> (&c)[N], const Elimination<T, N>& e) {
+  Swap<T, N, K>(c, e);
 #pragma GCC unroll 64
   for (int i = K + 1; i < N; ++i) {
-    c[i] = xs[i] - e.l[i] * u;
-    if constexpr (Abnormal) c[i] = e.zero ? xs[i] : c[i];
+    const Vec<T> y = c[i] - e.l[i] * c[K];
+    c[i] = Abnormal ? (e.zero ? c[i] : y) : y;
   }
 }
 
@@ -164,24 +171,30 @@ BATCHPART_STEP void EliminateColumns(const Planes<T>& a, const Elimination<T, N>
   }
 }
 
-// Step K's swap on the earlier columns it reaches (all, or those of K's
-// block), where some lane swaps.
-template <typename T, int N, int K, bool WholeRows>
+// The swaps of steps K and (with Second) K + 1 on the earlier columns they
+// reach (all, or those of K's block), each column loaded and stored once.
+template <typename T, int N, int K, bool WholeRows, bool Second>
 BATCHPART_STEP void SwapEarlierColumns(const Planes<T>& a, const Elimination<T, N>& e,
-                                       const Vec<T>& at) {
+                                       const Vec<T>& at, const Elimination<T, N>& e2,
+                                       const Vec<T>& at2) {
   constexpr int kFrom = WholeRows ? 0 : K - K % kLuBlockSteps;
-  if (kFrom == K || !Any(at != Real<T>(K))) return;
+  const bool first = kFrom < K && Any(at != Real<T>(K));
+  const bool second = Second && Any(at2 != Real<T>(K + 1));
+  if (!first && !second) return;
 #pragma GCC unroll 1
   for (int j = kFrom; j < K; ++j) {
     Vec<T> c[N];
     LoadColumn<T, N, K>(a, j, c);
-    Vec<T> u = c[K];
-#pragma GCC unroll 64
-    for (int i = K + 1; i < N; ++i) {
-      StoreLanes(a.Re(i, j), e.eq[i] ? c[K] : c[i]);
-      u = e.eq[i] ? c[i] : u;
-    }
-    StoreLanes(a.Re(K, j), u);
+    Swap<T, N, K>(c, e);
+    if constexpr (Second) Swap<T, N, K + 1>(c, e2);
+    StoreColumn<T, N, K>(a, j, c);
+  }
+  // Column K, in K's block, takes step K + 1's swap in either mode.
+  if (second) {
+    Vec<T> c[N];
+    LoadColumn<T, N, K + 1>(a, K, c);
+    if constexpr (Second) Swap<T, N, K + 1>(c, e2);
+    StoreColumn<T, N, K + 1>(a, K, c);
   }
 }
 
@@ -201,7 +214,7 @@ BATCHPART_STEP void Step(const Planes<T>& a, int32_t* pivots, Vec<T>& failed) {
   Elimination<T, N> e;
   PivotColumn<T, N, K, Abnormal>(a, col, top, at, pivots, failed, e);
   EliminateColumns<T, N, K, Abnormal>(a, e, K + 1);
-  SwapEarlierColumns<T, N, K, WholeRows>(a, e, at);
+  SwapEarlierColumns<T, N, K, WholeRows, false>(a, e, at, e, at);
 }
 
 template <typename T, int N, int K, bool WholeRows>
@@ -236,7 +249,7 @@ BATCHPART_STEP void TwoSteps(const Planes<T>& a, int32_t* pivots, Vec<T>& failed
   if (AnyAbnormal<T>(next_top)) {
     StoreColumn<T, N, K>(a, K + 1, next);
     EliminateColumns<T, N, K, false>(a, first, K + 2);
-    SwapEarlierColumns<T, N, K, WholeRows>(a, first, at);
+    SwapEarlierColumns<T, N, K, WholeRows, false>(a, first, at, first, at);
     return AbnormalStep<T, N, K + 1, WholeRows>(a, pivots, failed);
   }
   StoreLanes(a.Re(K, K + 1), next[K]);
@@ -251,8 +264,7 @@ BATCHPART_STEP void TwoSteps(const Planes<T>& a, int32_t* pivots, Vec<T>& failed
     Eliminate<T, N, K + 1, false>(c, second);
     StoreColumn<T, N, K>(a, j, c);
   }
-  SwapEarlierColumns<T, N, K, WholeRows>(a, first, at);
-  SwapEarlierColumns<T, N, K + 1, WholeRows>(a, second, next_at);
+  SwapEarlierColumns<T, N, K, WholeRows, true>(a, first, at, second, next_at);
 }
 
 // Steps K and K + 1, or step K alone where it is the last.
