@@ -232,13 +232,20 @@ def test_nonfinite_input_propagates_as_blas_does(row_major, dtype, flags):
     blas = trsm(a, b, flags, row_major=row_major)
   with small_path("triangular_solve", "always"):
     small = trsm(a, b, flags, row_major=row_major)
-  # Non-finite exactly where BLAS's is. Real: NaN where NaN, Inf where Inf.
-  # Complex Inf arithmetic makes NaN parts by the way it is spelled (OpenBLAS
-  # multiplies by a unit diagonal's stored 1 + 0i: Inf becomes Inf + NaN i),
-  # so there only finiteness is compared.
+  # Non-finite exactly where BLAS's is. Real: NaN where BLAS's is NaN for
+  # the NaN inputs (matrices 0, 2 and 5), which any order of the arithmetic
+  # carries to every element that reads them. From an Inf or a zero
+  # diagonal, whether an element meets Inf - Inf depends on the order of
+  # the additions, which differs between BLAS builds (OpenBLAS picks its
+  # kernels per CPU: on an AMD Zen 5 its float32 solve made NaN where the
+  # small kernel's substitution keeps Inf), so there only finiteness is
+  # compared. Complex Inf arithmetic makes NaN parts by the way it is
+  # spelled (OpenBLAS multiplies by a unit diagonal's stored 1 + 0i: Inf
+  # becomes Inf + NaN i), so complex compares finiteness only.
   np.testing.assert_array_equal(np.isfinite(small), np.isfinite(blas))
   if not np.iscomplexobj(blas):
-    np.testing.assert_array_equal(np.isnan(small), np.isnan(blas))
+    nan_inputs = [0, 2, 5]
+    np.testing.assert_array_equal(np.isnan(small[nan_inputs]), np.isnan(blas[nan_inputs]))
   finite = np.isfinite(blas)
   np.testing.assert_allclose(small[finite], blas[finite], rtol=1e-3, atol=1e-3)
   # The matrix with nothing non-finite (the last) is solved as usual.

@@ -19,11 +19,12 @@
 namespace batchpart::lapack::interleaved {
 
 // The largest n with a kernel of its own. Measured single-threaded,
-// standalone (FactorGroup on random matrices, which pivot at almost every
-// step; ns per matrix, FactorLanes -> fixed size; +-10%):
-//            n = 4      8        12       13       14        15        16
-//   float32    9->2.5 41->14  93->41  110->49  130->65   152->78   176->97
-//   float64   16->5   64->30 137->83  161->97  189->131  218->156  256->196
+// standalone (FactorGroup with whole-row swaps on random matrices, which
+// pivot at almost every step; ns per matrix, with a copy of the group;
+// FactorLanes -> fixed size; +-10%):
+//            n = 4       8        12       13        14        15        16
+//   float32    8->2.1 38->12.8  90->34  106->41  122->53   145->61   168->73
+//   float64   15->4.4 60->26   127->71  151->89  175->112  205->136  242->168
 // From n = 14 or so a step's row masks no longer fit the mask registers;
 // each row's two blends sit together so that one reload serves both (apart,
 // n = 16 took 240 ns in float64). Larger sizes would still gain (n = 20:
