@@ -36,16 +36,6 @@ BATCHPART_STEP bool Any(const Mask& mask) {
   return _mm512_test_epi32_mask(bits, bits) != 0;
 }
 
-// The pivot row's element of a column whose rows K.. are c[K..N): c[i] on
-// the lanes whose pivot is row i (eq[i]), c[K] on those that keep row K.
-template <typename T, int N, int K, typename Mask>
-BATCHPART_STEP Vec<T> PivotElement(const Vec<T> (&c)[N], const Mask (&eq)[N]) {
-  Vec<T> u = c[K];
-#pragma GCC unroll 64
-  for (int i = K + 1; i < N; ++i) u = eq[i] ? c[i] : u;
-  return u;
-}
-
 template <typename T, int N, int K, bool WholeRows>
 BATCHPART_AVX512 __attribute__((noinline)) void AbnormalStep(const Planes<T>& a, int32_t* pivots,
                                                              Vec<T>& failed);
@@ -85,11 +75,26 @@ struct Elimination {
   Mask zero;
 };
 
-// Step K's column, its rows K.. in registers with their pivot search:
-// writes the lanes' pivots, the pivot to the diagonal and the multipliers
-// below it, and fills e. Abnormal: see Step.
+// Step K's swap of rows K.. of a column in registers: row K and the pivot
+// row trade elements. Row i's two blends sit together, so that where the
+// masks spill one reload serves both.
+template <typename T, int N, int K>
+BATCHPART_STEP void Swap(Vec<T> (&c)[N], const Elimination<T, N>& e) {
+  Vec<T> u = c[K];
+#pragma GCC unroll 64
+  for (int i = K + 1; i < N; ++i) {
+    const Vec<T> row = c[i];
+    c[i] = e.eq[i] ? c[K] : row;
+    u = e.eq[i] ? row : u;
+  }
+  c[K] = u;
+}
+
+// Step K's column, its rows K.. in registers (swapped in place) with their
+// pivot search: writes the lanes' pivots, the pivot to the diagonal and the
+// multipliers below it, and fills e. Abnormal: see Step.
 template <typename T, int N, int K, bool Abnormal>
-BATCHPART_STEP void PivotColumn(const Planes<T>& a, const Vec<T> (&col)[N], const Vec<T>& top,
+BATCHPART_STEP void PivotColumn(const Planes<T>& a, Vec<T> (&col)[N], const Vec<T>& top,
                                 const Vec<T>& at, int32_t* pivots, Vec<T>& failed,
                                 Elimination<T, N>& e) {
   using R = Real<T>;
@@ -105,31 +110,17 @@ BATCHPART_STEP void PivotColumn(const Planes<T>& a, const Vec<T> (&col)[N], cons
   for (int i = K + 1; i < N; ++i) e.eq[i] = at == R(i);
   e.zero = top == V{};
   if constexpr (Abnormal) failed = (e.zero & (failed == V{})) ? V{} + R(K + 1) : failed;
-  const V pivot = PivotElement<T, N, K>(col, e.eq);
+  Swap<T, N, K>(col, e);
+  const V pivot = col[K];
   const V inv = R(1) / pivot;
 #pragma GCC unroll 64
   for (int i = K + 1; i < N; ++i) {
-    const V x = e.eq[i] ? col[K] : col[i];
+    const V x = col[i];
     e.l[i] = x * inv;
     if constexpr (Abnormal) e.l[i] = e.zero ? x : top < kTiny ? x / pivot : e.l[i];
     StoreLanes(a.Re(i, K), e.l[i]);
   }
   StoreLanes(a.Re(K, K), pivot);
-}
-
-// Step K's swap of rows K.. of a column in registers: row K and the pivot
-// row trade elements. Row i's two blends sit together, so that where the
-// masks spill one reload serves both.
-template <typename T, int N, int K>
-BATCHPART_STEP void Swap(Vec<T> (&c)[N], const Elimination<T, N>& e) {
-  Vec<T> u = c[K];
-#pragma GCC unroll 64
-  for (int i = K + 1; i < N; ++i) {
-    const Vec<T> row = c[i];
-    c[i] = e.eq[i] ? c[K] : row;
-    u = e.eq[i] ? row : u;
-  }
-  c[K] = u;
 }
 
 // Step K on one trailing column's rows K.. in registers: the swap (row K
@@ -190,11 +181,13 @@ BATCHPART_STEP void SwapEarlierColumns(const Planes<T>& a, const Elimination<T, 
     StoreColumn<T, N, K>(a, j, c);
   }
   // Column K, in K's block, takes step K + 1's swap in either mode.
-  if (second) {
-    Vec<T> c[N];
-    LoadColumn<T, N, K + 1>(a, K, c);
-    if constexpr (Second) Swap<T, N, K + 1>(c, e2);
-    StoreColumn<T, N, K + 1>(a, K, c);
+  if constexpr (Second) {
+    if (second) {
+      Vec<T> c[N];
+      LoadColumn<T, N, K + 1>(a, K, c);
+      Swap<T, N, K + 1>(c, e2);
+      StoreColumn<T, N, K + 1>(a, K, c);
+    }
   }
 }
 
