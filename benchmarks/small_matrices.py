@@ -49,9 +49,13 @@ def _ops(jax, jnp, bp):
 
 
 def _matrices(np, batch, n, kind, dtype):
-  x = np.random.default_rng(0).standard_normal((batch, n, n)).astype(dtype)
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((batch, n, n))
+  if np.dtype(dtype).kind == "c":
+    x = x + 1j * rng.standard_normal((batch, n, n))
+  x = x.astype(dtype)
   if kind == "spd":
-    x = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=dtype)
+    x = x @ np.conj(np.swapaxes(x, -1, -2)) / n + np.eye(n, dtype=dtype)
   return x
 
 
@@ -75,7 +79,7 @@ def _per_matrix_path(core, enabled: bool) -> None:
     core.lapack.set_small_path(kernel, "auto" if enabled else "never")
 
 
-def switch(jax, jnp, bp, np, sizes, repeats):
+def switch(jax, jnp, bp, np, sizes, repeats, dtypes, names):
   """Prints, per op and n, the per-matrix path's time over the small-matrix
   kernels' (> 1: the small kernels are faster; where n is above an op's
   switch point both are the same code), both timed in one process."""
@@ -92,8 +96,8 @@ def switch(jax, jnp, bp, np, sizes, repeats):
         _per_matrix_path(_core, True)
     return call
 
-  ops = _ops(jax, jnp, bp)
-  for dtype in ("float64", "float32"):
+  ops = {name: op for name, op in _ops(jax, jnp, bp).items() if name in names}
+  for dtype in dtypes:
     print(f"\n## {dtype}: per-matrix path time / small-matrix kernels time\n")
     print("| n | batch | " + " | ".join(ops) + " |")
     print("| ---: | ---: |" + " ---: |" * len(ops))
@@ -115,6 +119,9 @@ def main(argv=None) -> int:
   parser.add_argument("--sizes", default=None, help="comma-separated n for the curve")
   parser.add_argument("--json", default=None, help="write {dtype: {op: {n: ratio}}} here")
   parser.add_argument("--switch", action="store_true")
+  parser.add_argument("--dtypes", default="float64,float32",
+                      help="--switch: comma-separated dtypes (complex64, complex128 too)")
+  parser.add_argument("--ops", default=None, help="--switch: comma-separated ops (default all)")
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--plot", default=os.path.join(HERE, "..", "docs",
                                                      "benchmarks-small-matrices.png"))
@@ -135,7 +142,8 @@ def main(argv=None) -> int:
   if args.switch:
     sizes = (tuple(int(s) for s in args.sizes.split(",")) if args.sizes
              else (2, 4, 8, 12, 16, 24, 28, 32, 48, 64, 128, 256, 512))
-    switch(jax, jnp, bp, np, sizes, max(3, args.repeats // 2))
+    names = args.ops.split(",") if args.ops else list(_ops(jax, jnp, bp))
+    switch(jax, jnp, bp, np, sizes, max(3, args.repeats // 2), args.dtypes.split(","), names)
     return 0
   print(f"jax {jax.__version__}, one CPU device, {os.cpu_count()} cores; median of "
         f"interleaved rounds. vs jax > 1: batchpart faster; vs pass: batchpart's time over "

@@ -2,8 +2,8 @@
 and batchpart_qr_row_major: Q and R against the per-matrix path and numpy on
 both sides of the size switch, partly filled groups, tall and wide shapes,
 columns with nothing to annihilate, extreme magnitudes and non-finite
-elements beside ordinary ones, complex types left to the per-matrix path,
-and gradients through bp.linalg.qr."""
+elements beside ordinary ones, for real and complex types, and gradients
+through bp.linalg.qr."""
 
 from __future__ import annotations
 
@@ -20,16 +20,17 @@ from batchpart.testing import assert_close, random_array, small_path
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 REAL = [np.float32, np.float64]
+DTYPES = [*REAL, np.complex64, np.complex128]
 # The max(m, n) each layout runs interleaved (kQr*Sizes in
-# cc/lapack/small_qr.h), by (row_major, single precision).
+# cc/lapack/small_qr.h), by (row_major, complex, single precision).
 SWITCH = _core.lapack.small_qr_sizes()
 # Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
-LANES = {np.float32: 16, np.float64: 8}
+LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
 SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
 
 
 def largest(row_major, dtype):
-  return SWITCH[row_major, np.finfo(dtype).bits == 32][1]
+  return SWITCH[row_major, np.iscomplexobj(np.zeros(0, dtype)), np.finfo(dtype).bits == 32][1]
 
 
 def sizes_around_switch(row_major, dtype):
@@ -73,7 +74,7 @@ def check_qr(a, q, r, dtype):
   scale = max(1.0, float(np.abs(a).max(initial=0.0))) * max(a.shape[-2:], default=1)
   assert_close(q @ r, a, dtype, scale)
   identity = np.broadcast_to(np.eye(cols), (*q.shape[:-2], cols, cols))
-  assert_close(np.swapaxes(q, -1, -2) @ q, identity, dtype, max(m, 1))
+  assert_close(np.conj(np.swapaxes(q, -1, -2)) @ q, identity, dtype, max(m, 1))
   assert not np.tril(r, -1).any()
 
 
@@ -89,7 +90,7 @@ def check_same_as_per_matrix(a, ours, theirs, dtype):
 
 @LAYOUTS
 @MODES
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, full, dtype):
   rng = np.random.default_rng(0)
   for n in sizes_around_switch(row_major, dtype):
@@ -105,7 +106,7 @@ def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, f
 
 
 @LAYOUTS
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 5, 17, 100])
 def test_qr_of_batches_that_do_not_fill_the_lanes(row_major, dtype, batch):
   a = random_array(np.random.default_rng(batch), (batch, 7, 7), dtype)
@@ -115,7 +116,7 @@ def test_qr_of_batches_that_do_not_fill_the_lanes(row_major, dtype, batch):
 
 @LAYOUTS
 @MODES
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, n", [(5, 3), (3, 5), (1, 6), (6, 1), (17, 9), (9, 17), (48, 3),
                                   (3, 48)])
 def test_qr_of_tall_and_wide_matrices(row_major, full, dtype, m, n):
@@ -127,15 +128,19 @@ def test_qr_of_tall_and_wide_matrices(row_major, full, dtype, m, n):
 
 
 @LAYOUTS
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(row_major, dtype):
   # An upper triangular matrix: every column is zero below the diagonal, so
   # every tau is 0 (LAPACK's larfg): Q = I and R = A exactly, in groups
   # shared with ordinary matrices.
+  # (Complex: with a real diagonal, as zlarfg keeps H = I only for a real
+  # alpha.)
   rng = np.random.default_rng(1)
   n = 6
   a = random_array(rng, (LANES[dtype] + 1, n, n), dtype)
   a[::2] = np.triu(a[::2])
+  diagonal = np.arange(n)
+  a[::2, diagonal, diagonal] = a[::2, diagonal, diagonal].real
   a[1, :, 2] = 0  # and one zero column in an ordinary matrix
   ours, theirs = both_paths(a, False, row_major)
   q, r = ours
@@ -145,15 +150,18 @@ def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(ro
 
 
 @LAYOUTS
-@pytest.mark.parametrize("dtype, magnitude", [(np.float32, 1e-30), (np.float32, 1e30),
-                                              (np.float64, 1e-170), (np.float64, 1e170)])
+@pytest.mark.parametrize("dtype, magnitude", [
+    (np.float32, 1e-30), (np.float32, 1e30), (np.float64, 1e-170), (np.float64, 1e170),
+    (np.complex64, 1e-30), (np.complex64, 1e30), (np.complex128, 1e-170),
+    (np.complex128, 1e170)])
 def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude):
   # Squares of these underflow or overflow (float64: even in double, so the
   # kernel sums those lanes' norms again, rescaled); the ordinary matrices
   # in the same groups must not notice.
   rng = np.random.default_rng(2)
   n = 8
-  a = random_array(rng, (2 * LANES[dtype] + 3, n, n), np.float64)
+  a = random_array(rng, (2 * LANES[dtype] + 3, n, n), np.complex128 if np.iscomplexobj(
+      np.zeros(0, dtype)) else np.float64)
   a[::3] *= magnitude
   a = a.astype(dtype)
   ours, theirs = both_paths(a, False, row_major)
@@ -165,7 +173,7 @@ def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude
 
 
 @LAYOUTS
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
   a = random_array(np.random.default_rng(3), (LANES[dtype] + 2, 8, 8), dtype)
@@ -180,18 +188,28 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
 
 @LAYOUTS
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
-def test_complex_matrices_keep_the_per_matrix_path(row_major, dtype):
-  a = random_array(np.random.default_rng(4), (20, 6, 6), dtype)
+def test_a_complex_diagonal_reflects_to_a_real_one(row_major, dtype):
+  # Upper triangular with a complex diagonal: zlarfg still reflects each
+  # column (tau = 1 - alpha / beta, v = 0 below), so R's diagonal is
+  # -sign(re(a_jj)) |a_jj|, real, and Q is diagonal, unitary.
+  rng = np.random.default_rng(7)
+  n = 5
+  a = np.triu(random_array(rng, (LANES[dtype] + 3, n, n), dtype))
   ours, theirs = both_paths(a, False, row_major)
-  for got, want in zip(ours, theirs, strict=True):
-    np.testing.assert_array_equal(got, want)
+  q, r = ours
+  diagonal = np.diagonal(a, axis1=-2, axis2=-1)
+  assert_close(np.diagonal(r, axis1=-2, axis2=-1),
+               -np.sign(diagonal.real) * np.abs(diagonal), dtype, 4)
+  assert not np.diagonal(r, axis1=-2, axis2=-1).imag.any()
+  assert not (q - np.diagonal(q, axis1=-2, axis2=-1)[..., None] * np.eye(n)).any()
+  check_same_as_per_matrix(a, ours, theirs, dtype)
 
 
-@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_linalg_qr_and_its_gradient_through_the_interleaved_path(dtype):
   rng = np.random.default_rng(5)
   a = jnp.asarray(random_array(rng, (LANES[dtype] + 1, 6, 4), dtype))
-  loss = lambda f: lambda a: sum(jnp.sum(jnp.sin(x)) for x in f(a))
+  loss = lambda f: lambda a: sum(jnp.sum(jnp.real(jnp.sin(x))) for x in f(a))
   for mode in ("reduced", "complete"):
     q, r = bp.linalg.qr(a, mode=mode)
     check_qr(np.asarray(a), np.asarray(q), np.asarray(r), dtype)

@@ -154,14 +154,21 @@ void DefineLapackSubmodule(nb::module_& parent) {
       [] {
         namespace il = interleaved;
         nb::dict sizes;
-        sizes[nb::make_tuple(false, true)] = Range(il::kQrColumnMajorSizes<float>);
-        sizes[nb::make_tuple(false, false)] = Range(il::kQrColumnMajorSizes<double>);
-        sizes[nb::make_tuple(true, true)] = Range(il::kQrRowMajorSizes<float>);
-        sizes[nb::make_tuple(true, false)] = Range(il::kQrRowMajorSizes<double>);
+        const auto add = [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (const bool row_major : {false, true}) {
+            sizes[nb::make_tuple(row_major, kIsComplex<T>, il::kSingle<T>)] =
+                Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
+          }
+        };
+        add(TypeTag<float>{});
+        add(TypeTag<double>{});
+        add(TypeTag<std::complex<float>>{});
+        add(TypeTag<std::complex<double>>{});
         return sizes;
       },
-      "{(row_major, single precision): (min, max)} of max(m, n) that the qr targets factor "
-      "interleaved (real types, batches of at least 2; small_qr.h).");
+      "{(row_major, complex, single precision): (min, max)} of max(m, n) that the qr targets "
+      "factor interleaved (batches of at least 2; small_qr.h).");
   m.def(
       "small_eigh_sizes",
       [] {

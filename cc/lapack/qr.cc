@@ -1,6 +1,6 @@
 // batchpart_qr and batchpart_qr_row_major: batched Householder QR of
 // column-major matrices (geqrf, then orgqr/ungqr for Q) or of row-major ones
-// (qr_steps.h); batches of small real matrices interleaved (small_qr.h).
+// (qr_steps.h); batches of small matrices interleaved (small_qr.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -48,8 +48,7 @@ void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
   WriteQAndR(shape, s.a.data(), s.tau.data(), s.work, q, r);
 }
 
-// Whether a batch of real matrices goes through the interleaved QR
-// (small_qr.h); complex ones never do.
+// Whether a batch of matrices goes through the interleaved QR (small_qr.h).
 template <typename T>
 bool QrInterleaved(const QrShape& shape, bool row_major) {
   namespace il = interleaved;
@@ -57,7 +56,7 @@ bool QrInterleaved(const QrShape& shape, bool row_major) {
                         shape.m, shape.n, Product(shape.batch));
 }
 
-// The batch in groups of kLanes<T> real matrices, each packed, factored and
+// The batch in groups of kLanes<T> matrices, each packed, factored and
 // unpacked by the interleaved QR; the thread pool shares out groups.
 template <typename T>
 ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
@@ -96,10 +95,8 @@ ffi::Error Factor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuf
                   ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   const int64_t batch = Product(shape.batch);
   if (batch == 0) return ffi::Error::Success();
-  if constexpr (!kIsComplex<T>) {
-    if (QrInterleaved<T>(shape, /*row_major=*/false)) {
-      return QrGroups<T>(pool, shape, /*row_major=*/false, a, q, r);
-    }
+  if (QrInterleaved<T>(shape, /*row_major=*/false)) {
+    return QrGroups<T>(pool, shape, /*row_major=*/false, a, q, r);
   }
   const int64_t lwork = QueryWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kTarget, "workspace size", lwork));
@@ -113,10 +110,8 @@ template <typename T>
 ffi::Error FactorRowMajor(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuffer& a,
                           ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   if (Product(shape.batch) == 0) return ffi::Error::Success();
-  if constexpr (!kIsComplex<T>) {
-    if (QrInterleaved<T>(shape, /*row_major=*/true)) {
-      return QrGroups<T>(pool, shape, /*row_major=*/true, a, q, r);
-    }
+  if (QrInterleaved<T>(shape, /*row_major=*/true)) {
+    return QrGroups<T>(pool, shape, /*row_major=*/true, a, q, r);
   }
   const int64_t lwork = UsesRowMajorHouseholder<T>(shape) ? 0 : LqWorkspace<T>(shape);
   BATCHPART_RETURN_IF_ERROR(ExpectLapackInt(kQrRowMajorTarget, "workspace size", lwork));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -18,143 +19,262 @@ namespace {
 // A loop over the lanes: lane l touches index l of each operand only.
 #define BATCHPART_LANES _Pragma("GCC ivdep")
 
-// Turns column j of `a`, rows [j, m), into each lane's reflector, as
-// MakeReflector does for one matrix: beta on the diagonal, v below it (v's
-// first element 1 implied), tau[l] of lane l; tau = 0 where the column is
-// already zero below the diagonal (nothing to annihilate, column kept).
+// Each lane's reflector scalars: tau (re, im; im zero for real types).
 template <typename T>
-BATCHPART_INLINE void MakeReflectors(const Planes<T>& a, int64_t m, int64_t j, T* tau) {
+struct Taus {
+  Real<T>* re;
+  Real<T>* im;
+};
+
+// The norm of rows [j + 1, m) of column j, per lane (larfg's xnorm, as
+// nrm2): squares summed in double, and lanes whose sum underflowed or
+// overflowed summed again by ColumnNorm, rescaled (unless the column is zero).
+template <typename T>
+BATCHPART_INLINE void BelowDiagonalNorms(const Planes<T>& a, int64_t m, int64_t j, double* norm) {
   constexpr int W = kLanes<T>;
   double sum[W] = {}, largest[W] = {};
   for (int64_t i = j + 1; i < m; ++i) {
-    const T* x = a.Re(i, j);
+    const Real<T>* x = a.Re(i, j);
     BATCHPART_LANES
     for (int l = 0; l < W; ++l) {
       sum[l] += static_cast<double>(x[l]) * x[l];
       largest[l] = std::max(largest[l], static_cast<double>(std::abs(x[l])));
     }
+    if constexpr (kIsComplex<T>) {
+      const Real<T>* y = a.Im(i, j);
+      BATCHPART_LANES
+      for (int l = 0; l < W; ++l) {
+        sum[l] += static_cast<double>(y[l]) * y[l];
+        largest[l] = std::max(largest[l], static_cast<double>(std::abs(y[l])));
+      }
+    }
   }
-  // Lanes whose squares underflowed or overflowed are summed again,
-  // rescaled, by ColumnNorm (unless the column is zero).
-  double norm[W];
   bool rescale = false;
   BATCHPART_LANES
   for (int l = 0; l < W; ++l) {
     norm[l] = std::sqrt(sum[l]);
     rescale |= !SumOfSquaresIsSafe(sum[l]) && largest[l] != 0;
   }
-  if (rescale) {
-    for (int l = 0; l < W; ++l) {
-      if (!SumOfSquaresIsSafe(sum[l]) && largest[l] != 0) {
-        norm[l] = ColumnNorm(m - j - 1, a.Re(j + 1, j) + l, a.cols * W);
-      }
-    }
-  }
-  double divisor[W];
-  T* alpha = a.Re(j, j);
-  BATCHPART_LANES
+  if (!rescale) return;
+  const int64_t len = m - j - 1, stride = a.cols * W;
   for (int l = 0; l < W; ++l) {
-    const double x = alpha[l];
-    // hypot(x, norm) without a call per lane: the larger times
-    // sqrt(1 + ratio^2), which neither overflows nor underflows.
-    const double big = std::max(std::abs(x), norm[l]), small = std::min(std::abs(x), norm[l]);
-    const double ratio = big == 0 ? 0.0 : small / big;
-    const double beta = -std::copysign(big * std::sqrt(1 + ratio * ratio), x);
-    const bool keep = norm[l] == 0;
-    divisor[l] = keep ? 1.0 : x - beta;
-    tau[l] = keep ? T(0) : static_cast<T>((beta - x) / beta);
-    alpha[l] = keep ? alpha[l] : static_cast<T>(beta);
-  }
-  for (int64_t i = j + 1; i < m; ++i) {
-    T* x = a.Re(i, j);
-    BATCHPART_LANES
-    for (int l = 0; l < W; ++l) x[l] = static_cast<T>(x[l] / divisor[l]);
+    if (SumOfSquaresIsSafe(sum[l]) || largest[l] == 0) continue;
+    norm[l] = ColumnNorm(len, a.Re(j + 1, j) + l, stride);
+    // A complex column's norm: the norms of its real and imaginary parts.
+    if constexpr (kIsComplex<T>) {
+      norm[l] = std::hypot(norm[l], ColumnNorm(len, a.Im(j + 1, j) + l, stride));
+    }
   }
 }
 
-// Applies each lane's I - tau v v^T (v: rows [0, rows) of the column at
-// `v`, v[0] = 1 implied) to NB columns of `x` from column c: acc = v^T x,
-// then x -= v (tau acc)^T. NB columns at once, so that NB sums run as
-// independent chains.
-template <typename T, int NB>
-BATCHPART_INLINE void ReflectColumns(int64_t rows, const Planes<T>& v, int64_t v_row,
-                                     int64_t v_col, const T* tau, const Planes<T>& x,
-                                     int64_t x_row, int64_t c) {
-  using V = typename LaneVector<T>::type;
-  V acc[NB];
-  for (int q = 0; q < NB; ++q) acc[q] = LoadLanes(x.Re(x_row, c + q));
-  for (int64_t i = 1; i < rows; ++i) {
-    const V vi = LoadLanes(v.Re(v_row + i, v_col));
-    for (int q = 0; q < NB; ++q) acc[q] += vi * LoadLanes(x.Re(x_row + i, c + q));
+// Turns column j of `a`, rows [j, m), into each lane's reflector, as
+// larfg does for one matrix: beta (real) on the diagonal, v below it (v's
+// first element 1 implied), tau of lane l; tau = 0 where there is nothing to
+// annihilate (the column zero below the diagonal and, complex, alpha real):
+// H = I, column kept.
+template <typename T>
+BATCHPART_INLINE void MakeReflectors(const Planes<T>& a, int64_t m, int64_t j, Taus<T> tau) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>;
+  double norm[W];
+  BelowDiagonalNorms(a, m, j, norm);
+  // v = x / d, d = alpha - beta; complex, as x * conj(d) / |d|^2 with d
+  // scaled by its larger part first (d_re, d_im: d / d_scale), so that |d|^2
+  // neither overflows nor underflows.
+  double d_re[W];
+  [[maybe_unused]] double d_im[W], d_scale[W];
+  R* alpha_re = a.Re(j, j);
+  [[maybe_unused]] R* alpha_im = kIsComplex<T> ? a.Im(j, j) : nullptr;
+  BATCHPART_LANES
+  for (int l = 0; l < W; ++l) {
+    const double x = alpha_re[l];
+    double y = 0, length;
+    if constexpr (kIsComplex<T>) {
+      y = alpha_im[l];
+      // lapy3(x, y, norm) without a call per lane: the largest times the
+      // root of the sum of the squared ratios to it.
+      const double big = std::max({std::abs(x), std::abs(y), norm[l]});
+      const double rx = big == 0 ? 0.0 : x / big, ry = big == 0 ? 0.0 : y / big,
+                   rn = big == 0 ? 0.0 : norm[l] / big;
+      length = big * std::sqrt(rx * rx + ry * ry + rn * rn);
+    } else {
+      // hypot(x, norm) likewise: the larger times sqrt(1 + ratio^2).
+      const double big = std::max(std::abs(x), norm[l]), small = std::min(std::abs(x), norm[l]);
+      const double ratio = big == 0 ? 0.0 : small / big;
+      length = big * std::sqrt(1 + ratio * ratio);
+    }
+    const double beta = -std::copysign(length, x);
+    const bool keep = norm[l] == 0 && y == 0;
+    const double dr = keep ? 1.0 : x - beta;
+    d_re[l] = dr;
+    if constexpr (kIsComplex<T>) {
+      d_scale[l] = std::max(std::abs(dr), std::abs(y));
+      d_re[l] = dr / d_scale[l];
+      d_im[l] = y / d_scale[l];  // 0 where keep
+    }
+    tau.re[l] = keep ? R(0) : static_cast<R>((beta - x) / beta);
+    alpha_re[l] = keep ? alpha_re[l] : static_cast<R>(beta);
+    if constexpr (kIsComplex<T>) {
+      tau.im[l] = keep ? R(0) : static_cast<R>(-y / beta);
+      alpha_im[l] = keep ? alpha_im[l] : R(0);
+    }
   }
-  const V t = LoadLanes(tau);
+  for (int64_t i = j + 1; i < m; ++i) {
+    R* x = a.Re(i, j);
+    if constexpr (kIsComplex<T>) {
+      R* y = a.Im(i, j);
+      BATCHPART_LANES
+      for (int l = 0; l < W; ++l) {
+        const double den = (d_re[l] * d_re[l] + d_im[l] * d_im[l]) * d_scale[l];
+        const double xr = x[l], yi = y[l];
+        x[l] = static_cast<R>((xr * d_re[l] + yi * d_im[l]) / den);
+        y[l] = static_cast<R>((yi * d_re[l] - xr * d_im[l]) / den);
+      }
+    } else {
+      BATCHPART_LANES
+      for (int l = 0; l < W; ++l) x[l] = static_cast<R>(x[l] / d_re[l]);
+    }
+  }
+}
+
+// Applies each lane's I - t v v^H, t = tau or (ConjugateTau) conj(tau), to NB
+// columns of `x` from column c (v: rows [0, rows) of the column at `v`,
+// v[0] = 1 implied): acc = v^H x, then x -= v (t acc). NB columns at once,
+// so that NB sums run as independent chains.
+template <typename T, int NB, bool ConjugateTau>
+BATCHPART_INLINE void ReflectColumns(int64_t rows, const Planes<T>& v, int64_t v_row,
+                                     int64_t v_col, Taus<T> tau, const Planes<T>& x,
+                                     int64_t x_row, int64_t c) {
+  using V = typename LaneVector<Real<T>>::type;
+  V acc[NB];
+  [[maybe_unused]] V acc_im[NB];
   for (int q = 0; q < NB; ++q) {
-    acc[q] *= t;
+    acc[q] = LoadLanes(x.Re(x_row, c + q));
+    if constexpr (kIsComplex<T>) acc_im[q] = LoadLanes(x.Im(x_row, c + q));
+  }
+  for (int64_t i = 1; i < rows; ++i) {
+    const V vr = LoadLanes(v.Re(v_row + i, v_col));
+    if constexpr (kIsComplex<T>) {
+      const V vi = LoadLanes(v.Im(v_row + i, v_col));
+      for (int q = 0; q < NB; ++q) {
+        const V xr = LoadLanes(x.Re(x_row + i, c + q)), xi = LoadLanes(x.Im(x_row + i, c + q));
+        acc[q] += vr * xr + vi * xi;
+        acc_im[q] += vr * xi - vi * xr;
+      }
+    } else {
+      for (int q = 0; q < NB; ++q) acc[q] += vr * LoadLanes(x.Re(x_row + i, c + q));
+    }
+  }
+  const V tr = LoadLanes(tau.re);
+  [[maybe_unused]] V ti;
+  if constexpr (kIsComplex<T>) ti = ConjugateTau ? -LoadLanes(tau.im) : LoadLanes(tau.im);
+  for (int q = 0; q < NB; ++q) {
+    if constexpr (kIsComplex<T>) {
+      const V ar = acc[q];
+      acc[q] = tr * ar - ti * acc_im[q];
+      acc_im[q] = tr * acc_im[q] + ti * ar;
+      StoreLanes(x.Im(x_row, c + q), LoadLanes(x.Im(x_row, c + q)) - acc_im[q]);
+    } else {
+      acc[q] *= tr;
+    }
     StoreLanes(x.Re(x_row, c + q), LoadLanes(x.Re(x_row, c + q)) - acc[q]);
   }
   for (int64_t i = 1; i < rows; ++i) {
-    const V vi = LoadLanes(v.Re(v_row + i, v_col));
-    for (int q = 0; q < NB; ++q) {
-      StoreLanes(x.Re(x_row + i, c + q), LoadLanes(x.Re(x_row + i, c + q)) - vi * acc[q]);
+    const V vr = LoadLanes(v.Re(v_row + i, v_col));
+    if constexpr (kIsComplex<T>) {
+      const V vi = LoadLanes(v.Im(v_row + i, v_col));
+      for (int q = 0; q < NB; ++q) {
+        StoreLanes(x.Re(x_row + i, c + q),
+                   LoadLanes(x.Re(x_row + i, c + q)) - (vr * acc[q] - vi * acc_im[q]));
+        StoreLanes(x.Im(x_row + i, c + q),
+                   LoadLanes(x.Im(x_row + i, c + q)) - (vr * acc_im[q] + vi * acc[q]));
+      }
+    } else {
+      for (int q = 0; q < NB; ++q) {
+        StoreLanes(x.Re(x_row + i, c + q), LoadLanes(x.Re(x_row + i, c + q)) - vr * acc[q]);
+      }
     }
   }
 }
 
 // ReflectColumns over columns [c_begin, c_end) of x, four at a time.
-template <typename T>
+template <typename T, bool ConjugateTau>
 BATCHPART_INLINE void Reflect(int64_t rows, const Planes<T>& v, int64_t v_row, int64_t v_col,
-                              const T* tau, const Planes<T>& x, int64_t x_row, int64_t c_begin,
+                              Taus<T> tau, const Planes<T>& x, int64_t x_row, int64_t c_begin,
                               int64_t c_end) {
   int64_t c = c_begin;
-  for (; c + 4 <= c_end; c += 4) ReflectColumns<T, 4>(rows, v, v_row, v_col, tau, x, x_row, c);
+  for (; c + 4 <= c_end; c += 4) {
+    ReflectColumns<T, 4, ConjugateTau>(rows, v, v_row, v_col, tau, x, x_row, c);
+  }
   switch (c_end - c) {
     case 3:
-      return ReflectColumns<T, 3>(rows, v, v_row, v_col, tau, x, x_row, c);
+      return ReflectColumns<T, 3, ConjugateTau>(rows, v, v_row, v_col, tau, x, x_row, c);
     case 2:
-      return ReflectColumns<T, 2>(rows, v, v_row, v_col, tau, x, x_row, c);
+      return ReflectColumns<T, 2, ConjugateTau>(rows, v, v_row, v_col, tau, x, x_row, c);
     case 1:
-      return ReflectColumns<T, 1>(rows, v, v_row, v_col, tau, x, x_row, c);
+      return ReflectColumns<T, 1, ConjugateTau>(rows, v, v_row, v_col, tau, x, x_row, c);
     default:
       return;
   }
 }
 
+// geqr2 then org2r (ung2r) on the lanes: `a` (m x n) holds the reflectors
+// afterwards, `q` the first q_cols columns of Q, `r` R's first r_rows rows.
 template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t r_rows,
-             T* r_data) {
-  using V = typename LaneVector<T>::type;
+void QrLanes(int64_t m, int64_t n, Planes<T> a, Planes<T> q, int64_t r_rows, Planes<T> r) {
+  using R = Real<T>;
+  using V = typename LaneVector<R>::type;
   constexpr int W = kLanes<T>;
-  const Planes<T> a{a_data, nullptr, n}, q{q_data, nullptr, q_cols}, r{r_data, nullptr, n};
-  const int64_t k = std::min(m, n);
-  // Each reflector's tau per lane: on the stack up to the sizes the
-  // switch points send here, on the heap for a forced larger call.
+  constexpr int kParts = kIsComplex<T> ? 2 : 1;
+  const int64_t k = std::min(m, n), q_cols = q.cols;
+  // Each reflector's tau per lane (re, then im for complex types): on the
+  // stack up to the sizes the switch points send here, on the heap for a
+  // forced larger call.
   constexpr int64_t kStackReflectors = 64;
-  alignas(64) T stack_tau[kStackReflectors * W];
-  std::vector<T> heap_tau(k > kStackReflectors ? k * W : 0);
-  T* tau = k > kStackReflectors ? heap_tau.data() : stack_tau;
+  alignas(64) R stack_tau[kStackReflectors * W * kParts];
+  std::vector<R> heap_tau(k > kStackReflectors ? k * W * kParts : 0);
+  R* tau_data = k > kStackReflectors ? heap_tau.data() : stack_tau;
+  const auto tau = [&](int64_t j) {
+    return Taus<T>{tau_data + j * W * kParts, tau_data + j * W * kParts + (kParts - 1) * W};
+  };
+  // geqr2 applies each H(j)^H to the columns on its right.
   for (int64_t j = 0; j < k; ++j) {
-    MakeReflectors(a, m, j, tau + j * W);
-    Reflect(m - j, a, j, j, tau + j * W, a, j, j + 1, n);
+    MakeReflectors(a, m, j, tau(j));
+    Reflect<T, /*ConjugateTau=*/true>(m - j, a, j, j, tau(j), a, j, j + 1, n);
   }
   for (int64_t i = 0; i < r_rows; ++i) {
-    for (int64_t c = 0; c < n; ++c) StoreLanes(r.Re(i, c), c >= i ? LoadLanes(a.Re(i, c)) : V{});
+    for (int64_t c = 0; c < n; ++c) {
+      StoreLanes(r.Re(i, c), c >= i ? LoadLanes(a.Re(i, c)) : V{});
+      if constexpr (kIsComplex<T>) StoreLanes(r.Im(i, c), c >= i ? LoadLanes(a.Im(i, c)) : V{});
+    }
   }
   // Q = H(0) ... H(k-1) applied to the first q_cols columns of I, from the
   // last reflector back, as org2r: when H(i) is applied, row i of Q's later
   // columns is still zero and column i is still e_i, so H(i) touches rows
-  // i.. of columns i+1.. and column i is written directly.
-  std::memset(q_data, 0, sizeof(T) * m * q_cols * W);
-  for (int64_t j = k; j < q_cols; ++j) StoreLanes(q.Re(j, j), V{} + T(1));
+  // i.. of columns i+1.. and column i is written directly (-tau v, 1 - tau).
+  std::memset(q.re, 0, sizeof(R) * m * q_cols * W);
+  if constexpr (kIsComplex<T>) std::memset(q.im, 0, sizeof(R) * m * q_cols * W);
+  for (int64_t j = k; j < q_cols; ++j) StoreLanes(q.Re(j, j), V{} + R(1));
   for (int64_t i = k - 1; i >= 0; --i) {
-    const V t = LoadLanes(tau + i * W);
-    Reflect(m - i, a, i, i, tau + i * W, q, i, i + 1, q_cols);
-    for (int64_t row = i + 1; row < m; ++row) {
-      StoreLanes(q.Re(row, i), -t * LoadLanes(a.Re(row, i)));
+    const V tr = LoadLanes(tau(i).re);
+    Reflect<T, /*ConjugateTau=*/false>(m - i, a, i, i, tau(i), q, i, i + 1, q_cols);
+    if constexpr (kIsComplex<T>) {
+      const V ti = LoadLanes(tau(i).im);
+      for (int64_t row = i + 1; row < m; ++row) {
+        const V vr = LoadLanes(a.Re(row, i)), vi = LoadLanes(a.Im(row, i));
+        StoreLanes(q.Re(row, i), -(tr * vr - ti * vi));
+        StoreLanes(q.Im(row, i), -(tr * vi + ti * vr));
+      }
+      StoreLanes(q.Im(i, i), -ti);
+    } else {
+      for (int64_t row = i + 1; row < m; ++row) {
+        StoreLanes(q.Re(row, i), -tr * LoadLanes(a.Re(row, i)));
+      }
     }
-    StoreLanes(q.Re(i, i), T(1) - t);
+    StoreLanes(q.Re(i, i), R(1) - tr);
   }
 }
 
@@ -165,10 +285,17 @@ void QrLanes(int64_t m, int64_t n, T* a_data, int64_t q_cols, T* q_data, int64_t
 
 template <typename T>
 void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r) {
-  QrLanes<T>(a.rows(), a.cols(), a.re(0, 0), q.cols(), q.re(0, 0), r.rows(), r.re(0, 0));
+  const auto planes = [](Group<T>& g) {
+    return Planes<T>{g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr, g.cols()};
+  };
+  QrLanes<T>(a.rows(), a.cols(), planes(a), planes(q), r.rows(), planes(r));
 }
 
-template void QrGroup<float>(Group<float>&, Group<float>&, Group<float>&);
-template void QrGroup<double>(Group<double>&, Group<double>&, Group<double>&);
+#define BATCHPART_INSTANTIATE(T) template void QrGroup<T>(Group<T>&, Group<T>&, Group<T>&);
+BATCHPART_INSTANTIATE(float)
+BATCHPART_INSTANTIATE(double)
+BATCHPART_INSTANTIATE(std::complex<float>)
+BATCHPART_INSTANTIATE(std::complex<double>)
+#undef BATCHPART_INSTANTIATE
 
 }  // namespace batchpart::lapack::interleaved

@@ -1,15 +1,16 @@
-// Householder QR of many small real matrices at once, on the
+// Householder QR of many small matrices at once, on the
 // batch-interleaved layout (interleaved.h): the qr kernels' path for batches
 // of matrices small enough that one call each (LAPACK's geqrf and orgqr, or
 // the row-major RowMajorHouseholderQr) costs more in overhead than in
 // arithmetic.
 //
 // The algorithm is RowMajorHouseholderQr's (qr_steps.h), lane by lane:
-// geqr2's reflectors with LAPACK's signs (R's diagonal is -sign(alpha) *
-// norm; a column already zero below the diagonal gets tau = 0, H = I), the
-// norms summed in double and rescaled out of double's safe range as
-// ColumnNorm does, v formed by division, then org2r's backward accumulation
-// of Q. Complex matrices keep the per-matrix path.
+// geqr2's reflectors with LAPACK's signs (R's diagonal is -sign(re(alpha)) *
+// norm, real; a column already zero below the diagonal, with a real alpha,
+// gets tau = 0, H = I), the norms summed in double and rescaled out of
+// double's safe range as ColumnNorm does, v formed by division, then org2r's
+// backward accumulation of Q. A complex matrix is two planes (interleaved.h):
+// geqr2 applies each H^H = I - conj(tau) v v^H, ung2r each H.
 #ifndef BATCHPART_LAPACK_SMALL_QR_H_
 #define BATCHPART_LAPACK_SMALL_QR_H_
 
@@ -34,19 +35,30 @@ namespace batchpart::lapack::interleaved {
 //          n=4        16         32         48        56        64
 //   f64  0.95->0.34 5.4->1.4  18.6->11.0 47->30    83->53    105->142
 //   f32  0.63->0.08 5.9->1.0  25->9.7    42->19    76->26    122->81
+//
+// Complex matrices, the same measurements (row-major through bp.linalg.qr):
+//          n=2        8          16         32         48        56        64
+//   c128 0.26->0.03 1.8->0.25  6.9->1.5   30->11    63->28    88->55    136->96..147->181
+//   c64  0.27->0.04 1.8->0.21  6.3->0.85  29->6.4   58->20    81->31    118->124..251->99
+// and on the column-major target c128 56: 106->75, 64: 147->181; c64 64:
+// 249->101. On the thread pool (benchmarks/small_matrices.py --switch
+// --dtypes complex64,complex128 --ops qr), the row-major per-matrix path
+// over the interleaved one: c128 1.6x at 48 and 56, 0.6x at 64; c64 2.6x at
+// 56, 0.95-1.24x at 64. So the same column-major sizes as the real types,
+// and row-major up to 56.
 template <typename T>
 inline constexpr SizeRange kQrColumnMajorSizes = {1, kSingle<T> ? 64 : 56};
 template <typename T>
-inline constexpr SizeRange kQrRowMajorSizes = {1, 48};
+inline constexpr SizeRange kQrRowMajorSizes = {1, kIsComplex<T> ? 56 : 48};
 
 // Writes the QR of the kLanes<T> m x n matrices of `a` (destroyed: it holds
 // the reflectors afterwards) to `q` (m x q_cols, q_cols <= m, the first
 // q_cols columns of Q) and `r` (r_rows x n, r_rows <= m, zero below the
-// diagonal). Instantiated for float and double.
+// diagonal). Instantiated for the four LAPACK types.
 template <typename T>
 void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r);
 
-// Whether a batch of real m x n matrices takes the interleaved QR, as
+// Whether a batch of m x n matrices takes the interleaved QR, as
 // GetSmallPath(SmallKernel::kQr) has it (sizes: a k*Sizes range above).
 inline bool UseSmallQr(SizeRange sizes, int64_t m, int64_t n, int64_t batch) {
   return m >= 1 && n >= 1 && batch >= 1 &&
