@@ -20,6 +20,32 @@ import jax
 SETTLE_SECONDS = 0.25
 
 
+def steady_allocator() -> bool:
+  """Fixes glibc malloc's mmap and trim thresholds for this process; False
+  where the C library is not glibc (nothing done).
+
+  XLA allocates each call's buffers with malloc. Under glibc's dynamic
+  thresholds, whether a freed multi-MiB buffer stays in the heap or goes back
+  to the OS (to be faulted in again, a page at a time, by the next call that
+  writes it) depends on the process's allocation history: the same
+  2048 x 16 x 16 float64 Cholesky took 0.2 ms a call in one process and
+  0.5-0.9 ms in another, with 100-600 page faults a call, and jax's kernels and
+  the memory pass drew the same lottery. Fixed thresholds keep buffers up to
+  32 MiB in the heap, so every candidate is timed on reused memory."""
+  import ctypes
+  import ctypes.util
+  name = ctypes.util.find_library("c")
+  try:
+    libc = ctypes.CDLL(name) if name else None
+    mallopt = libc.mallopt if libc is not None else None
+  except (OSError, AttributeError):
+    return False
+  if mallopt is None:
+    return False
+  m_trim_threshold, m_mmap_threshold = -1, -3   # glibc's malloc.h
+  return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
+
+
 def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0.1,
                 settle: float = SETTLE_SECONDS, warmup: float = 0.0):
   """Median seconds per call of each (already jitted) candidate.

@@ -127,6 +127,8 @@ def main(argv=None) -> int:
                                                      "benchmarks-small-matrices.png"))
   args = parser.parse_args(argv)
   sys.path.insert(0, HERE)
+  from _timing import steady_allocator
+  steady = steady_allocator()
   import jax
   jax.config.update("jax_num_cpu_devices", 1)
   jax.config.update("jax_enable_x64", True)
@@ -146,7 +148,8 @@ def main(argv=None) -> int:
     switch(jax, jnp, bp, np, sizes, max(3, args.repeats // 2), args.dtypes.split(","), names)
     return 0
   print(f"jax {jax.__version__}, one CPU device, {os.cpu_count()} cores; median of "
-        f"interleaved rounds. vs jax > 1: batchpart faster; vs pass: batchpart's time over "
+        f"interleaved rounds; glibc's malloc thresholds {'fixed' if steady else 'as found'}. "
+        "vs jax > 1: batchpart faster; vs pass: batchpart's time over "
         "the memory pass's (1 = at the memory limit).\n")
   # A discarded first round: the process's first timings (allocator, page
   # faults, clocks) run slow, whichever candidate they land on.
