@@ -108,7 +108,7 @@ enum class SmallKernel {
   kCholesky,        // potrf and posv (small_cholesky.h)
   kTriangularSolve, // trsm (small_triangular_solve.h)
   kLu,              // getrf and gesv (small_lu.h)
-  kQr,              // qr of real matrices (small_qr.h)
+  kQr,              // qr (small_qr.h)
   kEigh,            // eigh (small_eigh.h)
   kCount,           // the number of kernel families
 };

@@ -125,7 +125,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("intra_op_parallelism", &IntraOpParallelism);
   m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
         "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
-        "'lu': getrf and gesv; 'qr': qr of real matrices; 'eigh') takes for batches of small "
+        "'lu': getrf and gesv; 'qr'; 'eigh') takes for batches of small "
         "matrices: 'auto' (the measured switch points, default), 'always' (the batch-interleaved "
         "kernel at any size) or 'never' (one LAPACK call per matrix); for tests and "
         "measurements.");
