@@ -34,13 +34,9 @@ def steady_allocator() -> bool:
   32 MiB in the heap, so every candidate is timed on reused memory."""
   import ctypes
   import ctypes.util
-  name = ctypes.util.find_library("c")
   try:
-    libc = ctypes.CDLL(name) if name else None
-    mallopt = libc.mallopt if libc is not None else None
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
   except (OSError, AttributeError):
-    return False
-  if mallopt is None:
     return False
   m_trim_threshold, m_mmap_threshold = -1, -3   # glibc's malloc.h
   return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
