@@ -70,6 +70,11 @@ def run_finufft(quick: bool) -> list[dict]:
                       1j * r.standard_normal((batch, points))).astype(np.complex64), sharding)
   f = jax.device_put((r.standard_normal((batch, modes)) + 0j).astype(np.complex64), sharding)
   one_thread = jax_finufft.options.Opts(nthreads=1)
+  # One call of each on one device first: jax-finufft's first call is not safe
+  # on several devices at once (docs/reductions.md), stock or partitioned.
+  host = [np.asarray(a)[:1] for a in (c, x, f)]
+  jax.block_until_ready(jax_finufft.nufft1(modes, host[0], host[1]))
+  jax.block_until_ready(jax_finufft.nufft2(host[2], host[1]))
   cases = {
       "nufft1": (lambda c, x, **kw: jax_finufft.nufft1(modes, c, x, **kw), (c, x)),
       "nufft2": (lambda f, x, **kw: jax_finufft.nufft2(f, x, **kw), (f, x)),

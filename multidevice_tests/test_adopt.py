@@ -17,7 +17,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import batchpart as bp
 from batchpart import _compat as compat, testing as kernels
 
-from helpers import collective_kinds, local_shapes, put, the_custom_call
+from helpers import collective_kinds, local_shapes, put, the_custom_call, warm_up_jax_finufft
 
 HERE = os.path.dirname(__file__)
 
@@ -94,6 +94,7 @@ def _n_tot(attrs, batch):
 @pytest.fixture(scope="module")
 def partitioned_finufft():
   from jax_finufft import ops
+  warm_up_jax_finufft()
   primitives = (ops.nufft1_p, ops.nufft2_p, ops.nufft3_p)
   for p in primitives:
     bp.partition_primitive(p, num_batch_dims=1, shard_attributes=_n_tot)

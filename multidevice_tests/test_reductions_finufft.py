@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import batchpart as bp
 from batchpart import _hlo
 
-from helpers import local_shapes, put
+from helpers import local_shapes, put, warm_up_jax_finufft
 
 finufft = pytest.importorskip("jax_finufft")
 
@@ -50,6 +50,7 @@ def reduced_finufft():
   (n_tot, n_transf, m, k); type 2 operands (n_tot, n_transf, m, k) and the
   points, result (n_tot, n_transf, n_j)."""
   from jax_finufft import ops
+  warm_up_jax_finufft()
   declared = {ops.nufft1_p: dict(signature="(T,j),(j),(j)->(T,m,k)", reduce={"j": "sum"},
                                  shard_attributes=_type1),
               ops.nufft2_p: dict(signature="(t,T,m,k),(t,...),(t,...)->(t,T,...)",
