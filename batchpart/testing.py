@@ -168,6 +168,19 @@ def small_path(kernel: str, path: str) -> Iterator[None]:
     _core.lapack.set_small_path(kernel, before)
 
 
+@contextlib.contextmanager
+def generic_kernels() -> Iterator[None]:
+  """Runs the block on the run-time-n small-matrix kernels: the fixed-size
+  ones (LU, Cholesky) run only under an AVX-512 cap of the block transposes,
+  which the block lowers to AVX2."""
+  before = _core.lapack.block_transposes()
+  _core.lapack.set_block_transposes("avx2")
+  try:
+    yield
+  finally:
+    _core.lapack.set_block_transposes(before)
+
+
 def random_array(rng, shape, dtype):
   """Standard normal entries (real and imaginary parts for complex dtypes)."""
   x = rng.standard_normal(shape)

@@ -11,12 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from jax.test_util import check_grads
 
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import conj_transpose as herm, hermitian_pd, random_array, small_path
+from batchpart.testing import (
+  conj_transpose as herm,
+  generic_kernels,
+  hermitian_pd,
+  random_array,
+  small_path,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -230,6 +237,78 @@ def test_solve_pos_through_bp_linalg_broadcasts():
   b = random_array(rng, (5, 4, 3), np.float64)
   x = bp.linalg.solve(a, b, assume_a="pos")
   np.testing.assert_allclose(np.asarray(x), np.linalg.solve(a, b), rtol=1e-10, atol=1e-10)
+
+
+# ---- the fixed-size kernels (cc/lapack/small_cholesky_fixed.*) ------------------------
+
+# The largest n with a fixed-size kernel (kMaxFixedCholesky in small_cholesky_fixed.h).
+MAX_FIXED = 16
+AVX512 = _core.lapack.supported_block_transposes() == "avx512"
+
+
+def troubled(rng, batch, n, dtype, kinds):
+  """Hermitian positive definite matrices with, per batch element, kinds[i]
+  of: 0 none, 1 negative definite, 2 a NaN, 3 an infinity, 4 all zero,
+  5 a pivot that reaches zero after elimination (a singular trailing minor),
+  6 a non-symmetric perturbation (what symmetrize averages away)."""
+  a = hermitian_pd(rng, (batch,), n, dtype).astype(np.float64)
+  for i, kind in enumerate(kinds):
+    k = int(rng.integers(n))
+    if kind == 1:
+      a[i] = -a[i]
+    elif kind == 2:
+      a[i, int(rng.integers(n)), k] = np.nan
+    elif kind == 3:
+      a[i, int(rng.integers(n)), k] = np.inf
+    elif kind == 4:
+      a[i] = 0
+    elif kind == 5 and k > 0:
+      a[i, k, k] = a[i, k, :k] @ np.linalg.solve(a[i, :k, :k], a[i, :k, k])
+    elif kind == 6:
+      a[i] += rng.standard_normal((n, n))
+  return a.astype(dtype)
+
+
+@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, MAX_FIXED + 1), single=st.booleans(), lower=st.booleans(),
+       kinds=st.lists(st.integers(0, 6), min_size=1, max_size=40), seed=st.integers(0, 2**16))
+def test_fixed_size_kernels_give_the_generic_kernels_bits(n, single, lower, kinds, seed):
+  dtype = np.float32 if single else np.float64
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+
+  def run():
+    return (*potrf(a, lower=lower), *potrf(a, lower=lower, symmetrize=True),
+            *posv(a, b, lower=lower))
+
+  with small_path("cholesky", "always"):
+    got = run()
+    with generic_kernels():
+      expected = run()
+  for name, g, e in zip(("factor", "info", "symmetrized factor", "symmetrized info", "x",
+                         "x info"), got, expected, strict=True):
+    np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
+
+
+@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
+def test_fixed_size_kernels_against_numpy(dtype, n):
+  rng = np.random.default_rng(n)
+  lanes = 64 // np.dtype(dtype).itemsize
+  a = hermitian_pd(rng, (lanes + 5,), n, dtype)
+  b = random_array(rng, (lanes + 5, n, 2), dtype)
+  with small_path("cholesky", "always"):
+    for lower in (True, False):
+      factor, info = potrf(a, lower=lower)
+      assert_factor(factor, info, a, lower, dtype)
+      x, x_info = posv(a, b, lower=lower)
+      assert not x_info.any()
+      np.testing.assert_allclose(x, reference_solve(a, b, lower), rtol=tol(dtype, n),
+                                 atol=tol(dtype, n))
 
 
 # ---- derivatives through the existing JVP rules --------------------------------

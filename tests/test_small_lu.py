@@ -6,8 +6,6 @@ path on both sides of the size switch."""
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import DTYPES, TOL, assert_close, random_array, small_path
+from batchpart.testing import DTYPES, TOL, assert_close, generic_kernels, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -315,17 +313,6 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
 # The largest n with a fixed-size kernel (kMaxFixedLu in small_lu_fixed.h).
 MAX_FIXED = 16
 AVX512 = _core.lapack.supported_block_transposes() == "avx512"
-
-
-@contextlib.contextmanager
-def generic_kernels():
-  """Runs the block on FactorLanes and SolveLanes: the fixed-size kernels
-  run only under an AVX-512 cap of the block transposes."""
-  _core.lapack.set_block_transposes("avx2")
-  try:
-    yield
-  finally:
-    _core.lapack.set_block_transposes("avx512")
 
 
 def troubled(rng, batch, n, dtype, kinds):

@@ -53,6 +53,16 @@ template <typename R>
   std::memcpy(p, &v, sizeof(v));
 }
 
+// v as stored, rounded: an optimization barrier, so that the compiler does
+// not fuse the operation that made v (a halving, say) into a later
+// multiply-add. Where two kernels must give the same bits, each fused
+// multiply-add is otherwise the compiler's choice.
+template <typename V>
+[[gnu::always_inline]] inline V Rounded(V v) {
+  __asm__("" : "+m"(v));
+  return v;
+}
+
 // One interleaved matrix as planes of reals, for the kernels: element
 // (i, j)'s lanes at re + (i * cols + j) * kLanes<T>, and at im for complex T
 // (null for real T).

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "lapack/small_cholesky_fixed.h"
+
 namespace batchpart::lapack::interleaved {
 namespace {
 
@@ -100,9 +102,9 @@ __attribute__((always_inline)) inline void ColumnRows(int64_t n, int64_t i, int6
     acc_re[q] = LoadLanes(re + ((i + q) * n + j) * W);
     if constexpr (kIsComplex<T>) acc_im[q] = LoadLanes(im + ((i + q) * n + j) * W);
     if constexpr (Symmetrize) {
-      acc_re[q] = (acc_re[q] + LoadLanes(re + (j * n + i + q) * W)) / R(2);
+      acc_re[q] = Rounded((acc_re[q] + LoadLanes(re + (j * n + i + q) * W)) / R(2));
       if constexpr (kIsComplex<T>) {
-        acc_im[q] = (acc_im[q] - LoadLanes(im + (j * n + i + q) * W)) / R(2);
+        acc_im[q] = Rounded((acc_im[q] - LoadLanes(im + (j * n + i + q) * W)) / R(2));
       }
     }
   }
@@ -277,6 +279,9 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FinishPlanes(int64_t n, Real<T>* __restrict
 
 template <typename T>
 void FactorLower(Group<T>& g, bool symmetrize, int32_t* info) {
+  if constexpr (!kIsComplex<T>) {
+    if (FactorFixedCholesky(g, symmetrize, info)) return;
+  }
   Real<T>* re = g.re(0, 0);
   Real<T>* im = kIsComplex<T> ? g.im(0, 0) : nullptr;
   for (int l = 0; l < kLanes<T>; ++l) info[l] = 0;
@@ -300,6 +305,9 @@ void Conjugate(Group<T>& g) {
 template <typename T>
 void SolveLower(const Group<T>& factor, Group<T>& x) {
   if (x.rows() == 0 || x.cols() == 0) return;
+  if constexpr (!kIsComplex<T>) {
+    if (SolveFixedCholesky(factor, x)) return;
+  }
   SolvePlanes<T>(factor.rows(), x.cols(), factor.re(0, 0),
                  kIsComplex<T> ? factor.im(0, 0) : nullptr, x.re(0, 0),
                  kIsComplex<T> ? x.im(0, 0) : nullptr);

@@ -6,35 +6,12 @@
 #include <limits>
 #include <utility>
 
-// Where the CPU has AVX-512 is BlockTransposes()' to say (interleaved.cc).
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define BATCHPART_FIXED_LU 1
-#endif
+#include "lapack/fixed_size.h"
 
 namespace batchpart::lapack::interleaved {
 namespace {
 
-#if BATCHPART_FIXED_LU
-
-// Every function here is compiled for AVX-512 and runs only where the CPU
-// has it; the steps are inlined into each size's kernel.
-#define BATCHPART_AVX512 __attribute__((target("avx512f")))
-#define BATCHPART_STEP __attribute__((always_inline, target("avx512f"))) inline
-
-template <typename T>
-using Vec = typename LaneVector<T>::type;
-
-// Whether any lane of a lane comparison's result is set: AnyLane
-// (interleaved.h) in one test of a mask register, which AVX-512 code can
-// use; AnyLane's word-by-word OR serves every instruction set.
-template <typename Mask>
-BATCHPART_STEP bool Any(const Mask& mask) {
-  static_assert(sizeof(Mask) == sizeof(__m512i));
-  __m512i bits;
-  std::memcpy(&bits, &mask, sizeof(bits));
-  return _mm512_test_epi32_mask(bits, bits) != 0;
-}
+#if BATCHPART_FIXED_SIZE
 
 template <typename T, int N, int K, bool WholeRows>
 BATCHPART_AVX512 __attribute__((noinline)) void AbnormalStep(const Planes<T>& a, int32_t* pivots,
@@ -101,11 +78,7 @@ BATCHPART_STEP void PivotColumn(const Planes<T>& a, Vec<T> (&col)[N], const Vec<
   using V = Vec<T>;
   constexpr int W = kLanes<T>;
   constexpr R kTiny = std::numeric_limits<R>::min();
-  alignas(64) R at_lanes[W];
-  StoreLanes(at_lanes, at);
-  _Pragma("GCC ivdep") for (int l = 0; l < W; ++l) {
-    pivots[K * W + l] = static_cast<int32_t>(at_lanes[l]);
-  }
+  StoreLaneInts<T>(at, pivots + K * W);
 #pragma GCC unroll 64
   for (int i = K + 1; i < N; ++i) e.eq[i] = at == R(i);
   e.zero = top == V{};
@@ -276,15 +249,10 @@ template <typename T, int N, bool WholeRows, int... B>
 BATCHPART_AVX512 void FactorSteps(Real<T>* re, int32_t* pivots, int32_t* info,
                                   std::integer_sequence<int, B...>) {
   static_assert(kLuBlockSteps == 2, "TwoSteps is one block");
-  using R = Real<T>;
   const Planes<T> a{re, nullptr, N};
   Vec<T> failed{};  // info as lane values
   (Block<T, N, 2 * B, WholeRows>(a, pivots, failed), ...);
-  alignas(64) R failed_lanes[kLanes<T>];
-  StoreLanes(failed_lanes, failed);
-  _Pragma("GCC ivdep") for (int l = 0; l < kLanes<T>; ++l) {
-    info[l] = static_cast<int32_t>(failed_lanes[l]);
-  }
+  StoreLaneInts<T>(failed, info);
 }
 
 // SolveLanes (small_lu.cc) for one size: L Y = P B, then U X = Y, one
@@ -369,24 +337,15 @@ inline constexpr auto kSolves = Solves<T>(std::make_integer_sequence<int, kMaxFi
 template <typename T, bool WholeRows>
 inline constexpr auto kKernels = Kernels<T, WholeRows>(std::make_integer_sequence<int, kMaxFixedLu>{});
 
-#undef BATCHPART_STEP
-#undef BATCHPART_AVX512
-
-#endif  // BATCHPART_FIXED_LU
-
-// Whether an n x n group has a fixed-size kernel that this CPU (under
-// SetBlockTransposes' cap) runs.
-[[maybe_unused]] bool HasKernel(int64_t rows, int64_t cols) {
-  return rows == cols && rows >= 1 && rows <= kMaxFixedLu && BlockTransposes() == Isa::kAvx512;
-}
+#endif  // BATCHPART_FIXED_SIZE
 
 }  // namespace
 
 template <typename T>
 bool FactorFixedSize(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info) {
-#if BATCHPART_FIXED_LU
+#if BATCHPART_FIXED_SIZE
   const int64_t n = g.rows();
-  if (!HasKernel(n, g.cols())) return false;
+  if (!HasFixedSizeKernel(n, g.cols(), kMaxFixedLu)) return false;
   (swaps == RowSwaps::kWholeRows ? kKernels<T, true> : kKernels<T, false>)[n - 1](
       g.re(0, 0), pivots, info);
   return true;
@@ -397,9 +356,9 @@ bool FactorFixedSize(Group<T>& g, RowSwaps swaps, int32_t* pivots, int32_t* info
 
 template <typename T>
 bool SolveFixedSize(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
-#if BATCHPART_FIXED_LU
+#if BATCHPART_FIXED_SIZE
   const int64_t n = lu.rows();
-  if (!HasKernel(n, lu.cols())) return false;
+  if (!HasFixedSizeKernel(n, lu.cols(), kMaxFixedLu)) return false;
   kSolves<T>[n - 1](lu.re(0, 0), pivots, x.re(0, 0), x.cols());
   return true;
 #else

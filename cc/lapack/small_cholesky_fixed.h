@@ -1,0 +1,40 @@
+// The interleaved Cholesky factor and solve of small square real matrices,
+// one kernel per size: FactorLower's and SolveLower's (small_cholesky.h) for
+// n <= kMaxFixedCholesky on CPUs with AVX-512.
+//
+// At such sizes the run-time-n kernel is mostly overhead: loop bounds and
+// lane loops per column, the diagonal and failure test written back and
+// read again, and a second pass over the group that zeros the upper
+// triangle and fills failed lanes with NaN. With n a constant the factor
+// keeps the whole lower triangle in registers (spilling only from n = 10 or
+// so in float64), tracks failures as lane values, and writes each element
+// once, zero or NaN included.
+#ifndef BATCHPART_LAPACK_SMALL_CHOLESKY_FIXED_H_
+#define BATCHPART_LAPACK_SMALL_CHOLESKY_FIXED_H_
+
+#include <cstdint>
+
+#include "lapack/interleaved.h"
+
+namespace batchpart::lapack::interleaved {
+
+// The largest n with a kernel of its own (measurements in
+// small_cholesky_fixed.cc).
+inline constexpr int kMaxFixedCholesky = 16;
+
+// Factors the square real matrices of `g` as FactorLower does, bit for bit
+// (the same values, info and NaN lanes), and returns true; or returns
+// false, `g` untouched, where its size has no kernel or the CPU (capped by
+// SetBlockTransposes) has no AVX-512.
+template <typename T>
+bool FactorFixedCholesky(Group<T>& g, bool symmetrize, int32_t* info);
+
+// Solves with a FactorFixedCholesky factor as SolveLower does, bit for bit,
+// and returns true; or returns false, `x` untouched, as FactorFixedCholesky
+// would for `factor`.
+template <typename T>
+bool SolveFixedCholesky(const Group<T>& factor, Group<T>& x);
+
+}  // namespace batchpart::lapack::interleaved
+
+#endif  // BATCHPART_LAPACK_SMALL_CHOLESKY_FIXED_H_
