@@ -6,9 +6,9 @@
 // lane loops per column, the diagonal and failure test written back and
 // read again, and a second pass over the group that zeros the upper
 // triangle and fills failed lanes with NaN. With n a constant the factor
-// keeps the whole lower triangle in registers (spilling only from n = 10 or
-// so in float64), tracks failures as lane values, and writes each element
-// once, zero or NaN included.
+// keeps the lower triangle in lane vectors the compiler holds in registers
+// as far as they go, tracks failures as lane values, and writes each
+// element once, zero or NaN included.
 #ifndef BATCHPART_LAPACK_SMALL_CHOLESKY_FIXED_H_
 #define BATCHPART_LAPACK_SMALL_CHOLESKY_FIXED_H_
 
