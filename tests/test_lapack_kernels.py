@@ -792,3 +792,32 @@ def test_thread_pool_and_serial_loops_agree(serial_then_restore, batch, n):
         # Serial loops over large matrices thread inside BLAS, which may sum in
         # another order than the single-threaded calls of the pool.
         np.testing.assert_allclose(s_out, p_out, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.sampled_from([64, 200, 1024, 3000]), min_size=2, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_concurrent_batch_loops_on_the_pool_finish_with_the_serial_bits(
+        serial_then_restore, batches, seed):
+    # Several host threads run batch loops on the one intra-op pool at once:
+    # each caller claims chunks, then waits (spinning, then asleep) for the
+    # chunks pool threads claimed. A lost wake-up would hang here (the test
+    # timeout); a chunk run twice or skipped would change the bits, which the
+    # interleaved kernels make the same whichever thread runs a group.
+    import concurrent.futures
+
+    rng = np.random.default_rng(seed)
+    operands = [hermitian_pd(rng, (b,), 8, np.float32) for b in batches]
+
+    def run(a):
+        return potrf(a), getrf(a)
+
+    serial_then_restore(False)
+    serial = [run(a) for a in operands]
+    serial_then_restore(True)
+    assert _core.lapack.num_chunks(3000 // 16, 16 * 8**3, 2) > 1
+    with concurrent.futures.ThreadPoolExecutor(len(operands)) as pool:
+        pooled = list(pool.map(run, operands))
+    for s_out, p_out in zip(jax.tree.leaves(serial), jax.tree.leaves(pooled), strict=True):
+        np.testing.assert_array_equal(s_out, p_out)
