@@ -174,6 +174,11 @@ BATCHPART_INLINE int64_t UnpackBlocks(const Real<T>* re, const Real<T>* im, int6
       Transpose<V, H>(vr);
       if constexpr (kIsComplex<T>) Transpose<V, H>(vi);
       for (int l = 0; l < H; ++l) {
+        // The line the next block writes, fetched for writing now: H
+        // matrices each take a store that misses (they lie a matrix apart),
+        // and without the prefetch their fetches queued behind the stores
+        // (16 x 16 float64, 2048 matrices: unpacking 95 -> 46 ns a matrix).
+        if (e + H < done) __builtin_prefetch(dst[l0 + l] + e + H, 1);
         if constexpr (kIsComplex<T>) {
           V a, b;
           Merge<V, H>(vr[l], vi[l], a, b, std::make_integer_sequence<int, H>{});
