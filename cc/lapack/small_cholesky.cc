@@ -279,9 +279,7 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FinishPlanes(int64_t n, Real<T>* __restrict
 
 template <typename T>
 void FactorLower(Group<T>& g, bool symmetrize, int32_t* info) {
-  if constexpr (!kIsComplex<T>) {
-    if (FactorFixedCholesky(g, symmetrize, info)) return;
-  }
+  if (FactorFixedCholesky(g, symmetrize, info)) return;
   Real<T>* re = g.re(0, 0);
   Real<T>* im = kIsComplex<T> ? g.im(0, 0) : nullptr;
   for (int l = 0; l < kLanes<T>; ++l) info[l] = 0;

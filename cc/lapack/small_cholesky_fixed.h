@@ -1,6 +1,6 @@
-// The interleaved Cholesky factor and solve of small square real matrices,
-// one kernel per size: FactorLower's and SolveLower's (small_cholesky.h) for
-// n <= kMaxFixedCholesky on CPUs with AVX-512.
+// The interleaved Cholesky factor and solve of small square matrices, one
+// kernel per size: FactorLower's (every dtype) and SolveLower's (real
+// types) for n <= kMaxFixedCholesky<T> on CPUs with AVX-512 (small_cholesky.h).
 //
 // At such sizes the run-time-n kernel is mostly overhead: loop bounds and
 // lane loops per column, the diagonal and failure test written back and
@@ -19,19 +19,21 @@
 namespace batchpart::lapack::interleaved {
 
 // The largest n with a kernel of its own (measurements in
-// small_cholesky_fixed.cc).
-inline constexpr int kMaxFixedCholesky = 16;
+// small_cholesky_fixed.cc): 16 for the real types; 14 for the complex ones,
+// whose two planes at n = 16 made the fixed-size factor no faster.
+template <typename T>
+inline constexpr int kMaxFixedCholesky = kIsComplex<T> ? 14 : 16;
 
-// Factors the square real matrices of `g` as FactorLower does, bit for bit
+// Factors the square matrices of `g` (real or complex) as FactorLower does, bit for bit
 // (the same values, info and NaN lanes), and returns true; or returns
 // false, `g` untouched, where its size has no kernel or the CPU (capped by
 // SetBlockTransposes) has no AVX-512.
 template <typename T>
 bool FactorFixedCholesky(Group<T>& g, bool symmetrize, int32_t* info);
 
-// Solves with a FactorFixedCholesky factor as SolveLower does, bit for bit,
-// and returns true; or returns false, `x` untouched, as FactorFixedCholesky
-// would for `factor`.
+// Solves with a real FactorFixedCholesky factor as SolveLower does, bit for
+// bit, and returns true; or returns false, `x` untouched, as
+// FactorFixedCholesky would for `factor`.
 template <typename T>
 bool SolveFixedCholesky(const Group<T>& factor, Group<T>& x);
 
