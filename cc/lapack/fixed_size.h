@@ -65,6 +65,19 @@ BATCHPART_STEP void StoreLaneInts(const Vec<T>& v, int32_t* out) {
   }
 }
 
+// Rows 0..N-1 of column c of an interleaved real matrix, as lane vectors
+// (a solve's right-hand side, held in registers), and back.
+template <typename T, int N>
+BATCHPART_STEP void LoadColumn(const Planes<T>& x, int64_t c, Vec<T> (&v)[N]) {
+#pragma GCC unroll 64
+  for (int i = 0; i < N; ++i) v[i] = LoadLanes(x.Re(i, c));
+}
+template <typename T, int N>
+BATCHPART_STEP void StoreColumn(const Planes<T>& x, int64_t c, const Vec<T> (&v)[N]) {
+#pragma GCC unroll 64
+  for (int i = 0; i < N; ++i) StoreLanes(x.Re(i, c), v[i]);
+}
+
 #endif  // BATCHPART_FIXED_SIZE
 
 }  // namespace batchpart::lapack::interleaved

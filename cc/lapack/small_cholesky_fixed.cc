@@ -170,8 +170,7 @@ BATCHPART_AVX512 void Solve(const Real<T>* l_re, Real<T>* x_re, int64_t r) {
 #pragma GCC unroll 1
   for (int64_t c = 0; c < r; ++c) {
     V v[N];
-#pragma GCC unroll 64
-    for (int i = 0; i < N; ++i) v[i] = LoadLanes(x.Re(i, c));
+    LoadColumn<T, N>(x, c, v);
 #pragma GCC unroll 64
     for (int k = 0; k < N; ++k) {
       v[k] = v[k] * inverse[k];
@@ -184,8 +183,7 @@ BATCHPART_AVX512 void Solve(const Real<T>* l_re, Real<T>* x_re, int64_t r) {
 #pragma GCC unroll 64
       for (int i = 0; i < k; ++i) v[i] = v[i] - LoadLanes(l.Re(k, i)) * v[k];
     }
-#pragma GCC unroll 64
-    for (int i = 0; i < N; ++i) StoreLanes(x.Re(i, c), v[i]);
+    StoreColumn<T, N>(x, c, v);
   }
 }
 

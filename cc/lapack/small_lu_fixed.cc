@@ -278,8 +278,7 @@ BATCHPART_AVX512 void Solve(const Real<T>* lu_re, const int32_t* pivots, Real<T>
 #pragma GCC unroll 1
   for (int64_t j = 0; j < r; ++j) {
     V v[N];
-#pragma GCC unroll 64
-    for (int i = 0; i < N; ++i) v[i] = LoadLanes(x.Re(i, j));
+    LoadColumn<T, N>(x, j, v);
 #pragma GCC unroll 64
     for (int k0 = 0; k0 < N; k0 += kLuBlockSteps) {
       const int block_end = k0 + kLuBlockSteps < N ? k0 + kLuBlockSteps : N;
@@ -307,8 +306,7 @@ BATCHPART_AVX512 void Solve(const Real<T>* lu_re, const int32_t* pivots, Real<T>
 #pragma GCC unroll 64
       for (int i = 0; i < k; ++i) v[i] = v[i] - LoadLanes(lu.Re(i, k)) * v[k];
     }
-#pragma GCC unroll 64
-    for (int i = 0; i < N; ++i) StoreLanes(x.Re(i, j), v[i]);
+    StoreColumn<T, N>(x, j, v);
   }
 }
 
