@@ -7,6 +7,7 @@ and checked against numpy/scipy and by reconstruction.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import subprocess
 import sys
@@ -805,8 +806,6 @@ def test_concurrent_batch_loops_on_the_pool_finish_with_the_serial_bits(
     # chunks pool threads claimed. A lost wake-up would hang here (the test
     # timeout); a chunk run twice or skipped would change the bits, which the
     # interleaved kernels make the same whichever thread runs a group.
-    import concurrent.futures
-
     rng = np.random.default_rng(seed)
     operands = [hermitian_pd(rng, (b,), 8, np.float32) for b in batches]
 

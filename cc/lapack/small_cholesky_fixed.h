@@ -24,10 +24,10 @@ namespace batchpart::lapack::interleaved {
 template <typename T>
 inline constexpr int kMaxFixedCholesky = kIsComplex<T> ? 14 : 16;
 
-// Factors the square matrices of `g` (real or complex) as FactorLower does, bit for bit
-// (the same values, info and NaN lanes), and returns true; or returns
-// false, `g` untouched, where its size has no kernel or the CPU (capped by
-// SetBlockTransposes) has no AVX-512.
+// Factors the square matrices of `g` (real or complex) as FactorLower
+// does, bit for bit (the same values, info and NaN lanes), and returns
+// true; or returns false, `g` untouched, where its size has no kernel or
+// the CPU (capped by SetBlockTransposes) has no AVX-512.
 template <typename T>
 bool FactorFixedCholesky(Group<T>& g, bool symmetrize, int32_t* info);
 
