@@ -16,14 +16,13 @@ import pytest
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import hermitian_pd, random_array, small_path
+from batchpart.testing import hermitian_pd, lanes, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 ORDER = ["none", "avx2", "avx512"]
 SUPPORTED = ORDER[: ORDER.index(_core.lapack.supported_block_transposes()) + 1]
-LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
 SIZES = [1, 3, 4, 5, 8, 12, 16, 17]
 
 
@@ -86,8 +85,27 @@ def kernels(batch, n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_block_transposes_give_the_element_loops_results_bit_for_bit(limit, dtype):
   for n in SIZES:
-    batch = 2 * LANES[dtype] + 3
+    batch = 2 * lanes(dtype) + 3
     for name, run in kernels(batch, n, dtype).items():
+      with block_transposes("none"):
+        expected = jax.tree.map(np.asarray, run())
+      with block_transposes(limit):
+        got = jax.tree.map(np.asarray, run())
+      for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}, limit {limit}")
+
+
+@pytest.mark.parametrize("n", [32, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_matrices_a_page_apart_unpack_as_the_element_loops(dtype, n):
+  # 32 x 32 and 64 x 64 float32 matrices (complex64 too) lie a multiple of
+  # 4 KiB apart, so a block's lines fall in one cache set for every lane;
+  # such groups unpack half their lanes at a time.
+  limit = SUPPORTED[-1]
+  with contextlib.ExitStack() as paths:
+    for kernel in ("cholesky", "triangular_solve", "lu"):
+      paths.enter_context(small_path(kernel, "always"))
+    for name, run in kernels(lanes(dtype) + 3, n, dtype).items():
       with block_transposes("none"):
         expected = jax.tree.map(np.asarray, run())
       with block_transposes(limit):
