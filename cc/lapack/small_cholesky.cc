@@ -12,56 +12,52 @@
 namespace batchpart::lapack::interleaved {
 namespace {
 
-// The cut-offs, measured single-threaded through jax on one CPU device
+// The cut-off, measured single-threaded through jax on one CPU device
 // (benchmarks/small_cholesky.py switch [--posv]: 1024 matrices, 2 shared
 // x86-64 cores with AVX-512, scipy 1.17's OpenBLAS; microseconds per matrix,
 // the least of 9 runs, LAPACK path / interleaved):
 //
 //    n  | potrf f64   | potrf f32   | posv f64, 1 rhs | posv f32, 1 rhs
 //   ----+-------------+-------------+-----------------+----------------
-//    2  | 0.073 0.015 | 0.062 0.013 |   0.166 0.024   |   0.166 0.018
-//    4  | 0.130 0.037 | 0.117 0.023 |   0.254 0.053   |   0.245 0.031
-//    8  | 0.229 0.079 | 0.285 0.114 |   0.453 0.127   |   0.418 0.057
-//   16  | 0.857 0.517 | 0.534 0.251 |   1.329 0.627   |   0.933 0.387
-//   24  | 1.515 1.255 | 0.951 0.608 |   1.954 0.705   |   1.558 0.509
-//   28  | 2.111 1.985 | 1.346 0.915 |   2.737 0.943   |   2.327 0.826
-//   32  | 2.755 3.479 | 1.760 3.358 |   5.089 2.937   |   2.899 1.672
-//   40  | 7.815 4.606 | 4.084 3.350 |   7.285 5.328   |   5.847 2.702
-//   48  | 9.243 14.63 | 5.298 5.727 |   11.96 5.233   |   11.33 4.916
-//   56  | 12.25 11.00 | 7.209 7.436 |   18.44 9.147   |   10.22 9.023
-//   64  | 11.67 20.06 | 8.349 17.77 |   18.09 20.16   |   10.16 11.97
+//    2  | 0.051 0.016 | 0.051 0.012 |   0.148 0.023   |   0.147 0.015
+//    4  | 0.105 0.035 | 0.114 0.015 |   0.199 0.047   |   0.226 0.020
+//    8  | 0.201 0.094 | 0.242 0.053 |   0.321 0.047   |   0.405 0.055
+//   16  | 0.779 0.524 | 0.553 0.105 |   1.067 0.338   |   0.949 0.062
+//   24  | 1.572 0.918 | 1.165 0.492 |   2.056 0.886   |   1.538 0.470
+//   28  | 2.064 1.300 | 1.458 0.682 |   2.925 1.398   |   2.032 0.618
+//   32  | 2.575 1.763 | 1.741 0.970 |   3.247 1.780   |   2.047 0.676
+//   40  | 4.796 2.562 | 3.803 1.105 |   4.636 1.348   |   4.767 1.465
+//   48  | 6.627 3.556 | 4.692 1.833 |   6.261 2.005   |   6.319 2.116
+//   64  | 27.57 24.63 | 8.103 3.275 |   28.31 16.61   |   10.71 5.351
 //
-// potrf's interleaved time jumps at n = 32, where unpacking writes lanes
-// 4 or 8 KiB apart (the same cache sets) and the factor is written back
-// whole. posv writes back only x and stays ahead up to 48, but it stops at
-// 32: up to there OpenBLAS's potrf runs its unblocked potf2, the algorithm
-// this kernel mirrors, so even a matrix with infinite entries gets the same
-// info on both paths; above it the blocked potrf meets them in another order
-// (an all-inf 48 x 48 matrix fails there at pivot 13, here not at all).
-constexpr int64_t kMaxFactorSize = 28;
-constexpr int64_t kMaxSolveSize = 32;
+// The interleaved kernels stay ahead at every n here (complex too, on both
+// cores: 1.3-1.5x at n = 32 and 40), but they stop at 32: up to there
+// OpenBLAS's potrf runs its unblocked potf2, the algorithm this kernel
+// mirrors, so even a matrix with infinite entries gets the same info on
+// both paths; above it the blocked potrf meets them in another order (an
+// all-inf 48 x 48 matrix fails there at pivot 13, here not at all).
+constexpr int64_t kMaxSize = 32;
 // A group of kLanes matrices costs about as much as a full one; through jax
 // (7-8 us per call) batches of 4 came out even and 6 or more faster
 // interleaved (benchmarks/small_cholesky.py batch).
 constexpr int64_t kMinBatch = 4;
 
-// Whether a batch of n x n matrices goes interleaved, given the automatic
-// cut-off on n.
-bool UseInterleaved(int64_t n, int64_t batch, int64_t max_size) {
+// Whether a batch of n x n matrices goes interleaved.
+bool UseInterleaved(int64_t n, int64_t batch) {
   return n >= 1 && batch >= 1 &&
-         UseSmallPath(SmallKernel::kCholesky, n <= max_size && batch >= kMinBatch);
+         UseSmallPath(SmallKernel::kCholesky, n <= kMaxSize && batch >= kMinBatch);
 }
 
 }  // namespace
 
 bool UseSmallCholesky(int64_t n, int64_t batch) {
-  return UseInterleaved(n, batch, kMaxFactorSize);
+  return UseInterleaved(n, batch);
 }
 
-bool UseSmallPosv(int64_t n, int64_t batch) { return UseInterleaved(n, batch, kMaxSolveSize); }
+bool UseSmallPosv(int64_t n, int64_t batch) { return UseInterleaved(n, batch); }
 
-int64_t SmallCholeskyMaxSize() { return kMaxFactorSize; }
-int64_t SmallPosvMaxSize() { return kMaxSolveSize; }
+int64_t SmallCholeskyMaxSize() { return kMaxSize; }
+int64_t SmallPosvMaxSize() { return kMaxSize; }
 int64_t SmallCholeskyMinBatch() { return kMinBatch; }
 
 
