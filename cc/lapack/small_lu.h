@@ -48,10 +48,21 @@ namespace batchpart::lapack::interleaved {
 //   f32 dominant  0.02 even 0.04->0.03  0.13->0.08  0.57->0.26  1.29->0.67  2.7->1.7    -
 //   f64 random    -         0.09->0.05  0.24->0.19  0.95->0.70  1.97->1.54  3.5->3.9    9.3->9.3
 //   f64 dominant  0.02->.024 0.064 even 0.20->0.16  0.81->0.66  1.80->1.60  4.0->3.6    -
+// With the fixed-size kernels (small_lu_fixed.h) and groups a page apart
+// unpacked half at a time (interleaved.cc), the row-major getrf gains at
+// both ends too; through bp.linalg.lu on both cores, a batch of about
+// 4 MiB, per-matrix path time / interleaved:
+//                 n=1    2      3      28     32     48     56     64
+//   f32           1.61x  2.25x  2.91x  -      1.62x  1.38x  1.40x  1.07x
+//   f64           1.48x  1.89x  2.78x  1.23x  1.09x  -      0.97x  0.95x
+//   complex64     0.87x  1.42x  -      -      -      2.78x  2.51x  -
+//   complex128    0.87x  1.06x  -      1.52x  1.51x  -      -      -
+// (f64 n = 32 read 1.36x in a second run.) So it runs from n = 2 (where
+// complex n = 1 loses) to 56 in single precision and 32 in double.
 template <typename T>
 inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
 template <typename T>
-inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{4, 48} : SizeRange{4, 24};
+inline constexpr SizeRange kGetrfRowMajorSizes = kSingle<T> ? SizeRange{2, 56} : SizeRange{2, 32};
 template <typename T>
 inline constexpr SizeRange kGesvColumnMajorSizes = {1, kSingle<T> ? 48 : 24};
 template <typename T>
