@@ -181,6 +181,12 @@ def generic_kernels() -> Iterator[None]:
     _core.lapack.set_block_transposes(before)
 
 
+def lanes(dtype) -> int:
+  """The matrices one group of the small-matrix kernels holds: a 64-byte
+  vector of ``dtype``'s real type (``kLanes`` in cc/lapack/interleaved.h)."""
+  return 64 // np.finfo(dtype).dtype.itemsize
+
+
 def random_array(rng, shape, dtype):
   """Standard normal entries (real and imaginary parts for complex dtypes)."""
   x = rng.standard_normal(shape)

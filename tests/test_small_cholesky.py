@@ -21,6 +21,7 @@ from batchpart.testing import (
   conj_transpose as herm,
   generic_kernels,
   hermitian_pd,
+  lanes,
   random_array,
   small_path,
 )
@@ -300,9 +301,8 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(n, dtype, lower, kinds
 @pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
 def test_fixed_size_kernels_against_numpy(dtype, n):
   rng = np.random.default_rng(n)
-  lanes = 64 // np.finfo(dtype).dtype.itemsize
-  a = hermitian_pd(rng, (lanes + 5,), n, dtype)
-  b = random_array(rng, (lanes + 5, n, 2), dtype)
+  a = hermitian_pd(rng, (lanes(dtype) + 5,), n, dtype)
+  b = random_array(rng, (lanes(dtype) + 5, n, 2), dtype)
   with small_path("cholesky", "always"):
     for lower in (True, False):
       factor, info = potrf(a, lower=lower)

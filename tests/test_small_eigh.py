@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, random_array, small_path
+from batchpart.testing import assert_close, lanes, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -32,11 +32,6 @@ SIDES = pytest.mark.parametrize("lower", [True, False], ids=["lower", "upper"])
 
 def largest(dtype):
   return SWITCH[np.iscomplexobj(np.zeros(0, dtype)), np.finfo(dtype).bits == 32][1]
-
-
-def lanes(dtype):
-  """Matrices per interleaved group (kLanes in cc/lapack/interleaved.h)."""
-  return 16 if np.finfo(dtype).bits == 32 else 8
 
 
 def sizes_around_switch(dtype):

@@ -16,15 +16,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import DTYPES, TOL, assert_close, generic_kernels, random_array, small_path
+from batchpart.testing import (DTYPES, TOL, assert_close, generic_kernels, lanes, random_array,
+                               small_path)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 # The sizes each target runs interleaved (k*Sizes in cc/lapack/small_lu.h),
 # by (target, row_major, single precision).
 SWITCH = _core.lapack.small_lu_sizes()
-# Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
-LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
 SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
 BATCHES = [1, 5, 17, 100]
 LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
@@ -266,7 +265,7 @@ def test_subnormal_elements_are_singular_and_leave_the_others_alone(row_major, d
   # they would alone.
   rng = np.random.default_rng(5)
   n = 6
-  a = well_conditioned(rng, (2 * LANES[dtype] + 3, n, n), dtype)
+  a = well_conditioned(rng, (2 * lanes(dtype) + 3, n, n), dtype)
   a[::3] *= np.finfo(dtype).tiny / 16
   lu, pivots, perm, info = getrf(a, row_major)
   with small_path("lu", "never"):
@@ -289,9 +288,9 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
   sizes = {*sizes_around_switch("getrf", row_major, dtype),
            *sizes_around_switch("gesv", row_major, dtype)}
   for n in sorted(sizes):
-    a = random_array(rng, (LANES[dtype] + 3, n, n), dtype)
+    a = random_array(rng, (lanes(dtype) + 3, n, n), dtype)
     a[1, :, n // 2] = 0
-    b = random_array(rng, (LANES[dtype] + 3, n, 2), dtype)
+    b = random_array(rng, (lanes(dtype) + 3, n, 2), dtype)
     results = {}
     for enabled in (True, False):
       with small_path("lu", "auto" if enabled else "never"):
@@ -362,8 +361,8 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(row_major, n, single, 
 @pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
 def test_fixed_size_kernels_against_scipy(dtype, n):
   rng = np.random.default_rng(n)
-  a = random_array(rng, (LANES[dtype] + 5, n, n), dtype)
-  b = random_array(rng, (LANES[dtype] + 5, n, 2), dtype)
+  a = random_array(rng, (lanes(dtype) + 5, n, n), dtype)
+  b = random_array(rng, (lanes(dtype) + 5, n, 2), dtype)
   with small_path("lu", "always"):
     lu, pivots, perm, info = getrf(a, True)
     x, x_info = gesv(a, b, True)

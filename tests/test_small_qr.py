@@ -15,7 +15,7 @@ import pytest
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, random_array, small_path
+from batchpart.testing import assert_close, lanes, random_array, small_path
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -24,8 +24,6 @@ DTYPES = [*REAL, np.complex64, np.complex128]
 # The max(m, n) each layout runs interleaved (kQr*Sizes in
 # cc/lapack/small_qr.h), by (row_major, complex, single precision).
 SWITCH = _core.lapack.small_qr_sizes()
-# Matrices per interleaved group (kLanes in cc/lapack/interleaved.h).
-LANES = {np.float32: 16, np.float64: 8, np.complex64: 16, np.complex128: 8}
 SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
 
 
@@ -94,7 +92,7 @@ def check_same_as_per_matrix(a, ours, theirs, dtype):
 def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, full, dtype):
   rng = np.random.default_rng(0)
   for n in sizes_around_switch(row_major, dtype):
-    a = random_array(rng, (LANES[dtype] + 3, n, n), dtype)
+    a = random_array(rng, (lanes(dtype) + 3, n, n), dtype)
     with small_path("qr", "auto"):
       auto = qr(a, full, row_major)
     ours, theirs = both_paths(a, full, row_major)
@@ -137,7 +135,7 @@ def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(ro
   # alpha.)
   rng = np.random.default_rng(1)
   n = 6
-  a = random_array(rng, (LANES[dtype] + 1, n, n), dtype)
+  a = random_array(rng, (lanes(dtype) + 1, n, n), dtype)
   a[::2] = np.triu(a[::2])
   diagonal = np.arange(n)
   a[::2, diagonal, diagonal] = a[::2, diagonal, diagonal].real
@@ -160,7 +158,7 @@ def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude
   # in the same groups must not notice.
   rng = np.random.default_rng(2)
   n = 8
-  a = random_array(rng, (2 * LANES[dtype] + 3, n, n), np.complex128 if np.iscomplexobj(
+  a = random_array(rng, (2 * lanes(dtype) + 3, n, n), np.complex128 if np.iscomplexobj(
       np.zeros(0, dtype)) else np.float64)
   a[::3] *= magnitude
   a = a.astype(dtype)
@@ -176,13 +174,13 @@ def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
-  a = random_array(np.random.default_rng(3), (LANES[dtype] + 2, 8, 8), dtype)
+  a = random_array(np.random.default_rng(3), (lanes(dtype) + 2, 8, 8), dtype)
   a[1, 4, 1] = bad
-  a[LANES[dtype], 0, 0] = bad
+  a[lanes(dtype), 0, 0] = bad
   q, r = both_paths(a, False, row_major)[0]
-  for i in (1, LANES[dtype]):
+  for i in (1, lanes(dtype)):
     assert not (np.isfinite(q[i]).all() and np.isfinite(r[i]).all())
-  ok = [i for i in range(len(a)) if i not in (1, LANES[dtype])]
+  ok = [i for i in range(len(a)) if i not in (1, lanes(dtype))]
   check_qr(a[ok], q[ok], r[ok], dtype)
 
 
@@ -194,7 +192,7 @@ def test_a_complex_diagonal_reflects_to_a_real_one(row_major, dtype):
   # -sign(re(a_jj)) |a_jj|, real, and Q is diagonal, unitary.
   rng = np.random.default_rng(7)
   n = 5
-  a = np.triu(random_array(rng, (LANES[dtype] + 3, n, n), dtype))
+  a = np.triu(random_array(rng, (lanes(dtype) + 3, n, n), dtype))
   ours, theirs = both_paths(a, False, row_major)
   q, r = ours
   diagonal = np.diagonal(a, axis1=-2, axis2=-1)
@@ -208,7 +206,7 @@ def test_a_complex_diagonal_reflects_to_a_real_one(row_major, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linalg_qr_and_its_gradient_through_the_interleaved_path(dtype):
   rng = np.random.default_rng(5)
-  a = jnp.asarray(random_array(rng, (LANES[dtype] + 1, 6, 4), dtype))
+  a = jnp.asarray(random_array(rng, (lanes(dtype) + 1, 6, 4), dtype))
   loss = lambda f: lambda a: sum(jnp.sum(jnp.real(jnp.sin(x))) for x in f(a))
   for mode in ("reduced", "complete"):
     q, r = bp.linalg.qr(a, mode=mode)
