@@ -16,8 +16,15 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import (DTYPES, TOL, assert_close, generic_kernels, lanes, random_array,
-                               small_path)
+from batchpart.testing import (
+  DTYPES,
+  TOL,
+  assert_close,
+  generic_kernels,
+  lanes,
+  random_array,
+  small_path,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
