@@ -81,18 +81,22 @@ def kernels(batch, n, dtype):
   }
 
 
+def assert_same_bits_as_element_loops(run, limit, what):
+  """run()'s arrays with block transposes up to `limit` equal those of the element loops."""
+  with block_transposes("none"):
+    expected = jax.tree.map(np.asarray, run())
+  with block_transposes(limit):
+    got = jax.tree.map(np.asarray, run())
+  for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(g, e, err_msg=f"{what}, limit {limit}")
+
+
 @pytest.mark.parametrize("limit", SUPPORTED[1:] or ["none"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_block_transposes_give_the_element_loops_results_bit_for_bit(limit, dtype):
   for n in SIZES:
-    batch = 2 * lanes(dtype) + 3
-    for name, run in kernels(batch, n, dtype).items():
-      with block_transposes("none"):
-        expected = jax.tree.map(np.asarray, run())
-      with block_transposes(limit):
-        got = jax.tree.map(np.asarray, run())
-      for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}, limit {limit}")
+    for name, run in kernels(2 * lanes(dtype) + 3, n, dtype).items():
+      assert_same_bits_as_element_loops(run, limit, f"{name}, n = {n}")
 
 
 @pytest.mark.parametrize("n", [32, 64])
@@ -101,17 +105,11 @@ def test_matrices_a_page_apart_unpack_as_the_element_loops(dtype, n):
   # 32 x 32 and 64 x 64 float32 matrices (complex64 too) lie a multiple of
   # 4 KiB apart, so a block's lines fall in one cache set for every lane;
   # such groups unpack half their lanes at a time.
-  limit = SUPPORTED[-1]
   with contextlib.ExitStack() as paths:
     for kernel in ("cholesky", "triangular_solve", "lu"):
       paths.enter_context(small_path(kernel, "always"))
     for name, run in kernels(lanes(dtype) + 3, n, dtype).items():
-      with block_transposes("none"):
-        expected = jax.tree.map(np.asarray, run())
-      with block_transposes(limit):
-        got = jax.tree.map(np.asarray, run())
-      for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}, limit {limit}")
+      assert_same_bits_as_element_loops(run, SUPPORTED[-1], f"{name}, n = {n}")
 
 
 def test_the_limit_caps_what_the_cpu_supports():
