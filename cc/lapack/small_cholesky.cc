@@ -31,7 +31,7 @@ namespace {
 //   64  | 27.57 24.63 | 8.103 3.275 |   28.31 16.61   |   10.71 5.351
 //
 // The interleaved kernels stay ahead at every n here (complex too, on both
-// cores: 1.3-1.5x at n = 32 and 40), but they stop at 32: up to there
+// cores: 1.3-1.8x at n = 32 and 40), but they stop at 32: up to there
 // OpenBLAS's potrf runs its unblocked potf2, the algorithm this kernel
 // mirrors, so even a matrix with infinite entries gets the same info on
 // both paths; above it the blocked potrf meets them in another order (an
