@@ -188,8 +188,21 @@ void DefineLapackSubmodule(nb::module_& parent) {
         "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
         "matrices use BLAS threads.");
   m.def("single_threaded_blas", &SingleThreadedBlas);
-  m.def("small_trsm_max_size", &SmallTrsmMaxSize,
-        "The largest triangle that 'auto' solves in the interleaved kernel.");
+  m.def(
+      "small_trsm_max_sizes",
+      [] {
+        nb::dict sizes;
+        const auto add = [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          sizes[nb::make_tuple(kIsComplex<T>, interleaved::kSingle<T>)] = SmallTrsmMaxSize<T>();
+        };
+        add(TypeTag<float>{});
+        add(TypeTag<double>{});
+        add(TypeTag<std::complex<float>>{});
+        add(TypeTag<std::complex<double>>{});
+        return sizes;
+      },
+      "{(complex, single precision): the largest triangle 'auto' solves interleaved}.");
   m.def(
       "small_cholesky_limits",
       [] {

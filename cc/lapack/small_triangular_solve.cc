@@ -5,6 +5,7 @@
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/batch_broadcast.h"
@@ -25,15 +26,20 @@ using interleaved::Strides;
 // threaded on one CPU device (benchmarks/small_trsm.py: 1024 left, lower
 // solves through jax, us per batch, BLAS-or-row-substitution path vs this
 // kernel; AVX-512, 2 shared cores, so +-20% noise):
-//   n            4          8          16         24         32
-//   f32, 1 rhs   39 / 18    96 / 32   338 / 100  385 / 203  527 / 604
-//   f32, 4 rhs   76 / 52   110 / 57   381 / 136  483 / 296 1094 / 1177
-//   f64, 1 rhs   48 / 29   108 / 43   394 / 119  494 / 211  715 / 475
-//   f64, 4 rhs   79 / 58   248 / 163  412 / 176 1190 / 608 1123 / 1246
-// It wins everywhere up to 24. At 32 (and beyond, erratically, up to 64)
-// packing suffers: W matrices of 4 KiB (f32) read side by side share L1
-// cache sets.
-constexpr int64_t kMaxSize = 24;
+//   n             12         16         24          32
+//   f32, 1 rhs        -     348 / 42   270 / 135   427 / 236
+//   f32, 4 rhs        -     368 / 74   489 / 185   738 / 329
+//   f64, 1 rhs        -     290 / 95   461 / 258   755 / 458
+//   f64, 4 rhs        -     381 / 159  571 / 366   936 / 614
+//   c64, 1 rhs        -     339 / 176  621 / 438  1012 / 674
+//   c64, 4 rhs        -     478 / 284  904 / 651  1418 / 1015
+//   c128, 1 rhs   253 / 236 403 / 490  673 / 1153 1138 / 1816
+//   c128, 4 rhs   373 / 333 531 / 608  934 / 1252 1492 / 1885
+// The real types and complex64 win at every n measured (to 64: 1.3-2.4x
+// from 24 on), complex128 only up to 12. The kernel stops at 32, the sizes
+// it was written for.
+template <typename T>
+constexpr int64_t kMaxSize = std::is_same_v<T, std::complex<double>> ? 12 : 32;
 // Below half a group the padding lanes' work and the packing outweigh one
 // BLAS call per matrix (n = 16 and 24: the kernel was 8-19% slower for a
 // single matrix, even at a quarter group of f64, faster from 8 f32 or 4 f64
@@ -187,7 +193,7 @@ bool UsesSmallTrsm(const TrsmShape& shape) {
   if (shape.p == 0 || shape.rows * shape.cols == 0) return false;
   return interleaved::UseSmallPath(
       interleaved::SmallKernel::kTriangularSolve,
-      shape.p <= kMaxSize && Product(shape.x_batch) >= kMinBatch<T>);
+      shape.p <= kMaxSize<T> && Product(shape.x_batch) >= kMinBatch<T>);
 }
 
 template <typename T>
@@ -233,10 +239,14 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
       });
 }
 
-int64_t SmallTrsmMaxSize() { return kMaxSize; }
+template <typename T>
+int64_t SmallTrsmMaxSize() {
+  return kMaxSize<T>;
+}
 
 #define BATCHPART_SMALL_TRSM(T)                                                                 \
   template bool UsesSmallTrsm<T>(const TrsmShape&);                                             \
+  template int64_t SmallTrsmMaxSize<T>();                                                       \
   template ffi::Error SmallTrsm<T>(ffi::ThreadPool&, const TrsmShape&, const TrsmOptions&, bool, \
                                    const T*, const T*, T*);
 BATCHPART_SMALL_TRSM(float)

@@ -27,6 +27,7 @@ xla::ffi::Error SmallTrsm(xla::ffi::ThreadPool& pool, const TrsmShape& shape,
                           T* x);
 
 // The largest triangle the kAuto policy gives the interleaved kernel.
+template <typename T>
 int64_t SmallTrsmMaxSize();
 
 }  // namespace batchpart::lapack
