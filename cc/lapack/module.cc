@@ -105,6 +105,15 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
 // A switch-point table's entry as Python sees it: (min, max).
 nb::tuple Range(interleaved::SizeRange r) { return nb::make_tuple(r.min, r.max); }
 
+// Calls fn(TypeTag<T>{}) for each scalar type the kernels take.
+template <typename Fn>
+void ForEachScalarType(const Fn& fn) {
+  fn(TypeTag<float>{});
+  fn(TypeTag<double>{});
+  fn(TypeTag<std::complex<float>>{});
+  fn(TypeTag<std::complex<double>>{});
+}
+
 void SetBlockTransposes(const std::string& limit) {
   interleaved::SetBlockTransposes(Named(kIsaNames, limit, "set_block_transposes: limit"));
 }
@@ -154,17 +163,13 @@ void DefineLapackSubmodule(nb::module_& parent) {
       [] {
         namespace il = interleaved;
         nb::dict sizes;
-        const auto add = [&](auto tag) {
+        ForEachScalarType([&](auto tag) {
           using T = typename decltype(tag)::type;
           for (const bool row_major : {false, true}) {
             sizes[nb::make_tuple(row_major, kIsComplex<T>, il::kSingle<T>)] =
                 Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
           }
-        };
-        add(TypeTag<float>{});
-        add(TypeTag<double>{});
-        add(TypeTag<std::complex<float>>{});
-        add(TypeTag<std::complex<double>>{});
+        });
         return sizes;
       },
       "{(row_major, complex, single precision): (min, max)} of max(m, n) that the qr targets "
@@ -174,10 +179,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
       [] {
         namespace il = interleaved;
         nb::dict sizes;
-        sizes[nb::make_tuple(false, true)] = Range(il::kEighSizes<float>);
-        sizes[nb::make_tuple(false, false)] = Range(il::kEighSizes<double>);
-        sizes[nb::make_tuple(true, true)] = Range(il::kEighSizes<std::complex<float>>);
-        sizes[nb::make_tuple(true, false)] = Range(il::kEighSizes<std::complex<double>>);
+        ForEachScalarType([&](auto tag) {
+          using T = typename decltype(tag)::type;
+          sizes[nb::make_tuple(kIsComplex<T>, il::kSingle<T>)] = Range(il::kEighSizes<T>);
+        });
         return sizes;
       },
       "{(complex, single precision): (min n, max n)} that batchpart_eigh decomposes "
@@ -192,14 +197,10 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_trsm_max_sizes",
       [] {
         nb::dict sizes;
-        const auto add = [&](auto tag) {
+        ForEachScalarType([&](auto tag) {
           using T = typename decltype(tag)::type;
           sizes[nb::make_tuple(kIsComplex<T>, interleaved::kSingle<T>)] = SmallTrsmMaxSize<T>();
-        };
-        add(TypeTag<float>{});
-        add(TypeTag<double>{});
-        add(TypeTag<std::complex<float>>{});
-        add(TypeTag<std::complex<double>>{});
+        });
         return sizes;
       },
       "{(complex, single precision): the largest triangle 'auto' solves interleaved}.");
