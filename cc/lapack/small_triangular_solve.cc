@@ -35,7 +35,7 @@ using interleaved::Strides;
 //   c64, 4 rhs        -     478 / 284  904 / 651  1418 / 1015
 //   c128, 1 rhs   253 / 236 403 / 490  673 / 1153 1138 / 1816
 //   c128, 4 rhs   373 / 333 531 / 608  934 / 1252 1492 / 1885
-// The real types and complex64 win at every n measured (to 64: 1.3-2.4x
+// The real types and complex64 win at every n measured (to 64: 1.3-2.6x
 // from 24 on), complex128 only up to 12. The kernel stops at 32, the sizes
 // it was written for.
 template <typename T>
