@@ -187,6 +187,12 @@ def lanes(dtype) -> int:
   return 64 // np.finfo(dtype).dtype.itemsize
 
 
+def switch_key(dtype) -> tuple[bool, bool]:
+  """(complex, single precision): how ``_core.lapack``'s switch-point tables
+  key a dtype."""
+  return bool(np.iscomplexobj(np.zeros(0, dtype))), np.finfo(dtype).bits == 32
+
+
 def random_array(rng, shape, dtype):
   """Standard normal entries (real and imaginary parts for complex dtypes)."""
   x = rng.standard_normal(shape)

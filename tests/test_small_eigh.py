@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, lanes, random_array, small_path
+from batchpart.testing import assert_close, lanes, random_array, small_path, switch_key
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -31,7 +31,7 @@ SIDES = pytest.mark.parametrize("lower", [True, False], ids=["lower", "upper"])
 
 
 def largest(dtype):
-  return SWITCH[np.iscomplexobj(np.zeros(0, dtype)), np.finfo(dtype).bits == 32][1]
+  return SWITCH[switch_key(dtype)][1]
 
 
 def sizes_around_switch(dtype):

@@ -15,7 +15,7 @@ import pytest
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, lanes, random_array, small_path
+from batchpart.testing import assert_close, lanes, random_array, small_path, switch_key
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -28,7 +28,7 @@ SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
 
 
 def largest(row_major, dtype):
-  return SWITCH[row_major, np.iscomplexobj(np.zeros(0, dtype)), np.finfo(dtype).bits == 32][1]
+  return SWITCH[(row_major, *switch_key(dtype))][1]
 
 
 def sizes_around_switch(row_major, dtype):

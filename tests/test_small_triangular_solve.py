@@ -20,7 +20,7 @@ import scipy.linalg
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import random_array, small_path
+from batchpart.testing import random_array, small_path, switch_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,7 +32,7 @@ LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major
 
 
 def switch(dtype):
-  return SWITCHES[np.iscomplexobj(np.zeros(0, dtype)), np.finfo(dtype).bits == 32]
+  return SWITCHES[switch_key(dtype)]
 
 
 def flag_id(flags):
