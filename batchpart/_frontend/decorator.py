@@ -13,6 +13,7 @@ cannot tell, and calls the rewrite cannot reach, are warned about.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -149,6 +150,16 @@ def _count_ffi_calls(jaxprs) -> int:
   return count
 
 
+def _built_of_size(in_dims, shapes, size: int) -> int | None:
+  """The first operand with a dim of ``size`` that the wrapper built (or the
+  flow does not know, outside its batch dims), or None."""
+  for k, (dims, shape) in enumerate(zip(in_dims, shapes)):
+    labels = dims if dims is not None else (batch_dims.BUILT,) * len(shape)
+    if any(n == size and d == batch_dims.BUILT for n, d in zip(shape, labels)):
+      return k
+  return None
+
+
 def _trailing_core_ranks(shapes, places) -> tuple:
   """Each array's core dims after its batch dims, from its ``(lead, rank)``."""
   return tuple(len(s) - lead - rank for s, (lead, rank) in zip(shapes, places))
@@ -250,7 +261,34 @@ class _Rewriter(RewriteWarnings):
     for place in results + operands:
       if isinstance(place, _LeftPlain):
         raise place
+    for i, (d, v, place) in enumerate(zip(in_dims, eqn.invars, operands)):
+      self._check_built(d, _shape(v), place, f"operand {i}")
     return operands, results
+
+  def _check_built(self, dims, shape, place, what):
+    """Raises ``_LeftPlain`` where an operand holds more of the batch shape
+    than its ``(lead, rank)`` on dims the wrapper built (or the flow does not
+    know): the kernel may read them as batch dims, which would then be cut
+    on one operand and whole on this one, or as core dims; never a guess."""
+    lead, rank = place
+    full = len(self.batch_shape)
+    labels = dims if dims is not None else (batch_dims.BUILT,) * len(shape)
+    # Where the batch dims it lacks could sit: just before its own, or, with
+    # none of its own, where the flow would look for the batch shape.
+    spans = ([(lead - more, more) for more in range(1, full - rank + 1)] if rank else
+             [(p, more) for p in self.leads for more in range(1, full + 1)])
+    for start, more in spans:
+      sizes = self.batch_shape[full - rank - more:full - rank]
+      dims_there = labels[start:start + more] if start >= 0 else ()
+      if (len(dims_there) == more and tuple(shape[start:start + more]) == sizes
+          and math.prod(sizes) > 1 and all(d == batch_dims.BUILT for d in dims_there)):
+        raise _LeftPlain(
+            f"{what} (shape {fmt(shape)}) is built inside the wrapper (an iota, a "
+            f"constant, a closure or a broadcast) with dims {fmt(sizes)} at dim {start}, "
+            f"the size of the wrapper's batch dims it does not carry; whether the kernel "
+            f"reads them as batch dims (to be cut with the other operands) or whole "
+            f"cannot be told. Pass it as an argument of the wrapper with its batch dims "
+              f"in the signature to partition the call", unclear=True)
 
   def _rebind_ffi_call(self, eqn, invals, in_dims, wants):
     """A ``jax.ffi.ffi_call`` eqn bound again, as a batchpart call where its
@@ -313,6 +351,15 @@ class _Rewriter(RewriteWarnings):
         self._warn_unclear(target, f"result {kept[0]} has a core dim of the size of the "
                                    f"reduced dim {r.name!r} ({size}), so whether the "
                                    "kernel combines over it cannot be told; it is "
+                                   "computed whole", partitioned=True)
+        continue
+      built = _built_of_size(in_dims, [_shape(v) for v in eqn.invars], size)
+      if built is not None:
+        self._warn_unclear(target, f"operand {built} is built inside the wrapper (an "
+                                   f"iota, a constant, a closure or a broadcast) with a "
+                                   f"dim of the size of the reduced dim {r.name!r} "
+                                   f"({size}) that the flow cannot follow, so whether the "
+                                   "kernel reads it along that dim cannot be told; it is "
                                    "computed whole", partitioned=True)
         continue
       dims = []
@@ -386,7 +433,7 @@ class _Rewriter(RewriteWarnings):
     wants = batch_dims.demands(jaxpr, out_dims)
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
-    known = {v: batch_dims.shared(len(_shape(v))) for v in jaxpr.constvars}
+    known = {v: batch_dims.built(len(_shape(v))) for v in jaxpr.constvars}
     known.update(zip(jaxpr.invars, in_dims))
 
     def read(v):
