@@ -11,3 +11,34 @@ def x64():
   """64-bit jax types for one module: `pytestmark = pytest.mark.usefixtures("x64")`."""
   with jax.enable_x64(True):
     yield
+
+
+def _needs_a_gpu(item) -> bool:
+  """Whether a test runs only on a CUDA device: it takes the ``gpu`` fixture or
+  its module skips without one (test_cuda_sharding.py)."""
+  return "gpu" in getattr(item, "fixturenames", ()) or item.path.name == "test_cuda_sharding.py"
+
+
+def pytest_collection_modifyitems(config, items):
+  """Without a CUDA device the device tests are not collected, and one line of
+  the summary says so (pytest_terminal_summary), instead of a skip per test."""
+  from batchpart import _cusolver_targets
+  if _cusolver_targets.has_cuda_devices():
+    return
+  gpu_only = [item for item in items if _needs_a_gpu(item)]
+  if gpu_only:
+    config.hook.pytest_deselected(items=gpu_only)
+    items[:] = [item for item in items if not _needs_a_gpu(item)]
+  config.stash[_GPU_TESTS] = len(gpu_only)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  count = config.stash.get(_GPU_TESTS, 0)
+  if count:
+    terminalreporter.write_line(
+        f"{count} GPU tests not run: no CUDA device here (they run on a GPU machine: "
+        "docs/gpu.md).")
+
+
+_GPU_TESTS = pytest.StashKey[int]()
