@@ -19,9 +19,22 @@ def _needs_a_gpu(item) -> bool:
   return "gpu" in getattr(item, "fixturenames", ()) or item.path.name == "test_cuda_sharding.py"
 
 
+# The small-matrix kernels' exhaustive sweeps: every dtype x flag x size of the
+# interleaved kernels against the per-matrix path and NumPy. They test C++ that
+# no jax version changes, so CI runs them once (`-m slow`, pyproject.toml).
+_SWEEPS = frozenset({
+    "test_interleaved_packing.py", "test_lapack_kernels.py", "test_small_cholesky.py",
+    "test_small_eigh.py", "test_small_lu.py", "test_small_qr.py",
+    "test_small_triangular_solve.py"})
+
+
 def pytest_collection_modifyitems(config, items):
-  """Without a CUDA device the device tests are not collected, and one line of
-  the summary says so (pytest_terminal_summary), instead of a skip per test."""
+  """Marks the sweeps ``slow``. Without a CUDA device the device tests are not
+  collected, and one line of the summary says so (pytest_terminal_summary),
+  instead of a skip per test."""
+  for item in items:
+    if item.path.name in _SWEEPS:
+      item.add_marker(pytest.mark.slow)
   from batchpart import _cusolver_targets
   if _cusolver_targets.has_cuda_devices():
     return
