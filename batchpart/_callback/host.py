@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
+from batchpart._callback.agreement import Agreement
 from batchpart._primitive.batch_spec import batch_first, fmt, inverse
 
 
@@ -222,19 +223,22 @@ class HostCall:
   (batch dims right-aligned, a size-1 one broadcast), each result's global
   shape and dtype, and ``unit``: the call has no batch dims of its own and
   was given a leading one of size 1 (so that a replicated call is still
-  made once)."""
+  made once). ``agreement``: where XLA partitions the call, how its devices
+  holding only padding learn that the others failed; None where each call
+  stands alone."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
                "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
-               "__weakref__")
+               "_agreement", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
   # caller that invents block vectors.
   _MAX_BLOCKS = 1 << 16
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, result_dtypes, unit: bool):
+               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None):
     self.flat = flat
+    self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
     self.operand_batch_ranks = tuple(operand_batch_ranks)
@@ -282,6 +286,13 @@ class HostCall:
 
   def __call__(self, block, *args):
     b = self._block(block)
+    if self._agreement is None or not self._agreement.needed:
+      return self._call(b, args)
+    return together(self._agreement, self.flat.owner, lambda: self._call(b, args),
+                    block.tobytes(), lambda: block_start(self.batch, block), wait=b.empty)
+
+  def _call(self, b: _Block, args) -> tuple:
+    """The padded results of this block, or CallbackError."""
     if b.empty:
       # All padding: nothing of the batch is here, and nothing is called.
       return b.zeros
@@ -352,6 +363,48 @@ def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
   values = [int(v) for v in np.asarray(block).reshape(-1)]
   offsets, local = values[:rank], values[rank:2 * rank]
   return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
+
+
+def block_start(batch, block) -> tuple[int, ...]:
+  """Where a block vector's block starts in the global batch: the order in
+  which a round's errors are preferred."""
+  return tuple(block_extent(batch, block)[0])
+
+
+def together(agreement: Agreement, owner: str, call, key, start, *, wait: bool):
+  """``call()`` as one device's part of a round of ``agreement`` (``key``:
+  the device's block vector): its result, or its error; with ``wait`` (a
+  block of padding, where nothing is called) the round's error where the
+  devices that called failed, so that it fails with them (``start()``:
+  this block's place, which orders errors)."""
+  try:
+    out = call()
+  except BaseException as e:
+    own = e if isinstance(e, CallbackError) else CallbackError(
+        f"{owner} raised {type(e).__name__}: {e}")
+    agreed = agreement.settle(key, own, _order_key(start), wait=wait)
+    if agreed is own:
+      raise
+    raise _agreed_error(agreed) from None
+  agreed = agreement.settle(key, None, wait=wait)
+  if agreed is not None:
+    raise _agreed_error(agreed) from None
+  return out
+
+
+def _order_key(start) -> tuple:
+  """``start()``, or () where the block vector cannot be read."""
+  try:
+    return start()
+  except Exception:   # a malformed block vector: order it first
+    return ()
+
+
+def _agreed_error(agreed: BaseException) -> CallbackError:
+  """The error a device raises for another device's failure in its round:
+  the same message, so that whichever device XLA reports, the user reads
+  the first failing block's."""
+  return CallbackError(str(agreed))
 
 
 def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
