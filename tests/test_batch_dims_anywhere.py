@@ -9,9 +9,10 @@ import batchpart as bp
 from batchpart import _core
 from batchpart._frontend import signature
 from batchpart._partition import plan, sharding_rule
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive import batch_spec, batching
-from batchpart._primitive.batch_spec import BatchSpec
+from batchpart._primitive import batching
+from batchpart._vocab import batch_spec
+from batchpart._vocab.batch_spec import BatchSpec
+from batchpart._vocab.description import CallDescription, default_layout
 
 CORE_SUM = "batchpart_test_core_sum"
 S = jax.ShapeDtypeStruct

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import batch_first, fmt, inverse
+from batchpart._vocab.batch_spec import batch_first, fmt, inverse
 
 
 def callback_name(fn) -> str:

@@ -29,10 +29,11 @@ from batchpart import _compat as compat
 from batchpart._callback.buffer_host import BufferHostCall
 from batchpart._callback.host import HostCall
 from batchpart._callback.primitive import batchpart_callback_p
-from batchpart._partition import derived_names, emit, sharding_rule, targets
-from batchpart._partition.description import describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._partition import emit, sharding_rule, targets
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.description import describe
 
 ir = compat.ir
 hlo = compat.hlo

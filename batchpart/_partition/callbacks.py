@@ -14,9 +14,9 @@ import threading
 from batchpart import _compat as compat
 from batchpart._callback import blocks
 from batchpart._partition import shard_module, shardings as sh
-from batchpart._partition.description import CallDescription
 from batchpart._partition.plan import make_plan
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.reduced import absolute_dim
 
 _CACHE_SIZE = 256
 _cache_lock = threading.Lock()

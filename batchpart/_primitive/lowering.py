@@ -10,10 +10,11 @@ import dataclasses
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import declared, derived_names, emit, sharding_rule, targets
-from batchpart._partition.description import CallDescription, describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._partition import declared, emit, sharding_rule, targets
 from batchpart._primitive.primitive import batchpart_ffi_call_p, ffi_call_owner
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.description import CallDescription, describe
 
 #: frontend attribute holding a call's batch declaration as the user wrote it
 #: (``signature='(n)->()'``), which the derived name's ranks cannot tell apart

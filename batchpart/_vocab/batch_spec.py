@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._vocab.dims.reduced import DimName, Reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class BatchSpec:
 
   Lead ranks that are all zero (batch dims leading, as without ``...``) are
   stored as ``()``, so such a spec equals one built without them.
-  ``reductions``: the reduced core dims (``_primitive/reductions``);
+  ``reductions``: the reduced core dims (``_vocab/dims/reduced``);
   ``dim_names``: where each named core dim is, where a reduction or a
   per-shard attribute rule needs it.
   """

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import re
 
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive.reductions import OPS, DimName, Reduction
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.reduced import OPS, DimName, Reduction
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpart._primitive.batch_spec import normalize_lead_fields
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._vocab.batch_spec import normalize_lead_fields
+from batchpart._vocab.dims.reduced import DimName, Reduction
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
