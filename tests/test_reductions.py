@@ -29,7 +29,8 @@ from batchpart._frontend.signature import parse_signature
 from batchpart._partition import sharding_rule
 from batchpart._vocab import derived_names
 from batchpart._vocab.description import CallDescription, default_layout
-from batchpart._vocab.dims.reduced import DimName, Reduction
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction
 
 TARGET = "batchpart_test_reduce_rows"
 OWNER = re.escape(f"batchpart.ffi_call('{TARGET}')")

@@ -33,7 +33,7 @@ import numpy as np
 from batchpart import _compat as compat, _core
 from batchpart._partition import shardings as sh
 from batchpart._vocab.description import CallDescription
-from batchpart._vocab.dims.reduced import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim
 
 _Kind = _core.Sharding.Kind
 _Subgroup = _core.Sharding.Subgroup

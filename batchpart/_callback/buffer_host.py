@@ -31,7 +31,7 @@ from batchpart._callback.host import (
   callback_name,
   raised_on_block,
 )
-from batchpart._vocab.batch_spec import batch_first, inverse
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 _CPU, _CUDA, _ROCM = 1, 2, 10   # DLPack device types
 

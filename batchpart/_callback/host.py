@@ -31,7 +31,8 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._vocab.batch_spec import batch_first, fmt, inverse
+from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 
 def callback_name(fn) -> str:

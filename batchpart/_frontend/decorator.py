@@ -23,8 +23,10 @@ from batchpart._frontend import batch_dims
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
 from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
-from batchpart._vocab.batch_spec import batch_slice, broadcast_batch_shapes, fmt
-from batchpart._vocab.dims.reduced import Reduction, absolute_dim, check_result_dtypes
+from batchpart._vocab.batch_spec import broadcast_batch_shapes, fmt
+from batchpart._vocab.dims.batch import batch_slice
+from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.reduced import Reduction, check_result_dtypes
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,

@@ -14,7 +14,8 @@ import re
 import numpy as np
 
 from batchpart._vocab.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
-from batchpart._vocab.dims.reduced import DimName, Reduction, check_reduce_mapping
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"

@@ -16,7 +16,7 @@ from batchpart._callback import blocks
 from batchpart._partition import shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
 from batchpart._vocab.description import CallDescription
-from batchpart._vocab.dims.reduced import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim
 
 _CACHE_SIZE = 256
 _cache_lock = threading.Lock()

@@ -16,8 +16,8 @@ import numpy as np
 
 from batchpart import _core
 from batchpart._partition import shardings as sh
-from batchpart._vocab.batch_spec import batch_first, inverse
 from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.reduced import reduced_dims_table
 
 _Kind = _core.Sharding.Kind

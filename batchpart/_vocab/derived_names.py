@@ -42,7 +42,8 @@ from __future__ import annotations
 import re
 
 from batchpart._vocab.description import CallDescription, default_layout
-from batchpart._vocab.dims.reduced import OPS, DimName, Reduction
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import OPS, Reduction
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpart._vocab.batch_spec import normalize_lead_fields
-from batchpart._vocab.dims.reduced import DimName, Reduction
+from batchpart._vocab.dims.batch import normalize_lead_fields
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
