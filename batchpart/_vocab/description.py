@@ -32,7 +32,7 @@ class CallDescription:
   its block vector (the block's offsets in the global batch, then the local
   batch shape), which the per-device module fills in per partition, and a
   batch replicated over devices is split across them instead
-  (``_callback/blocks``).
+  (``_vocab/blocks``).
   ``operand_lead_ranks`` / ``result_lead_ranks``: the core dims before each
   array's batch dims (a signature's ``...`` not in front); ``()`` where all
   are zero, so an array's batch dims are [lead, lead + batch rank).
