@@ -18,8 +18,8 @@ import pytest
 import batchpart as bp
 from batchpart._callback import host
 from batchpart._callback.agreement import Agreement
-from batchpart._partition import derived_names
-from batchpart._partition.description import CallDescription
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription
 
 rng = np.random.default_rng(0)
 S = jax.ShapeDtypeStruct

@@ -26,9 +26,11 @@ from jax.interpreters import mlir
 import batchpart as bp
 from batchpart import _compat as compat, testing as kernels
 from batchpart._frontend.signature import parse_signature
-from batchpart._partition import derived_names, sharding_rule
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._partition import sharding_rule
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction
 
 TARGET = "batchpart_test_reduce_rows"
 OWNER = re.escape(f"batchpart.ffi_call('{TARGET}')")

@@ -26,14 +26,10 @@ from batchpart._callback.host import (
 )
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import (
-  BatchSpec,
-  batch_first,
-  checked_operand_avals,
-  inverse,
-)
 from batchpart._primitive.lowering import declaration_text
-from batchpart._primitive.reductions import Reduction, check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.batch import batch_first, inverse
+from batchpart._vocab.dims.reduced import Reduction, check_result_dtypes
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,

@@ -26,14 +26,9 @@ import math
 import numpy as np
 
 from batchpart._callback.agreement import Agreement
-from batchpart._callback.host import (
-  CallbackError,
-  block_extent,
-  callback_name,
-  raised_on_block,
-  together,
-)
-from batchpart._primitive.batch_spec import batch_first, inverse
+from batchpart._callback.host import CallbackError, callback_name, raised_on_block, together
+from batchpart._vocab.blocks import block_extent, whole_block
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 _CPU, _CUDA, _ROCM = 1, 2, 10   # DLPack device types
 
@@ -228,7 +223,7 @@ class BufferHostCall:
                                                  self.operand_batch_ranks)]
     self.result_orders = [_user_order(len(s) - self.unit, lead, rank - self.unit)
                           for s, lead in zip(self.result_shapes, leads[2])]
-    self._whole = block_extent(self.batch, [0] * rank + list(self.batch))
+    self._whole = block_extent(self.batch, whole_block(self.batch))
     # (buffer position, its shape, the valid rows) -> the view's shape, strides and dtype:
     # a program calls with the same few blocks every time.
     self._layouts: dict = {}

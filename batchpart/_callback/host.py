@@ -32,7 +32,9 @@ import numpy as np
 
 from batchpart import _compat as compat
 from batchpart._callback.agreement import Agreement
-from batchpart._primitive.batch_spec import batch_first, fmt, inverse
+from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.blocks import block_extent
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 
 def callback_name(fn) -> str:
@@ -353,16 +355,6 @@ def _frozen_zeros(shape, dtype) -> np.ndarray:
   z = np.zeros(shape, dtype)
   z.flags.writeable = False
   return z
-
-
-def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
-  """What a block vector says, per batch dim: the block's offset in the
-  global batch, its local (padded) size, and how much of it is batch (the
-  rest is padding; 0: all padding)."""
-  rank = len(batch)
-  values = [int(v) for v in np.asarray(block).reshape(-1)]
-  offsets, local = values[:rank], values[rank:2 * rank]
-  return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
 
 
 def block_start(batch, block) -> tuple[int, ...]:

@@ -7,9 +7,9 @@ shape).
 Where XLA partitions the call, it is emitted under a derived name whose
 description carries ``callback_partitions``, so batchpart's partitioner
 replaces it by the same jax target on local blocks, the block vector read
-from a per-partition table (``blocks``). Everywhere else (one device, a fully
-manual ``shard_map``) it calls jax's target directly with the whole block:
-offsets zero, no padding. jax's target has an ``instantiate`` stage that
+from a per-partition table (``_vocab/blocks``). Everywhere else (one device,
+a fully manual ``shard_map``) it calls jax's target directly with the whole
+block: offsets zero, no padding. jax's target has an ``instantiate`` stage that
 cannot be registered again under another name, so a derived name is never
 left in an executable (as for every batchpart call).
 
@@ -31,10 +31,12 @@ from batchpart._callback.agreement import Agreement
 from batchpart._callback.buffer_host import BufferHostCall
 from batchpart._callback.host import HostCall
 from batchpart._callback.primitive import batchpart_callback_p
-from batchpart._partition import derived_names, emit, sharding_rule, targets
-from batchpart._partition.description import describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._partition import emit, sharding_rule, targets
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.blocks import whole_block
+from batchpart._vocab.description import describe
 
 ir = compat.ir
 hlo = compat.hlo
@@ -112,7 +114,7 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
                    agreement=_agreement(platforms[0], partitions, partitioned, reductions))
   index = compat.add_host_callback(ctx, host)
-  block = compat.ir_constant(np.asarray([0] * rank + list(batch), np.int64))
+  block = compat.ir_constant(whole_block(batch))
   block_shape = (2 * rank,)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.

@@ -23,7 +23,7 @@ from batchpart._explain.lowered import (
 )
 from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:

@@ -13,8 +13,8 @@ import math
 
 from batchpart import _compat as compat
 from batchpart._frontend import batch_dims
-from batchpart._primitive.batch_spec import fmt
-from batchpart._primitive.reductions import Reduction, check_result_dtypes
+from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.dims.reduced import Reduction, check_result_dtypes
 
 
 def shape_of(var) -> tuple:

@@ -24,8 +24,9 @@ from batchpart._frontend.call_places import CallPlaces, LeftPlain, shape_of, tra
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
 from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
-from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.batch_spec import broadcast_batch_shapes
+from batchpart._vocab.dims.batch import batch_slice
+from batchpart._vocab.dims.core import absolute_dim
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,

@@ -7,9 +7,9 @@ from typing import Any
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._primitive.lowering import declaration_text
-from batchpart._primitive.reductions import check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.reduced import check_result_dtypes
 
 
 def ffi_call(

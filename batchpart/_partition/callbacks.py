@@ -12,11 +12,10 @@ import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._callback import blocks
-from batchpart._partition import shard_module, shardings as sh
-from batchpart._partition.description import CallDescription
+from batchpart._partition import blocks, shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.core import absolute_dim
 
 _CACHE_SIZE = 256
 _cache_lock = threading.Lock()
@@ -94,7 +93,7 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
-  replicated one) and its block vector (``batchpart/_callback/blocks``)."""
+  replicated one) and its block vector (``_vocab/blocks``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
   module = _local_module(d, arg_shapes, result_shapes, backend_config,

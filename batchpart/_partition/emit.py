@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition.description import CallDescription
+from batchpart._vocab.description import CallDescription
 
 ir, hlo = compat.ir, compat.hlo
 _COMBINERS = {"sum": hlo.add, "max": hlo.maximum, "min": hlo.minimum}

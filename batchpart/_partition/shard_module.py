@@ -6,8 +6,8 @@ import numpy as np
 
 from batchpart import _compat as compat
 from batchpart._partition import attributes, emit
-from batchpart._partition.description import CallDescription
-from batchpart._primitive.reductions import combining_op
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.reduced import combining_op
 
 ir = compat.ir
 

@@ -17,10 +17,10 @@ import numpy as np
 
 from batchpart import _compat as compat, _dtypes, _stablehlo
 from batchpart._partition import attributes
-from batchpart._partition.description import describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
 from batchpart._primitive.lowering import declaration_text, place
-from batchpart._primitive.reductions import check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.description import describe
+from batchpart._vocab.dims.reduced import check_result_dtypes
 
 ir = compat.ir
 

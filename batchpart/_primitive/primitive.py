@@ -25,8 +25,8 @@ from collections.abc import Callable, Set as AbstractSet
 from typing import Any
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
-from batchpart._primitive.reductions import reduced_dims_table
+from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_shapes
+from batchpart._vocab.dims.reduced import reduced_dims_table
 
 
 def _axes(entry) -> tuple:

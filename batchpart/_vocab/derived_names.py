@@ -23,7 +23,7 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 - ``$a<i>:<j>``: operand ``i`` aliases result ``j``
 - ``$s``: the call has a side effect
 - ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
-  its block vector, filled in per partition (``batchpart/_callback/blocks``)
+  its block vector, filled in per partition (``batchpart/_vocab/blocks``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
   combines the results over its parts, and its core axis in each operand
   that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import re
 
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive.reductions import OPS, DimName, Reduction
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import OPS, Reduction
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"

@@ -7,10 +7,8 @@ over any split of that dim into parts, of the results computed on the parts
 log-likelihood over its data). Where that dim is sharded, each device runs
 the call on its own part and one all-reduce combines the results.
 
-A reduction names its dim by each operand's core axis: ``>= 0`` counts the
-core dims before the operand's batch dims (a signature's ``...``), ``< 0``
-the trailing ones from the end. Both are invariant under vmap, which adds
-batch dims between them.
+A reduction names its dim by its core axis in each operand that has it
+(``core``).
 """
 
 from __future__ import annotations
@@ -18,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from batchpart import _compat as compat
+from batchpart._vocab.dims.core import absolute_dim
 
 OPS = ("sum", "max", "min")
 
@@ -29,21 +30,6 @@ class Reduction:
   name: str
   op: str
   dims: tuple[tuple[int, int], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class DimName:
-  """Where a named core dim first appears: ``kind`` "o" (operand) or "r"
-  (result), the array's index and its core axis (as in ``Reduction``)."""
-  name: str
-  kind: str
-  index: int
-  axis: int
-
-
-def absolute_dim(axis: int, rank: int) -> int:
-  """An array dim from a core axis (``>= 0`` leading, ``< 0`` trailing)."""
-  return axis if axis >= 0 else rank + axis
 
 
 def reduced_dims_table(reductions, operand_ranks) -> list[list[int]]:
@@ -92,3 +78,13 @@ def check_result_dtypes(owner: str, reductions, dtypes) -> None:
       raise ValueError(
           f"{owner}: result {i} has dtype {dtype.name}, which reduce '{op}' over the "
           f"dim(s) {names} cannot combine.")
+
+
+def splits_reductions(ctx) -> bool:
+  """Whether a call lowered here may keep a reduced dim split. Not inside a
+  ``shard_map`` manual over some mesh axes only: there XLA hands the
+  partitioner the free axes' shardings alone, numbered within one manual
+  subgroup, so the per-device all-reduce could not name the devices of the
+  whole program. The reduced dims are then core dims like any other
+  (gathered or re-batched), as for an uneven split."""
+  return not compat.is_partially_manual_lowering(ctx)
