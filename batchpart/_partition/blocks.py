@@ -92,7 +92,10 @@ def _sharding(grid, rank, n_manual, shape, batch_rank, batch, reduced=None):
   tiles, tiled_axes = [], []
   for m in range(batch_rank):
     k = rank - batch_rank + m
-    if shape[m] == batch[k] and batch[k] != 1 and grid.shape[k] > 1:
+    # A batch dim of size 1 the grid tiles (a call with no batch dims, given
+    # one, or a batch of one folded over replicated devices) is tiled too:
+    # one device holds the element, the others padding, never a copy each.
+    if shape[m] == batch[k] and grid.shape[k] > 1:
       tiles.append(grid.shape[k])
       tiled_axes.append(k)
     else:
