@@ -1,10 +1,11 @@
 """Draws docs/benchmarks-scaling-times.png from the recorded scaling run.
 
-Reads docs/benchmarks-scaling.json (written by benchmarks/scaling.py; nothing is measured here)
-and plots each candidate's time per call against the number of simulated devices, on a log
-scale, with the 8-device times as bars beside it: batchpart next to stock `jax.ffi.ffi_call`
-and the hand-written `shard_map`, so the chart shows the gap to stock rather than a "speed-up"
-over one device (which 8 devices on 2 physical cores cannot give any of them).
+Reads docs/benchmarks-scaling.json (written by benchmarks/scaling.py, which calls ``draw`` after
+each run; nothing is measured here) and plots each candidate's time per call against the number
+of simulated devices, on a log scale, with the 8-device times as bars beside it: batchpart next
+to stock `jax.ffi.ffi_call` and the hand-written `shard_map`, so the chart shows the gap to stock
+rather than a "speed-up" over one device (which 8 devices on 2 physical cores cannot give any of
+them).
 
     .venv/bin/pip install matplotlib      # or pip install -e ".[bench]"
     .venv/bin/python benchmarks/plot_scaling.py
@@ -45,8 +46,12 @@ def fmt(seconds: float) -> str:
   return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms"
 
 
-def main() -> None:
-  run = json.loads(DATA.read_text())["scaling"]
+def draw(data: pathlib.Path = DATA, out: pathlib.Path = OUT) -> None:
+  """Draws the chart at ``out`` from the run recorded in ``data``."""
+  recorded = json.loads(pathlib.Path(data).read_text())
+  run = recorded["scaling"]
+  setup = recorded.get("setup", {})   # runs recorded without it were all 16384 x 512
+  rows, cols = setup.get("rows", 16384), setup.get("cols", 512)
   devices, times = run["devices"], run["times"]
   fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.0), width_ratios=[1.25, 1],
                                     layout="constrained")
@@ -81,11 +86,11 @@ def main() -> None:
   right.grid(True, axis="x", alpha=0.25)
   right.tick_params(axis="y", labelsize=9)
 
-  fig.suptitle("Row-wise softmax FFI call, 16384 x 512 float32 (benchmarks/scaling.py)",
+  fig.suptitle(f"Row-wise softmax FFI call, {rows} x {cols} float32 (benchmarks/scaling.py)",
                fontsize=12)
-  fig.savefig(OUT, dpi=110)
-  print(f"wrote {OUT}")
+  fig.savefig(out, dpi=110)
+  print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-  main()
+  draw()

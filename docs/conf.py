@@ -27,7 +27,7 @@ extensions = [
     "sphinx_copybutton",     # a copy button on every code block
 ]
 
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-scaling.json"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-*.json"]
 
 # Links between pages (`[x](callbacks.md#anchor)`) resolve to heading anchors, GitHub's slugs.
 myst_heading_anchors = 4
