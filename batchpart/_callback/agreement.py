@@ -32,6 +32,8 @@ from __future__ import annotations
 import threading
 import time
 
+from batchpart._callback.errors import CallbackError
+
 STALL_SECONDS = 40.0
 
 # One condition for every callback's rounds: "at most one round waits" is
@@ -152,3 +154,39 @@ class Agreement:
         self._rounds[n].gave_up = True
         del self._rounds[n]
     _cond.notify_all()
+
+
+def together(agreement: Agreement, owner: str, call, key, start, *, wait: bool):
+  """``call()`` as one device's part of a round of ``agreement`` (``key``:
+  the device's block vector): its result, or its error; with ``wait`` (a
+  block of padding, where nothing is called) the round's error where the
+  devices that called failed, so that it fails with them (``start()``:
+  this block's place, which orders errors)."""
+  try:
+    out = call()
+  except BaseException as e:
+    own = e if isinstance(e, CallbackError) else CallbackError(
+        f"{owner} raised {type(e).__name__}: {e}")
+    agreed = agreement.settle(key, own, _order_key(start), wait=wait)
+    if agreed is own:
+      raise
+    raise _agreed_error(agreed) from None
+  agreed = agreement.settle(key, None, wait=wait)
+  if agreed is not None:
+    raise _agreed_error(agreed) from None
+  return out
+
+
+def _order_key(start) -> tuple:
+  """``start()``, or () where the block vector cannot be read."""
+  try:
+    return start()
+  except Exception:   # a malformed block vector: order it first
+    return ()
+
+
+def _agreed_error(agreed: BaseException) -> CallbackError:
+  """The error a device raises for another device's failure in its round:
+  the same message, so that whichever device XLA reports, the user reads
+  the first failing block's."""
+  return CallbackError(str(agreed))

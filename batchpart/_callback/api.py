@@ -17,11 +17,11 @@ import jax
 
 from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
+from batchpart._callback.errors import callback_name
 from batchpart._callback.host import (
   DEFAULT_ARRAYS,
   FlatCallback,
   Layouts as _Layouts,
-  callback_name,
   check_arrays,
 )
 from batchpart._callback.primitive import bind

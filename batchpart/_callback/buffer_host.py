@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from batchpart._callback.agreement import Agreement
-from batchpart._callback.host import CallbackError, callback_name, raised_on_block, together
+from batchpart._callback.agreement import Agreement, together
+from batchpart._callback.errors import CallbackError, callback_name, raised_on_block
 from batchpart._vocab.blocks import block_extent, whole_block
 from batchpart._vocab.dims.batch import batch_first, inverse
 

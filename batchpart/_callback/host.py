@@ -31,23 +31,11 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._callback.agreement import Agreement
+from batchpart._callback.agreement import Agreement, together
+from batchpart._callback.errors import CallbackError, callback_name, fmt_index, raised_on_block
 from batchpart._vocab.batch_spec import fmt
 from batchpart._vocab.blocks import block_extent
 from batchpart._vocab.dims.batch import batch_first, inverse
-
-
-def callback_name(fn) -> str:
-  name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-  if name is None:
-    inner = getattr(fn, "func", None)   # functools.partial
-    name = callback_name(inner) if inner is not None else type(fn).__name__
-  return str(name)
-
-
-class CallbackError(RuntimeError):
-  """An exception raised by the user's callback, or results that do not fit
-  the block; the message names the callback."""
 
 
 class Layouts(tuple):
@@ -334,7 +322,7 @@ class HostCall:
     shape, dtype = self.result_shapes[i], self.result_dtypes[i]
     return CallbackError(
         f"{self.flat.owner}: result {i} has shape {fmt(r.shape)} and dtype {r.dtype}, but "
-        f"the block {_fmt_index(b.index)} of the batch needs shape {fmt(b.wants[i])} "
+        f"the block {fmt_index(b.index)} of the batch needs shape {fmt(b.wants[i])} "
         f"and dtype {dtype} (the global result is {fmt(shape[1:] if self.unit else shape)}"
         f" {dtype}).")
 
@@ -361,49 +349,3 @@ def block_start(batch, block) -> tuple[int, ...]:
   """Where a block vector's block starts in the global batch: the order in
   which a round's errors are preferred."""
   return tuple(block_extent(batch, block)[0])
-
-
-def together(agreement: Agreement, owner: str, call, key, start, *, wait: bool):
-  """``call()`` as one device's part of a round of ``agreement`` (``key``:
-  the device's block vector): its result, or its error; with ``wait`` (a
-  block of padding, where nothing is called) the round's error where the
-  devices that called failed, so that it fails with them (``start()``:
-  this block's place, which orders errors)."""
-  try:
-    out = call()
-  except BaseException as e:
-    own = e if isinstance(e, CallbackError) else CallbackError(
-        f"{owner} raised {type(e).__name__}: {e}")
-    agreed = agreement.settle(key, own, _order_key(start), wait=wait)
-    if agreed is own:
-      raise
-    raise _agreed_error(agreed) from None
-  agreed = agreement.settle(key, None, wait=wait)
-  if agreed is not None:
-    raise _agreed_error(agreed) from None
-  return out
-
-
-def _order_key(start) -> tuple:
-  """``start()``, or () where the block vector cannot be read."""
-  try:
-    return start()
-  except Exception:   # a malformed block vector: order it first
-    return ()
-
-
-def _agreed_error(agreed: BaseException) -> CallbackError:
-  """The error a device raises for another device's failure in its round:
-  the same message, so that whichever device XLA reports, the user reads
-  the first failing block's."""
-  return CallbackError(str(agreed))
-
-
-def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
-  """The error for the user's function raising ``e`` on the block ``index``."""
-  return CallbackError(f"{owner} raised {type(e).__name__}: {e} (on the block "
-                       f"{_fmt_index(index)} of the batch)")
-
-
-def _fmt_index(index) -> str:
-  return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
