@@ -168,7 +168,7 @@ def together(agreement: Agreement, owner: str, call, key, start, *, wait: bool):
     own = e if isinstance(e, CallbackError) else CallbackError(
         f"{owner} raised {type(e).__name__}: {e}")
     agreed = agreement.settle(key, own, _order_key(start), wait=wait)
-    if agreed is own:
+    if agreed is own or agreed is None:
       raise
     raise _agreed_error(agreed) from None
   agreed = agreement.settle(key, None, wait=wait)

@@ -10,6 +10,7 @@ has none and is passed whole.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from batchpart import _compat as compat
 from batchpart._frontend import batch_dims
@@ -61,7 +62,13 @@ class CallPlaces:
   may hold the batch shape), ``reductions``, ``name`` and ``_warn_unclear``
   from the class it is mixed into."""
 
-  def _byshape_of(self, shape, what):
+  batch_shape: tuple
+  leads: list
+  reductions: tuple
+  name: str
+  _warn_unclear: Callable[..., None]
+
+  def _by_shape(self, shape, what):
     """``(lead, rank)`` of the batch shape in ``shape``, which the flow knows
     nothing of; ``(0, 0)`` where it is absent."""
     rank = len(self.batch_shape)
@@ -77,7 +84,7 @@ class CallPlaces:
     """``(lead, rank)`` of an operand's batch dims: where the flow puts them,
     else by the shape; ``(0, 0)``: passed whole."""
     if dims is None:
-      return self._byshape_of(shape, what)
+      return self._by_shape(shape, what)
     place = batch_dims.block(dims, len(self.batch_shape))
     if place is None:
       raise LeftPlain(f"{what} (shape {fmt(shape)}) carries the wrapper's batch dims "
@@ -92,7 +99,7 @@ class CallPlaces:
     if place is not None and place[1] == rank and tuple(
         shape[place[0]:place[0] + rank]) == self.batch_shape:
       return place
-    return self._byshape_of(shape, what)
+    return self._by_shape(shape, what)
 
   def places(self, eqn, in_dims, wants):
     """Each operand's and result's ``(lead, rank)`` as a batchpart call;
