@@ -60,8 +60,9 @@ def test_results_that_do_not_fit_the_combiner_are_refused(results, reduce, messa
 
 
 def test_a_combiner_mixed_with_another_op_is_refused():
-  with pytest.raises(ValueError, match=OWNER + r".*combines the dims n, m with different "
-                                       r"ops; the combiner 'logsumexp' reads every result"):
+  with pytest.raises(ValueError, match=OWNER + r".*combines dims with different ops "
+                                       r"\(dims n, m\); the combiner 'logsumexp' reads every "
+                                       "result"):
     bp.ffi_call(ARG, [S((4,), np.float32)], signature="(n,m)->()",
                 reduce={"n": "logsumexp", "m": "sum"})
 

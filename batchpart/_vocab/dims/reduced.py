@@ -73,9 +73,8 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
     why = (f"the combiner '{combiner}' reads every result, so it cannot share them with "
            "another op" if combiner else
            "the results would depend on the order of the combinations")
-    raise ValueError(f"{owner}: reduce={reduce!r} combines the dims "
-                     f"{', '.join(reduce)} with different ops; {why}. Use one op for every "
-                     "reduced dim.")
+    raise ValueError(f"{owner}: reduce={reduce!r} combines dims with different ops "
+                     f"(dims {', '.join(reduce)}); {why}. Use one op for every reduced dim.")
   if ops:
     check_combiner_dims(owner, next(iter(ops)), list(reduce))
   return dict(reduce)
