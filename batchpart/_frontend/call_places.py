@@ -15,7 +15,7 @@ from collections.abc import Callable
 from batchpart import _compat as compat
 from batchpart._frontend import batch_dims
 from batchpart._vocab.batch_spec import fmt
-from batchpart._vocab.dims.reduced import Reduction, check_result_dtypes
+from batchpart._vocab.dims.reduced import Reduction, check_results
 
 
 def shape_of(var) -> tuple:
@@ -192,6 +192,6 @@ class CallPlaces:
         ndim = len(shape_of(eqn.invars[k]))
         dims.append((k, at if at < lead else at - ndim))
       out.append(Reduction(r.name, r.op, tuple(dims)))
-    check_result_dtypes(f"batchpart.batch_partitionable({self.name}) (its call to "
-                        f"'{target}')", out, [a.dtype for a in result_avals])
+    check_results(f"batchpart.batch_partitionable({self.name}) (its call to '{target}')",
+                  out, [a.shape for a in result_avals], [a.dtype for a in result_avals])
     return tuple(out)

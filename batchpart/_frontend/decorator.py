@@ -62,7 +62,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       results, e.g. ``"(n,n)->(n,n)"``.
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
-    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``),
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
+      combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
       with a signature: core dims of the wrapper's arguments, in no result,
       that its results combine over (docs/reductions.md). The dim is followed
       through the wrapper like the batch dims; each ``jax.ffi.ffi_call`` that
