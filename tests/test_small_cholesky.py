@@ -18,6 +18,7 @@ import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
 from batchpart.testing import (
+  assert_alone_as_in_batch,
   conj_transpose as herm,
   generic_kernels,
   hermitian_pd,
@@ -29,7 +30,7 @@ from batchpart.testing import (
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
-MAX_SIZE, MAX_SOLVE_SIZE, MIN_BATCH = _core.lapack.small_cholesky_limits()
+MAX_SIZE, MAX_SOLVE_SIZE, MIN_GROUP = _core.lapack.small_cholesky_limits()
 # Both sides of the switch, and sizes around a lane count's multiples.
 SIZES = sorted({1, 2, 3, 7, 8, 16, 31, 32, MAX_SIZE, MAX_SIZE + 1})
 BATCHES = [1, 5, 17, 100]
@@ -115,7 +116,7 @@ def test_potrf_matches_numpy(n, dtype, lower, symmetrize):
     assert not np.imag(np.diagonal(factor, axis1=-2, axis2=-1)).any()
 
 
-@pytest.mark.parametrize("batch", BATCHES + [MIN_BATCH - 1, MIN_BATCH, 8, 16, 33])
+@pytest.mark.parametrize("batch", BATCHES + [MIN_GROUP - 1, MIN_GROUP, 8, 16, 33])
 @pytest.mark.parametrize("dtype", [np.float32, np.complex128])
 def test_potrf_batches_that_do_not_fill_the_lanes(batch, dtype):
   a = hermitian_pd(np.random.default_rng(batch), (batch,), 5, dtype)
@@ -294,6 +295,23 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(n, dtype, lower, kinds
   for name, g, e in zip(("factor", "info", "symmetrized factor", "symmetrized info", "x",
                          "x info"), got, expected, strict=True):
     np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, MAX_SIZE + 1), dtype=st.sampled_from(DTYPES), lower=st.booleans(),
+       kinds=st.lists(st.integers(0, 6), min_size=MIN_GROUP, max_size=MIN_GROUP + 3),
+       seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(n, dtype, lower, kinds, seed):
+  # A batch of one runs the one-matrix twins, a batch of MIN_GROUP or more a
+  # group: the same bits on failures, NaN, infinities and singular minors.
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+  for symmetrize in (False, True):
+    assert_alone_as_in_batch(lambda a, s=symmetrize: potrf(a, lower=lower, symmetrize=s), (a,),
+                             f"potrf n = {n}, symmetrize = {symmetrize}")
+  assert_alone_as_in_batch(lambda a, b: posv(a, b, lower=lower), (a, b), f"posv n = {n}")
 
 
 @pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")

@@ -19,6 +19,7 @@ from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   TOL,
+  assert_alone_as_in_batch,
   assert_close,
   generic_kernels,
   lanes,
@@ -361,6 +362,22 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(row_major, n, single, 
   for name, g, e in zip(("lu", "pivots", "perm", "info", "x", "x info"), got, expected,
                         strict=True):
     np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
+
+
+@LAYOUTS
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 57), dtype=st.sampled_from(DTYPES),
+       kinds=st.lists(st.integers(0, 5), min_size=2, max_size=5), seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, n, dtype, kinds, seed):
+  # A batch of one runs the one-matrix twins, a batch of several a group:
+  # the same bits where their code branches (zero columns, NaN, infinities,
+  # tiny pivots, ties), on both sides of the switch.
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+  assert_alone_as_in_batch(lambda a: getrf(a, row_major), (a,), f"getrf n = {n}")
+  assert_alone_as_in_batch(lambda a, b: gesv(a, b, row_major), (a, b), f"gesv n = {n}")
 
 
 @pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")

@@ -11,11 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import batchpart as bp
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, lanes, random_array, small_path, switch_key
+from batchpart.testing import (
+  assert_alone_as_in_batch,
+  assert_close,
+  lanes,
+  random_array,
+  small_path,
+  switch_key,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
 
@@ -182,6 +190,32 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
     assert not (np.isfinite(q[i]).all() and np.isfinite(r[i]).all())
   ok = [i for i in range(len(a)) if i not in (1, lanes(dtype))]
   check_qr(a[ok], q[ok], r[ok], dtype)
+
+
+def awkward(rng, m, n, dtype):
+  """Six m x n matrices where the QR branches: ordinary, a zero column,
+  upper triangular (nothing to annihilate), squares that underflow and that
+  overflow (rescaled norms), and a NaN."""
+  wide = np.complex128 if np.iscomplexobj(np.zeros(0, dtype)) else np.float64
+  a = random_array(rng, (6, m, n), wide)
+  a[1, :, n // 2] = 0
+  a[2] = np.triu(a[2])
+  tiny, huge = (1e-30, 1e30) if np.finfo(dtype).bits == 32 else (1e-170, 1e170)
+  a[3] *= tiny
+  a[4] *= huge
+  a[5, m // 2, n // 2] = np.nan
+  return a.astype(dtype)
+
+
+@LAYOUTS
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), m=st.integers(1, 57), n=st.integers(1, 57),
+       full=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, dtype, m, n, full, seed):
+  # A batch of one runs the one-matrix twin, the batch of 6 a group: the same
+  # bits where the QR branches, tall and wide, on both sides of the switch.
+  a = awkward(np.random.default_rng(seed), m, n, dtype)
+  assert_alone_as_in_batch(lambda a: qr(a, full, row_major), (a,), f"{m} x {n}")
 
 
 @LAYOUTS

@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import pytest
 import scipy.linalg
+from hypothesis import given, settings, strategies as st
 
 from batchpart import _core, _lapack_targets
 from batchpart._lapack_targets import column_major
-from batchpart.testing import random_array, small_path, switch_key
+from batchpart.testing import assert_alone_as_in_batch, random_array, small_path, switch_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -225,6 +226,18 @@ def nonfinite_inputs(rng, dtype, n, flags):
   b[7][...] = 0
   a[7][n // 2, n // 2] = 0
   return a, b
+
+
+@LAYOUTS
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), flags=st.sampled_from(FLAGS), n=st.integers(2, 33),
+       seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, dtype, flags, n, seed):
+  # A batch of one runs the one-matrix twin, the batch of 9 a group: the same
+  # bits on ordinary, NaN, infinite and zero-diagonal solves.
+  a, b = nonfinite_inputs(np.random.default_rng(seed), dtype, n, flags)
+  assert_alone_as_in_batch(lambda a, b: trsm(a, b, flags, row_major=row_major), (a, b),
+                           f"n = {n}, {flag_id(flags)}")
 
 
 @LAYOUTS

@@ -31,7 +31,8 @@ void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
 }
 
 // The same for small matrices, kLanes<T> at a time (small_cholesky.h): the
-// pool's chunks are whole groups. The upper factor is the transposed pack's
+// pool's chunks are whole groups, and a group of a few matrices factors them
+// one by one, with the same bits. The upper factor is the transposed pack's
 // lower one, read back transposed.
 template <typename T>
 ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bool lower,
@@ -40,8 +41,9 @@ ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bo
   constexpr int64_t W = il::kLanes<T>;
   const int64_t size = n * n;
   const il::Strides strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
-  return il::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * n * n * n / 3.0, [n] { return il::Group<T>(n, n); },
+  return il::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * n * n * n / 3.0, il::SmallCholeskyMinGroup(),
+      [n] { return il::Group<T>(n, n); },
       [&](il::Group<T>& group, il::Lanes lanes) {
         const T* src[W];
         T* dst[W];
@@ -52,6 +54,14 @@ ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bo
         il::FactorLower(group, symmetrize, group_info);
         group.Unpack(dst, lanes.count, strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      },
+      [n] { return il::Group<T, 1>(n, n); },
+      [&](il::Group<T, 1>& one, int64_t b) {
+        const T* src = a_data + b * size;
+        T* dst = l_data + b * size;
+        one.Pack(&src, 1, il::Transposed(strides));
+        il::FactorLowerOne(one, symmetrize, info_data + b);
+        one.Unpack(&dst, 1, il::Transposed(strides));
       });
 }
 
@@ -62,7 +72,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
   const T* a_data = a.typed_data<T>();
   T* l_data = factor.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
-  if (interleaved::UseSmallCholesky(n, batch)) {
+  if (interleaved::UseSmallCholesky(n)) {
     return FactorInterleaved<T>(pool, batch, n, lower, symmetrize, a_data, l_data, info_data);
   }
   const double flops = kFlopScale<T> * n * n * n / 3.0;

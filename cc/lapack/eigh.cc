@@ -59,9 +59,9 @@ struct EighScratch {
         work(sizes.work),
         rwork(kIsComplex<T> ? sizes.rwork : 0),
         iwork(sizes.iwork) {}
-  std::vector<T> a;  // the matrix LAPACK overwrites when v is not wanted
-  std::vector<T> work;
-  std::vector<Real<T>> rwork;
+  AlignedVector<T> a;  // the matrix LAPACK overwrites when v is not wanted
+  AlignedVector<T> work;
+  AlignedVector<Real<T>> rwork;
   std::vector<lapack_int> iwork;
 };
 
@@ -153,7 +153,7 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const EighShape& shape, bool lower,
                      ffi::AnyBuffer& info) {
   const int64_t batch = Product(shape.batch), n = shape.n;
   if (batch == 0) return ffi::Error::Success();
-  if (interleaved::UseSmallEigh<T>(n, batch)) {
+  if (interleaved::UseSmallEigh<T>(n)) {
     return DecomposeGroups<T>(pool, shape, lower, a, w, v, info);
   }
   const bool vectors = shape.v_cols > 0;

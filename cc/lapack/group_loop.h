@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "lapack/batch_loop.h"
 #include "lapack/interleaved.h"
@@ -34,6 +35,37 @@ xla::ffi::Error ForEachGroup(xla::ffi::ThreadPool& pool, int64_t batch, double f
                                body(scratch, Lanes{g * W, std::min(W, batch - g * W)});
                              }
                            });
+}
+
+// As ForEachGroup, for a kernel with a one-matrix twin that gives the same
+// bits: group(group_scratch, lanes) runs each group of at least min_group
+// matrices, one(one_scratch, b) each matrix b of a smaller group (a short
+// batch's only group, or a batch's last), which a padded group would
+// charge a whole group's work. Each scratch is made once per chunk, when
+// first needed.
+template <typename T, typename MakeGroupScratch, typename GroupBody, typename MakeOneScratch,
+          typename OneBody>
+xla::ffi::Error ForEachGroupOrOne(xla::ffi::ThreadPool& pool, int64_t batch,
+                                  double flops_per_matrix, int64_t min_group,
+                                  const MakeGroupScratch& make_group_scratch,
+                                  const GroupBody& group, const MakeOneScratch& make_one_scratch,
+                                  const OneBody& one) {
+  constexpr int64_t W = kLanes<T>;
+  const auto run_groups = [&](int64_t begin, int64_t end) {
+    std::optional<decltype(make_group_scratch())> group_scratch;
+    std::optional<decltype(make_one_scratch())> one_scratch;
+    for (int64_t g = begin; g < end; ++g) {
+      const Lanes lanes{g * W, std::min(W, batch - g * W)};
+      if (lanes.count >= min_group) {
+        if (!group_scratch) group_scratch.emplace(make_group_scratch());
+        group(*group_scratch, lanes);
+        continue;
+      }
+      if (!one_scratch) one_scratch.emplace(make_one_scratch());
+      for (int64_t b = lanes.first; b < lanes.first + lanes.count; ++b) one(*one_scratch, b);
+    }
+  };
+  return ForEachBatchChunk(pool, (batch + W - 1) / W, W * flops_per_matrix, run_groups);
 }
 
 // The matrices of a group's lanes: out[l] = base + index(first + l) * size,

@@ -23,7 +23,7 @@ constexpr char kTarget[] = "batchpart_posv";
 template <typename T>
 struct FactorCache {
   explicit FactorCache(int64_t n) : factor(n * n) {}
-  std::vector<T> factor;
+  AlignedVector<T> factor;
   int64_t a_index = -1;
   int32_t info = 0;
 };
@@ -40,7 +40,8 @@ void Factor(int64_t n_, char uplo, const T* a, int64_t a_index, FactorCache<T>& 
 
 // The same for small matrices, kLanes<T> batch elements at a time
 // (small_cholesky.h): each lane packs its own A and B, broadcast ones
-// included. The upper triangle is read by packing A transposed, whose lower
+// included, and a group of a few elements solves them one by one, with the
+// same bits. The upper triangle is read by packing A transposed, whose lower
 // factor is conj(L) for A = L L^H.
 template <typename T>
 ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool lower,
@@ -57,11 +58,15 @@ ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool 
   T* x_data = x.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
   const il::Strides a_strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
+  const il::Strides x_strides = il::ColumnMajor(n);
   struct Scratch {
     il::Group<T> factor, rhs;
   };
-  return il::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r),
+  struct OneScratch {
+    il::Group<T, 1> factor, rhs;
+  };
+  return il::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r), il::SmallCholeskyMinGroup(),
       [n, r] { return Scratch{il::Group<T>(n, n), il::Group<T>(n, r)}; },
       [&](Scratch& s, il::Lanes lanes) {
         const T* src[W];
@@ -72,12 +77,24 @@ ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool 
         il::FactorLower(s.factor, /*symmetrize=*/false, group_info);
         if (!lower) il::Conjugate(s.factor);
         il::LanePointers(b_data, b_index, x_size, lanes, src);
-        s.rhs.Pack(src, lanes.count, il::ColumnMajor(n));
+        s.rhs.Pack(src, lanes.count, x_strides);
         // A failed lane's factor is NaN, and so its solution.
         il::SolveLower(s.factor, s.rhs);
         il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
-        s.rhs.Unpack(dst, lanes.count, il::ColumnMajor(n));
+        s.rhs.Unpack(dst, lanes.count, x_strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      },
+      [n, r] { return OneScratch{il::Group<T, 1>(n, n), il::Group<T, 1>(r, n)}; },
+      [&](OneScratch& s, int64_t i) {
+        const T* a_one = a_data + a_index(i) * a_size;
+        const T* b_one = b_data + b_index(i) * x_size;
+        T* x_one = x_data + i * x_size;
+        s.factor.Pack(&a_one, 1, il::Transposed(a_strides));
+        il::FactorLowerOne(s.factor, /*symmetrize=*/false, info_data + i);
+        if (!lower) il::Conjugate(s.factor);
+        s.rhs.Pack(&b_one, 1, il::Transposed(x_strides));
+        il::SolveLowerOne(s.factor, s.rhs);
+        s.rhs.Unpack(&x_one, 1, il::Transposed(x_strides));
       });
 }
 
@@ -85,7 +102,7 @@ template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, bool lower, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t n = shape.n;
-  if (shape.nrhs >= 1 && interleaved::UseSmallPosv(n, Product(shape.x_batch))) {
+  if (shape.nrhs >= 1 && Product(shape.x_batch) >= 1 && interleaved::UseSmallPosv(n)) {
     return SolveInterleaved<T>(pool, shape, lower, a, b, x, info);
   }
   char uplo = lower ? 'L' : 'U';

@@ -36,7 +36,7 @@ template <typename T>
 struct QrScratch {
   QrScratch(const QrShape& shape, int64_t lwork)
       : a(shape.m * shape.n), tau(std::max<int64_t>(1, shape.k)), work(lwork) {}
-  std::vector<T> a, tau, work;
+  AlignedVector<T> a, tau, work;
 };
 
 template <typename T>
@@ -52,12 +52,13 @@ void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
 template <typename T>
 bool QrInterleaved(const QrShape& shape, bool row_major) {
   namespace il = interleaved;
-  return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>,
-                        shape.m, shape.n, Product(shape.batch));
+  return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>, shape.m,
+                        shape.n);
 }
 
 // The batch in groups of kLanes<T> matrices, each packed, factored and
-// unpacked by the interleaved QR; the thread pool shares out groups.
+// unpacked by the interleaved QR, and a group of a single matrix by its
+// one-matrix twin (the same bits); the thread pool shares out groups.
 template <typename T>
 ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
                     const ffi::AnyBuffer& a, ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
@@ -74,8 +75,13 @@ ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
   struct Scratch {
     il::Group<T> a, q, r;
   };
-  return il::ForEachGroup<T>(
+  struct OneScratch {
+    il::Group<T, 1> a, q, r;
+    std::vector<Real<T>> work;
+  };
+  return il::ForEachGroupOrOne<T>(
       pool, Product(shape.batch), kFlopScale<T> * 2.0 * shape.k * (m * n + m * q_cols),
+      il::kSmallQrMinGroup,
       [&] { return Scratch{il::Group<T>(m, n), il::Group<T>(m, q_cols), il::Group<T>(r_rows, n)}; },
       [&](Scratch& s, il::Lanes lanes) {
         const T* src[W];
@@ -87,6 +93,19 @@ ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
         s.q.Unpack(dst, lanes.count, q_layout);
         il::LanePointers(r_data, il::Itself, r_size, lanes, dst);
         s.r.Unpack(dst, lanes.count, r_layout);
+      },
+      [&] {
+        return OneScratch{
+            il::Group<T, 1>(m, n), il::Group<T, 1>(m, q_cols), il::Group<T, 1>(r_rows, n), {}};
+      },
+      [&](OneScratch& s, int64_t b) {
+        const T* a_one = a_data + b * a_size;
+        T* q_one = q_data + b * q_size;
+        T* r_one = r_data + b * r_size;
+        s.a.Pack(&a_one, 1, a_layout);
+        il::QrOne(s.a, s.q, s.r, s.work);
+        s.q.Unpack(&q_one, 1, q_layout);
+        s.r.Unpack(&r_one, 1, r_layout);
       });
 }
 
