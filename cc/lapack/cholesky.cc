@@ -45,23 +45,17 @@ ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bo
       pool, batch, kFlopScale<T> * n * n * n / 3.0, il::SmallCholeskyMinGroup(),
       [n] { return il::Group<T>(n, n); },
       [&](il::Group<T>& group, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
         int32_t group_info[W];
-        il::LanePointers(a_data, il::Itself, size, lanes, src);
-        il::LanePointers(l_data, il::Itself, size, lanes, dst);
-        group.Pack(src, lanes.count, strides);
+        il::PackLanes(group, a_data, il::Itself, size, lanes, strides);
         il::FactorLower(group, symmetrize, group_info);
-        group.Unpack(dst, lanes.count, strides);
+        il::UnpackLanes(group, l_data, size, lanes, strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
       },
       [n] { return il::Group<T, 1>(n, n); },
-      [&](il::Group<T, 1>& one, int64_t b) {
-        const T* src = a_data + b * size;
-        T* dst = l_data + b * size;
-        one.Pack(&src, 1, il::Transposed(strides));
-        il::FactorLowerOne(one, symmetrize, info_data + b);
-        one.Unpack(&dst, 1, il::Transposed(strides));
+      [&](il::Group<T, 1>& one, il::Lanes lane) {
+        il::PackLanes(one, a_data, il::Itself, size, lane, il::Transposed(strides));
+        il::FactorLowerOne(one, symmetrize, info_data + lane.first);
+        il::UnpackLanes(one, l_data, size, lane, il::Transposed(strides));
       });
 }
 
@@ -88,10 +82,8 @@ ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                      ffi::Result<ffi::AnyBuffer> info, bool lower, bool symmetrize) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(pool, shape, lower, symmetrize, a, *factor, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Factor, pool, shape, lower, symmetrize, a,
+                             *factor, *info);
 }
 
 }  // namespace

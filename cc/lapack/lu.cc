@@ -84,29 +84,21 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
       },
       [&](Scratch& s, il::Lanes lanes) {
         int32_t info[W];
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, il::Itself, size, lanes, src);
-        il::LanePointers(lu_data, il::Itself, size, lanes, dst);
-        s.group.Pack(src, lanes.count, layout);
+        il::PackLanes(s.group, a_data, il::Itself, size, lanes, layout);
         il::FactorGroup(s.group, il::RowSwaps::kWholeRows, s.pivots.data(), info);
-        s.group.Unpack(dst, lanes.count, layout);
+        il::UnpackLanes(s.group, lu_data, size, lanes, layout);
         il::PermutationGroup<T>(s.pivots.data(), k, shape.m, s.perm.data());
-        int32_t* rows[W];
-        il::LanePointers(piv_data, il::Itself, k, lanes, rows);
-        il::UnpackIndices<W>(s.pivots.data(), k, lanes.count, rows);
-        il::LanePointers(perm_data, il::Itself, shape.m, lanes, rows);
-        il::UnpackIndices<W>(s.perm.data(), shape.m, lanes.count, rows);
+        il::UnpackIndexLanes<W>(s.pivots.data(), k, piv_data, lanes);
+        il::UnpackIndexLanes<W>(s.perm.data(), shape.m, perm_data, lanes);
         std::copy(info, info + lanes.count, info_data + lanes.first);
       },
       [&] { return il::Group<T, 1>(shape.m, shape.n); },
-      [&](il::Group<T, 1>& one, int64_t b) {
-        const T* src = a_data + b * size;
-        T* dst = lu_data + b * size;
+      [&](il::Group<T, 1>& one, il::Lanes lane) {
+        const int64_t b = lane.first;
         int32_t* piv = piv_data + b * k;
-        one.Pack(&src, 1, layout);
+        il::PackLanes(one, a_data, il::Itself, size, lane, layout);
         info_data[b] = il::FactorOne(one, piv);
-        one.Unpack(&dst, 1, layout);
+        il::UnpackLanes(one, lu_data, size, lane, layout);
         PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
       });
 }

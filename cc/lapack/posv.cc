@@ -69,32 +69,24 @@ ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool 
       pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r), il::SmallCholeskyMinGroup(),
       [n, r] { return Scratch{il::Group<T>(n, n), il::Group<T>(n, r)}; },
       [&](Scratch& s, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
         int32_t group_info[W];
-        il::LanePointers(a_data, a_index, a_size, lanes, src);
-        s.factor.Pack(src, lanes.count, a_strides);
+        il::PackLanes(s.factor, a_data, a_index, a_size, lanes, a_strides);
         il::FactorLower(s.factor, /*symmetrize=*/false, group_info);
         if (!lower) il::Conjugate(s.factor);
-        il::LanePointers(b_data, b_index, x_size, lanes, src);
-        s.rhs.Pack(src, lanes.count, x_strides);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lanes, x_strides);
         // A failed lane's factor is NaN, and so its solution.
         il::SolveLower(s.factor, s.rhs);
-        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
-        s.rhs.Unpack(dst, lanes.count, x_strides);
+        il::UnpackLanes(s.rhs, x_data, x_size, lanes, x_strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
       },
       [n, r] { return OneScratch{il::Group<T, 1>(n, n), il::Group<T, 1>(r, n)}; },
-      [&](OneScratch& s, int64_t i) {
-        const T* a_one = a_data + a_index(i) * a_size;
-        const T* b_one = b_data + b_index(i) * x_size;
-        T* x_one = x_data + i * x_size;
-        s.factor.Pack(&a_one, 1, il::Transposed(a_strides));
-        il::FactorLowerOne(s.factor, /*symmetrize=*/false, info_data + i);
+      [&](OneScratch& s, il::Lanes lane) {
+        il::PackLanes(s.factor, a_data, a_index, a_size, lane, il::Transposed(a_strides));
+        il::FactorLowerOne(s.factor, /*symmetrize=*/false, info_data + lane.first);
         if (!lower) il::Conjugate(s.factor);
-        s.rhs.Pack(&b_one, 1, il::Transposed(x_strides));
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lane, il::Transposed(x_strides));
         il::SolveLowerOne(s.factor, s.rhs);
-        s.rhs.Unpack(&x_one, 1, il::Transposed(x_strides));
+        il::UnpackLanes(s.rhs, x_data, x_size, lane, il::Transposed(x_strides));
       });
 }
 
@@ -129,10 +121,7 @@ ffi::Error PosvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   // The shapes of a general solve; only the triangle of a that potrf reads differs.
   BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info, kTarget));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Solve<T>(pool, shape, lower, a, b, *x, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Solve, pool, shape, lower, a, b, *x, *info);
 }
 
 }  // namespace

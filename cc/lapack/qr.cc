@@ -63,7 +63,6 @@ template <typename T>
 ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
                     const ffi::AnyBuffer& a, ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   namespace il = interleaved;
-  constexpr int W = il::kLanes<T>;
   const int64_t m = shape.m, n = shape.n, q_cols = shape.q_cols, r_rows = shape.r_rows;
   const int64_t a_size = m * n, q_size = m * q_cols, r_size = r_rows * n;
   const il::Strides a_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(m);
@@ -84,28 +83,20 @@ ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
       il::kSmallQrMinGroup,
       [&] { return Scratch{il::Group<T>(m, n), il::Group<T>(m, q_cols), il::Group<T>(r_rows, n)}; },
       [&](Scratch& s, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, il::Itself, a_size, lanes, src);
-        s.a.Pack(src, lanes.count, a_layout);
+        il::PackLanes(s.a, a_data, il::Itself, a_size, lanes, a_layout);
         il::QrGroup(s.a, s.q, s.r);
-        il::LanePointers(q_data, il::Itself, q_size, lanes, dst);
-        s.q.Unpack(dst, lanes.count, q_layout);
-        il::LanePointers(r_data, il::Itself, r_size, lanes, dst);
-        s.r.Unpack(dst, lanes.count, r_layout);
+        il::UnpackLanes(s.q, q_data, q_size, lanes, q_layout);
+        il::UnpackLanes(s.r, r_data, r_size, lanes, r_layout);
       },
       [&] {
         return OneScratch{
             il::Group<T, 1>(m, n), il::Group<T, 1>(m, q_cols), il::Group<T, 1>(r_rows, n), {}};
       },
-      [&](OneScratch& s, int64_t b) {
-        const T* a_one = a_data + b * a_size;
-        T* q_one = q_data + b * q_size;
-        T* r_one = r_data + b * r_size;
-        s.a.Pack(&a_one, 1, a_layout);
+      [&](OneScratch& s, il::Lanes lane) {
+        il::PackLanes(s.a, a_data, il::Itself, a_size, lane, a_layout);
         il::QrOne(s.a, s.q, s.r, s.work);
-        s.q.Unpack(&q_one, 1, q_layout);
-        s.r.Unpack(&r_one, 1, r_layout);
+        il::UnpackLanes(s.q, q_data, q_size, lane, q_layout);
+        il::UnpackLanes(s.r, r_data, r_size, lane, r_layout);
       });
 }
 

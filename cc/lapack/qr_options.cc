@@ -151,10 +151,7 @@ ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                              ValidateQr(a, *q, *r, full_matrices, kGeqp3Target));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result p", *p,
                                          WithCore(shape.batch, {shape.n}), ffi::DataType::S32));
-  return DispatchByDtype(kGeqp3Target, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return PivotedQr<T>(pool, shape, a, *q, *r, *p);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kGeqp3Target, a.element_type(), PivotedQr, pool, shape, a, *q, *r, *p);
 }
 
 }  // namespace

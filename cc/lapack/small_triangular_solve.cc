@@ -218,16 +218,6 @@ struct SystemPlanes {
   Group<T, W> m, x;
 };
 
-// Solves the `count` systems whose A and B are at a[l] and b[l] into x[l].
-template <typename T, int W>
-void SolveLanes(SystemPlanes<T, W>& s, const LeftSystem& system, const T* const* a,
-                const T* const* b, T* const* x, int64_t count) {
-  s.m.PackTriangle(a, count, system.a, system.lower);
-  s.x.Pack(b, count, system.x);
-  Substitute(s.m, s.x, system.lower, system.conjugate, system.unit_diagonal);
-  s.x.Unpack(x, count, system.x);
-}
-
 }  // namespace
 
 template <typename T>
@@ -246,25 +236,17 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
   const LeftSystem system(shape, options, row_major, kIsComplex<T>);
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
+  // A group's systems (SystemPlanes<T, W>) or one system (W = 1), alike.
+  const auto solve = [&](auto& s, interleaved::Lanes lanes) {
+    interleaved::PackTriangleLanes(s.m, a, a_index, a_size, lanes, system.a, system.lower);
+    interleaved::PackLanes(s.x, b, b_index, x_size, lanes, system.x);
+    Substitute(s.m, s.x, system.lower, system.conjugate, system.unit_diagonal);
+    interleaved::UnpackLanes(s.x, x, x_size, lanes, system.x);
+  };
   return interleaved::ForEachGroupOrOne<T>(
       pool, batch, kFlopScale<T> * p * shape.rows * shape.cols, kMinGroup<T>,
-      [&] { return SystemPlanes<T, W>(p, system.k); },
-      [&](SystemPlanes<T, W>& s, interleaved::Lanes lanes) {
-        const T* a_lanes[W];
-        const T* b_lanes[W];
-        T* x_lanes[W];
-        interleaved::LanePointers(a, a_index, a_size, lanes, a_lanes);
-        interleaved::LanePointers(b, b_index, x_size, lanes, b_lanes);
-        interleaved::LanePointers(x, interleaved::Itself, x_size, lanes, x_lanes);
-        SolveLanes(s, system, a_lanes, b_lanes, x_lanes, lanes.count);
-      },
-      [&] { return SystemPlanes<T, 1>(p, system.k); },
-      [&](SystemPlanes<T, 1>& s, int64_t i) {
-        const T* a_one = a + a_index(i) * a_size;
-        const T* b_one = b + b_index(i) * x_size;
-        T* x_one = x + i * x_size;
-        SolveLanes(s, system, &a_one, &b_one, &x_one, 1);
-      });
+      [&] { return SystemPlanes<T, W>(p, system.k); }, solve,
+      [&] { return SystemPlanes<T, 1>(p, system.k); }, solve);
 }
 
 template <typename T>

@@ -127,35 +127,29 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
       },
       [&](Scratch& s, il::Lanes lanes) {
         int32_t group_info[W];
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, a_index, a_size, lanes, src);
-        s.lu.Pack(src, lanes.count, a_layout);
+        il::PackLanes(s.lu, a_data, a_index, a_size, lanes, a_layout);
         il::FactorGroup(s.lu, il::RowSwaps::kFromBlock, s.pivots.data(), group_info);
-        il::LanePointers(b_data, b_index, x_size, lanes, src);
-        s.rhs.Pack(src, lanes.count, x_layout);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lanes, x_layout);
         il::SolveGroup(s.lu, s.pivots.data(), s.rhs);
-        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
-        s.rhs.Unpack(dst, lanes.count, x_layout);
+        il::UnpackLanes(s.rhs, x_data, x_size, lanes, x_layout);
         for (int64_t l = 0; l < lanes.count; ++l) {
-          info_data[lanes.first + l] = group_info[l];
-          if (group_info[l] != 0) FillNaN(dst[l], x_size);
+          const int64_t i = lanes.first + l;
+          info_data[i] = group_info[l];
+          if (group_info[l] != 0) FillNaN(x_data + i * x_size, x_size);
         }
       },
       [&] {
         return OneScratch{il::Group<T, 1>(n, n), il::Group<T, 1>(n, r),
                           std::vector<int32_t>(std::max<int64_t>(1, n))};
       },
-      [&](OneScratch& s, int64_t i) {
-        const T* a_one = a_data + a_index(i) * a_size;
-        const T* b_one = b_data + b_index(i) * x_size;
-        T* x_one = x_data + i * x_size;
-        s.lu.Pack(&a_one, 1, a_layout);
+      [&](OneScratch& s, il::Lanes lane) {
+        const int64_t i = lane.first;
+        il::PackLanes(s.lu, a_data, a_index, a_size, lane, a_layout);
         info_data[i] = il::FactorOne(s.lu, s.pivots.data());
-        if (info_data[i] != 0) return FillNaN(x_one, x_size);
-        s.rhs.Pack(&b_one, 1, x_layout);
+        if (info_data[i] != 0) return FillNaN(x_data + i * x_size, x_size);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lane, x_layout);
         il::SolveOne(s.lu, s.pivots.data(), s.rhs);
-        s.rhs.Unpack(&x_one, 1, x_layout);
+        il::UnpackLanes(s.rhs, x_data, x_size, lane, x_layout);
       });
 }
 
