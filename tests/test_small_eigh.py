@@ -13,11 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from small_tables import sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
 from batchpart.testing import (
+  DTYPES,
   assert_alone_as_in_batch,
   assert_close,
   hermitian_pd,
@@ -27,9 +29,8 @@ from batchpart.testing import (
   switch_key,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 # The n the target decomposes interleaved (kEighSizes in
 # cc/lapack/small_eigh.h), by (complex, single precision).
 SWITCH = _core.lapack.small_eigh_sizes()
@@ -43,13 +44,7 @@ def largest(dtype):
 
 
 def sizes_around_switch(dtype):
-  high = largest(dtype)
-  return sorted({*SIZES, high - 1, high, high + 1})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
+  return sizes_around(largest(dtype), sizes=SIZES)
 
 
 def eigh(a, lower=True, vectors=True):

@@ -12,11 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from small_tables import LAYOUTS, sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
 from batchpart.testing import (
+  DTYPES,
   assert_alone_as_in_batch,
   assert_close,
   lanes,
@@ -25,14 +27,12 @@ from batchpart.testing import (
   switch_key,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-REAL = [np.float32, np.float64]
-DTYPES = [*REAL, np.complex64, np.complex128]
 # The max(m, n) each layout runs interleaved (kQr*Sizes in
 # cc/lapack/small_qr.h), by (row_major, complex, single precision).
 SWITCH = _core.lapack.small_qr_sizes()
-SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
+MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
 
 
 def largest(row_major, dtype):
@@ -40,17 +40,7 @@ def largest(row_major, dtype):
 
 
 def sizes_around_switch(row_major, dtype):
-  high = largest(row_major, dtype)
-  return sorted({*SIZES, high - 1, high, high + 1})
-
-
-LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
-MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
+  return sizes_around(largest(row_major, dtype))
 
 
 def qr(a, full, row_major):

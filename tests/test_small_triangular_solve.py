@@ -18,18 +18,23 @@ import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import given, settings, strategies as st
+from small_tables import LAYOUTS
 
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_alone_as_in_batch, random_array, small_path, switch_key
+from batchpart.testing import (
+  DTYPES,
+  assert_alone_as_in_batch,
+  random_array,
+  small_path,
+  switch_key,
+)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 # The largest triangle each dtype solves interleaved, by (complex, single precision).
 SWITCHES = _core.lapack.small_trsm_max_sizes()
 FLAGS = list(itertools.product([False, True], repeat=5))
-LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 
 
 def switch(dtype):
@@ -38,13 +43,6 @@ def switch(dtype):
 
 def flag_id(flags):
   return "".join("LlTCU"[i] if v else "-" for i, v in enumerate(flags))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _lapack_with_x64():
-  _lapack_targets.register()
-  with jax.enable_x64(True):
-    yield
 
 
 def trsm(a, b, flags, *, row_major):
