@@ -50,10 +50,10 @@ int g_blas_restore = 0;
 // Runs BLAS on one thread for the lifetime of the object. In scipy's
 // OpenBLAS (built with pthreads) the "local" setter sets the process's
 // count, so overlapping loops on several threads share one setting: the
-// first sets one thread, the last restores what the first found. Each
-// restoring its own while another still ran let that one's later calls
-// run threaded, and its bits vary from run to run (a parallel batch of
-// 57 x 57 complex64 SVDs). Each entrant still sets it, for builds where
+// first sets one thread, the last restores what the first found. A loop
+// restoring its own on exit would let a loop still running make its later
+// calls threaded, with bits that vary from run to run (a parallel batch of
+// 57 x 57 complex64 SVDs did). Each entrant still sets it, for builds where
 // the setting is the calling thread's.
 class ScopedBlasThreads {
  public:
