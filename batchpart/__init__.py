@@ -8,7 +8,10 @@ kernel on its own slice of the batch.
 import importlib.metadata as _metadata
 
 # First: _compat checks the jax version before anything reads jax's internals.
-from batchpart import _compat  # noqa: F401
+from batchpart import (
+    _compat,  # noqa: F401
+    linalg,
+)
 from batchpart._callback.adopt import partition_callback
 from batchpart._callback.api import io_callback, pure_callback
 from batchpart._callback.buffer import buffer_callback
@@ -29,8 +32,6 @@ from batchpart._frontend.registry import (
 from batchpart._partition import export as _export
 
 _export.install()
-
-from batchpart import linalg  # noqa: E402  (a client of the names above)
 
 __all__ = [
     "batch_partitionable",

@@ -9,10 +9,25 @@ and the time per call measured interleaved with the others.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
 _PLAIN_TARGET = "batchpart_demo_plain_potrf"
+# jaxlib's own LAPACK kernels can deadlock XLA's CPU thread pool on simulated
+# devices (the reliability page, "Hangs on simulated devices"), so the
+# jnp.linalg baseline runs in a child process with a time limit: a hang there
+# costs the demo one row, never the user's terminal.
+_STOCK_TIMEOUT_S = 120
+# XLA's C++ log lines ("W1128 07:55:43.08 ... sharding_propagation.cc] ...").
+_XLA_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+_SPECS = {"batch-sharded": (0,), "core-sharded": (1,)}
 
 
 def _configure(num_devices: int) -> None:
@@ -50,9 +65,93 @@ def _candidates(mesh):
   return {
       "batchpart.linalg": bp.linalg.cholesky,
       "jax.ffi.ffi_call": plain_ffi_call,
-      "jnp.linalg": jnp.linalg.cholesky,
       "shard_map wrapper": shard_map_wrapper,
   }
+
+
+@contextlib.contextmanager
+def _without_xla_logs():
+  """Runs the block with XLA's C++ log lines (written to file descriptor 2,
+  e.g. its rematerialization warnings on the stock baselines, which read like
+  batchpart's errors) held back; every other line of stderr is passed on."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      for line in held.read().decode(errors="replace").splitlines(keepends=True):
+        if not _XLA_LOG_LINE.match(line) and line.strip():
+          sys.stderr.write(line)
+      sys.stderr.flush()
+
+
+def _spec(label: str):
+  """The PartitionSpec of a demo input sharding: axis 'x' on the dim ``_SPECS`` names."""
+  from jax.sharding import PartitionSpec as P
+  (dim,) = _SPECS[label]
+  return P(*([None] * dim), "x")
+
+
+def _spd_batch(batch: int, n: int):
+  """The demo's input: ``batch`` well-conditioned SPD matrices, float32, and their factors."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((batch, n, n), dtype=np.float32)
+  a = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=np.float32)
+  return a, np.linalg.cholesky(a)
+
+
+def stock_child(label: str, num_devices: int, repeats: int, batch: int, n: int) -> None:
+  """In a child process: jnp.linalg's row for ``label`` as one JSON line
+  (per-device operand, collectives, devices per element, its time and
+  batchpart's, measured interleaved here)."""
+  _configure(num_devices)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+
+  mesh = jax.make_mesh((num_devices,), ("x",), axis_types=(AxisType.Auto,))
+  a, reference = _spd_batch(batch, n)
+  a_sharded = jax.device_put(a, NamedSharding(mesh, _spec(label)))
+  fns = {name: jax.jit(f, out_shardings=NamedSharding(mesh, P("x"))) for name, f in
+         (("jnp.linalg", jnp.linalg.cholesky), ("batchpart.linalg", bp.linalg.cholesky))}
+  row = _summary(bp.explain(fns["jnp.linalg"], a_sharded))
+  for f in fns.values():
+    np.testing.assert_allclose(f(a_sharded), reference, rtol=1e-3, atol=1e-3)
+  times = _interleaved(fns, a_sharded, repeats)
+  print(json.dumps([*row, times["jnp.linalg"], times["jnp.linalg"] / times["batchpart.linalg"]]))
+
+
+def _stock_row(label: str, num_devices: int, repeats: int, batch: int, n: int):
+  """jnp.linalg's row from ``stock_child`` in a child process, or the reason
+  there is none."""
+  return _child_json(f"from batchpart import _demo; _demo.stock_child({label!r}, "
+                     f"{num_devices}, {repeats}, {batch}, {n})", _STOCK_TIMEOUT_S)
+
+
+def _child_json(code: str, timeout: float):
+  """The last line ``python -c code`` prints, as JSON; or a sentence saying why
+  there is none (it did not finish within ``timeout`` seconds, or failed)."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  try:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+  except subprocess.TimeoutExpired:
+    return (f"no result: stopped after {timeout:g} s (jaxlib's LAPACK kernels can "
+            "deadlock XLA's CPU pool on simulated devices)")
+  if done.returncode != 0:
+    last = (done.stderr.strip().splitlines() or ["?"])[-1]
+    return f"no result: the child process failed ({last[:80]})"
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _summary(report) -> tuple[str, str, str]:
@@ -109,7 +208,8 @@ def _callbacks(mesh, a, repeats: int) -> None:
   calls = sorted(set(blocks))
   print(f"  bp.pure_callback called NumPy {len(calls)} times per run, on rows "
         f"{', '.join(f'{b}:{e}' for b, e in calls[:3])}, ... (each device its own rows;\n"
-        "  jax.pure_callback gathers all rows onto device 0 and calls once). docs/callbacks.md")
+        "  jax.pure_callback gathers all rows onto device 0 and calls once). The docs' page\n"
+        "  'Host callbacks' says more.")
 
 
 def _buffer_callbacks(mesh, a, repeats: int) -> None:
@@ -158,7 +258,7 @@ def _buffer_callbacks(mesh, a, repeats: int) -> None:
           f"{times[name] * 1e3:9.2f}ms  {per_run} calls per run of "
           f"{max(rows[name])} rows each")
   print("  jax's buffer_callback gathers the batch onto every device and each runs it all;\n"
-        "  batchpart's calls each device once, in place, on its own rows. docs/callbacks.md")
+        "  batchpart's calls each device once, in place, on its own rows.")
 
 
 def _reductions(mesh, num_devices: int, repeats: int) -> None:
@@ -222,7 +322,7 @@ def _reductions(mesh, num_devices: int, repeats: int) -> None:
     print(f"  {name:<21} {times[name] * 1e3:7.2f}ms "
           f"{times[name] / times['bp.pure_callback']:5.1f}x")
   print("  Each device sums its own rows and one all-reduce of one result combines them;\n"
-        "  jax's calls gather every row first. docs/reductions.md\n")
+        "  jax's calls gather every row first. The docs' page 'Reductions' says more.")
 
 
 def _interleaved_args(fns: dict, args, rounds: int) -> dict:
@@ -245,14 +345,12 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
   import batchpart as bp
 
   mesh = jax.make_mesh((num_devices,), ("x",), axis_types=(AxisType.Auto,))
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((batch, n, n), dtype=np.float32)
-  a = x @ np.swapaxes(x, -1, -2) / n + np.eye(n, dtype=np.float32)
-  reference = np.linalg.cholesky(a)
+  a, reference = _spd_batch(batch, n)
   candidates = _candidates(mesh)
   print(f"batchpart demo: Cholesky of {batch} SPD matrices {n}x{n} (float32) on "
         f"{num_devices} simulated CPU devices, jax {jax.__version__}\n", flush=True)
-  for label, spec in (("batch-sharded", P("x")), ("core-sharded", P(None, "x"))):
+  for label in _SPECS:
+    spec = _spec(label)
     a_sharded = jax.device_put(a, NamedSharding(mesh, spec))
     rows = {}
     jitted = {}
@@ -261,25 +359,38 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
       # Every candidate returns its factors batch-sharded, as a user who goes
       # on with per-matrix work wants them.
       jitted[name] = jax.jit(f, out_shardings=NamedSharding(mesh, P("x")))
-      rows[name] = _summary(bp.explain(jitted[name], a_sharded))
-      np.testing.assert_allclose(jitted[name](a_sharded), reference, rtol=1e-3, atol=1e-3)
+      with _without_xla_logs():
+        rows[name] = _summary(bp.explain(jitted[name], a_sharded))
+        np.testing.assert_allclose(jitted[name](a_sharded), reference, rtol=1e-3, atol=1e-3)
     print(f"  [{label}] timing ({repeats} interleaved rounds) ...", flush=True)
     times = _interleaved(jitted, a_sharded, repeats)
+    print(f"  [{label}] jnp.linalg in a child process ...", flush=True)
+    stock = _stock_row(label, num_devices, repeats, batch, n)
     print(f"\n{label} input, spec {spec}:")
     print(f"  {'call':<19} {'per-device operand':<19} {'collectives':<34} "
           f"{'devices/element':>15} {'time':>9} {'vs batchpart':>12}")
     for name, (shape, collectives, replication) in rows.items():
-      ratio = times[name] / times["batchpart.linalg"]
-      print(f"  {name:<19} {shape:<19} {collectives:<34} {replication:>15} "
-            f"{times[name] * 1e3:7.2f}ms {ratio:11.1f}x")
+      _print_row(name, shape, collectives, replication, times[name],
+                 times[name] / times["batchpart.linalg"])
+    if isinstance(stock, str):
+      print(f"  {'jnp.linalg':<19} {stock}")
+    else:
+      _print_row("jnp.linalg", *stock)
     print()
   print("All four give NumPy's factors, batch-sharded. 'devices/element' is how many devices\n"
         "compute each matrix (1 = no redundant work; '-' inside shard_map); 'vs batchpart' is\n"
-        "each call's time over batchpart's, measured interleaved. The shard_map wrapper is\n"
-        "right here only because its in_specs name the batch dim; it cannot follow other specs.\n")
-  _callbacks(mesh, a, repeats)
-  print()
-  _buffer_callbacks(mesh, a, repeats)
-  print()
-  _reductions(mesh, num_devices, repeats)
+        "each call's time over batchpart's, measured interleaved (jnp.linalg's in a child\n"
+        "process of its own, against batchpart's there). The shard_map wrapper is right here\n"
+        "only because its in_specs name the batch dim; it cannot follow other specs.\n")
+  for section in (lambda: _callbacks(mesh, a, repeats),
+                  lambda: _buffer_callbacks(mesh, a, repeats),
+                  lambda: _reductions(mesh, num_devices, repeats)):
+    with _without_xla_logs():
+      section()
+    print(flush=True)
   return 0
+
+
+def _print_row(name, shape, collectives, replication, seconds, ratio) -> None:
+  print(f"  {name:<19} {shape:<19} {collectives:<34} {replication:>15} "
+        f"{seconds * 1e3:7.2f}ms {ratio:11.1f}x")

@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from batchpart import _dtypes
-from batchpart._partition import derived_names
+from batchpart._vocab import derived_names
 
 _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16|f8\w*)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 
 from batchpart import _compat as compat, _dtypes
-from batchpart._partition import derived_names
+from batchpart._vocab import derived_names
 
 ir = compat.ir
 

@@ -32,6 +32,13 @@ TARGETS = {
     # 1 max, 2 min) and rows (the n the call must see, -1 any): int64. Counts
     # batch x n rows; batch dims broadcast. Reducible over n (reduce={"n": ...}).
     "batchpart_test_reduce_rows": "reduce_rows",
+    # (n) -> (), (): NumPy's argmax (attr op 0) or argmin (op 1) over n and the
+    # value there; f32, f64, s32 values, int32 index. Combines by the same name.
+    "batchpart_test_arg_rows": "arg_rows",
+    # (q,d),(n,d),(n,e),(n) -> (q,e),(q): softmax(q k^T + bias) v and its lse
+    # (bias -inf masks a key; every key masked: o = 0, lse = -inf); f32, f64.
+    # Combines over n by logsumexp.
+    "batchpart_test_attention": "attention",
 }
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
@@ -115,6 +122,40 @@ def reduce_rows(x, w, op: str = "sum", *, rows: int = -1, reduce: bool = True):
       "batchpart_test_reduce_rows", out, signature="(n,k),(n)->(k)",
       reduce={"n": op} if reduce else None)(
           x, w, op=np.int64(REDUCE_OPS[op]), rows=np.int64(rows))
+
+
+def arg_rows(x, op: str = "argmax", *, reduce: bool = True):
+  """(value, index) of NumPy's ``op`` ("argmax", "argmin") over x's last dim
+  through ``batchpart_test_arg_rows``, with that dim combined by ``op``."""
+  out = (jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),
+         jax.ShapeDtypeStruct(x.shape[:-1], np.int32))
+  return batchpart.ffi_call("batchpart_test_arg_rows", out, signature="(n)->(),()",
+                            reduce={"n": op} if reduce else None)(
+      x, op=np.int64(("argmax", "argmin").index(op)))
+
+
+def attention(q, k, v, bias, *, reduce: bool = True):
+  """(o, lse) of softmax attention through ``batchpart_test_attention``,
+  with the keys' dim n combined by logsumexp."""
+  out = (jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
+         jax.ShapeDtypeStruct(q.shape[:-1], q.dtype))
+  return batchpart.ffi_call("batchpart_test_attention", out,
+                            signature="(q,d),(n,d),(n,e),(n)->(q,e),(q)",
+                            reduce={"n": "logsumexp"} if reduce else None)(q, k, v, bias)
+
+
+def attention_reference(q, k, v, bias):
+  """(o, lse) in float64 NumPy; a query with every key masked: o = 0, lse = -inf."""
+  s = np.einsum("...qd,...nd->...qn", np.float64(q), np.float64(k)) + np.float64(bias)[
+      ..., None, :]
+  top = s.max(axis=-1, keepdims=True)
+  safe = np.where(np.isfinite(top), top, 0.0)
+  e = np.exp(s - safe)
+  z = e.sum(axis=-1, keepdims=True)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    o = np.where(z > 0, (e @ np.float64(v)) / np.where(z > 0, z, 1), 0.0)
+    lse = (safe + np.log(z))[..., 0]
+  return o, lse
 
 
 def reduce_rows_operands(rng, batch, n: int, k: int, dtype=np.float32):

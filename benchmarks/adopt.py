@@ -1,8 +1,13 @@
 """Existing FFI primitives made batch partitionable, stock vs partitioned,
 on 8 simulated CPU devices, interleaved in one process.
 
-  python benchmarks/adopt.py            # writes docs/benchmarks-adopt.md and .png
-  python benchmarks/adopt.py --quick
+  python benchmarks/adopt.py            # records docs/benchmarks-adopt.json, see below
+  python benchmarks/adopt.py --quick    # smaller shapes; prints the table, writes nothing
+
+A full run records its rows in docs/benchmarks-adopt.json, rewrites the table between the
+``<!-- results: ... -->`` markers of docs/benchmarks-adopt.md (the rest of the page is written
+by hand: its prose quotes the recorded numbers, so reread it after a run) and redraws
+docs/benchmarks-adopt-times.png with benchmarks/plot_adopt.py.
 
 Each stock program is compiled before ``bp.partition_primitive`` wraps its
 primitive (the wrap is process-wide; a compiled executable is not affected),
@@ -90,7 +95,7 @@ def run_finufft(quick: bool) -> list[dict]:
                                atol=1e-4 * np.abs(want).max())
     t = interleaved({"stock": stocks[name], "stock_1t": stocks_1t[name],
                      "batchpart": partitioned}, args, repeats=3 if quick else 7)
-    rows.append({"op": f"jax-finufft {name}", "shape": f"{batch} x {points} points, "
+    rows.append({"key": name, "op": f"jax-finufft {name}", "shape": f"{batch} x {points} points, "
                  f"{modes} modes", "sharding": 'P("x")', "stock_s": t["stock"],
                  "stock_1t_s": t["stock_1t"], "batchpart_s": t["batchpart"]})
     print(rows[-1], flush=True)
@@ -129,7 +134,7 @@ def run_linalg(quick: bool) -> list[dict]:
                                rtol=1e-3, atol=1e-3)
     t = interleaved({"stock": stocks[name], "batchpart": partitioned}, (a,),
                     repeats=3 if quick else 7)
-    rows.append({"op": f"jnp.linalg.{name}", "shape": f"{batch} x {n} x {n}",
+    rows.append({"key": name, "op": f"jnp.linalg.{name}", "shape": f"{batch} x {n} x {n}",
                  "sharding": 'P(None, "x")', "stock_s": t["stock"],
                  "batchpart_s": t["batchpart"]})
     print(rows[-1], flush=True)
@@ -182,9 +187,9 @@ def run_ffi_target(quick: bool) -> list[dict]:
                              np.tril(np.asarray(stock(a))), rtol=1e-4, atol=1e-4)
   t = interleaved({"stock": stock, "batchpart": partitioned}, (a,),
                   repeats=3 if quick else 7)
-  row = {"op": f"package calling jax.ffi.ffi_call('{target}') in custom_vmap "
-         "(`partition_ffi_target`)", "shape": f"{batch} x {n} x {n}", "sharding": 'P("x")',
-         "stock_s": t["stock"], "batchpart_s": t["batchpart"]}
+  row = {"key": "ffi_target", "op": "a package's own `jax.ffi.ffi_call` of LAPACK's Cholesky "
+         "in `custom_vmap` (`partition_ffi_target`)", "shape": f"{batch} x {n} x {n}",
+         "sharding": 'P("x")', "stock_s": t["stock"], "batchpart_s": t["batchpart"]}
   print(row, flush=True)
   return [row]
 
@@ -227,24 +232,19 @@ def run_anywhere(quick: bool) -> list[dict]:
                              atol=1e-3)
   t = interleaved({"stock": stock, "batchpart": partitioned}, (x,),
                   repeats=3 if quick else 7)
-  row = {"op": "batch dims in the middle: (a,...,r)->(p,...) via `partition_ffi_target`",
+  row = {"key": "anywhere",
+         "op": "batch dims in the middle, `(a,...,r)->(p,...)` (`partition_ffi_target`)",
          "shape": f"{antennas} x {freqs} x {times} x {r}", "sharding": 'P(None, None, "x")',
          "stock_s": t["stock"], "batchpart_s": t["batchpart"]}
   print(row, flush=True)
   return [row]
 
 
-def write(rows, quick: bool) -> None:
+def table(rows) -> list[str]:
+  """The page's results table."""
   lines = [
-      "# Adoption benchmark: existing primitives and targets, stock vs "
-      "`bp.partition_primitive` / `bp.partition_ffi_target`",
-      "",
-      "8 simulated CPU devices on a 2-core machine; stock and partitioned executables of",
-      "the same function timed interleaved in one process (`benchmarks/adopt.py`"
-      + (" --quick" if quick else "") + "). Values checked equal before timing.",
-      "",
       "| op | shape | input sharding | stock | stock, 1 thread/call | batchpart | "
-      "speed-up (vs stock) |",
+      "stock / batchpart |",
       "| --- | --- | --- | --- | --- | --- | --- |",
   ]
   for r in rows:
@@ -252,56 +252,31 @@ def write(rows, quick: bool) -> None:
     lines.append(f"| {r['op']} | {r['shape']} | `{r['sharding']}` | "
                  f"{r['stock_s'] * 1e3:.2f} ms | {one} | {r['batchpart_s'] * 1e3:.2f} ms | "
                  f"{r['stock_s'] / r['batchpart_s']:.2f}x |")
-  lines += [
-      "",
-      "jax-finufft's partitioned calls run one FINUFFT thread each (`nthreads=1` set by the",
-      "`shard_attributes` rule beside `n_tot`): the 8 simulated devices already run the",
-      "shards in parallel on the same 2 cores, and FINUFFT's default of all cores per call",
-      "oversubscribes them. The `stock, 1 thread/call` column gives stock jax-finufft the same",
-      "setting (`opts=Opts(nthreads=1)`), for a like-for-like view: there every device still",
-      "runs the whole gathered batch.",
-      "",
-      "jnp.linalg: stock jax gathers the matrix-dim-sharded input and every device factors",
-      "the whole batch; partitioned, the work moves onto batch shards (an all-to-all).",
-      "",
-      "`partition_ffi_target`: a package-style wrapper that calls `jax.ffi.ffi_call` on",
-      "jaxlib's LAPACK Cholesky target directly, inside `jax.custom_batching.custom_vmap`;",
-      "stock all-gathers the batch-sharded input onto every device and each factors all of",
-      "it; declared, each device factors its own shard with no collective.",
-      "",
-      "Batch dims in the middle: a kernel taking `(antenna, freq, time, r)` and returning",
-      "`(baseline, freq, time)`, time-sharded, declared `\"(a,...,r),()->(p,...)\"`: stock",
-      "gathers the whole input onto every device; declared, each device reads its own time",
-      "slice (the kernel reads each element once, so this is the gather's cost).",
-  ]
-  lines += ["", "![adoption](benchmarks-adopt.png)", ""]
-  with open(os.path.join(DOCS, "benchmarks-adopt.md"), "w") as f:
-    f.write("\n".join(lines))
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib missing: no plot (pip install -e '.[bench]')")
-    return
-  fig, ax = plt.subplots(figsize=(7, 3.2))
-  names = [r["op"] for r in rows]
-  ax.barh(names, [r["stock_s"] / r["batchpart_s"] for r in rows], color="#4c72b0")
-  ax.axvline(1, color="k", lw=0.8)
-  ax.set_xlabel("speed-up of the partitioned primitive over stock (8 devices)")
-  fig.tight_layout()
-  fig.savefig(os.path.join(DOCS, "benchmarks-adopt.png"), dpi=120)
+  return lines
+
+
+def write(rows) -> None:
+  """Records the rows in docs/benchmarks-adopt.json, rewrites the page's table between its
+  markers and redraws the chart."""
+  import _pages
+
+  _pages.write_json(os.path.join(DOCS, "benchmarks-adopt.json"), {"rows": rows})
+  _pages.update_page(os.path.join(DOCS, "benchmarks-adopt.md"), {"results": table(rows)})
+  _pages.draw("plot_adopt")
 
 
 def main() -> None:
   sys.path.insert(0, HERE)
   from _timing import parts_in_children
-  done = parts_in_children(__file__, {"finufft": run_finufft, "linalg": run_linalg,
-                                      "ffi_target": run_ffi_target,
-                                      "anywhere": run_anywhere}, timeout=1200)
+  # In the page's order (the table's rows).
+  done = parts_in_children(__file__, {"finufft": run_finufft, "ffi_target": run_ffi_target,
+                                      "anywhere": run_anywhere, "linalg": run_linalg},
+                           timeout=1200)
   if done is not None:
-    write(*done)
-    print(open(os.path.join(DOCS, "benchmarks-adopt.md")).read())
+    rows, quick = done
+    print("\n".join(table(rows)))
+    if not quick:
+      write(rows)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """Scaling of one batch-partitionable FFI call over 1, 2, 4 and 8 simulated
 CPU devices, five ways, measured side by side in one process.
 
-  python benchmarks/scaling.py            # writes docs/benchmarks-scaling.md and .png
-  python benchmarks/scaling.py --quick
+  python benchmarks/scaling.py            # records docs/benchmarks-scaling.json, see below
+  python benchmarks/scaling.py --quick     # smaller shapes; prints the tables, writes nothing
+
+A full run records its measurements in docs/benchmarks-scaling.json, rewrites the two tables
+between the ``<!-- results: ... -->`` and ``<!-- compile: ... -->`` markers of
+docs/benchmarks-scaling.md (the rest of the page is written by hand: its prose quotes the
+recorded numbers, so reread it after a run) and redraws docs/benchmarks-scaling-times.png with
+benchmarks/plot_scaling.py.
 
 The work is held fixed (a row-wise softmax over a batch-sharded input of
 ``--rows x --cols`` float32) while the device count grows. Candidates:
@@ -193,61 +199,45 @@ def measure_compile(sites: int) -> dict:
   return out
 
 
-def _plot(scaling: dict, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(7, 4.2))
-  for name in CANDIDATES:
-    base = scaling["times"][name][0]
-    ax.plot(scaling["devices"], [base / t for t in scaling["times"][name]], marker="o",
-            label=name)
-  cores = os.cpu_count() or 1
-  ax.plot(scaling["devices"], [min(d, cores) for d in scaling["devices"]], color="gray",
-          linestyle=":", label=f"ideal on {cores} physical cores")
-  ax.set_xlabel("simulated CPU devices (2 physical cores)")
-  ax.set_ylabel("speed-up over 1 device, same total work")
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(scaling["devices"], [str(d) for d in scaling["devices"]])
-  ax.set_title("Row-wise softmax FFI call, batch-sharded input")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-
-
-def _report(scaling: dict, compile_times: dict, rows: int, cols: int, sites: int) -> str:
-  import jax
-
+def _tables(scaling: dict, compile_times: dict, sites: int) -> dict[str, list[str]]:
+  """The page's measured blocks, by marker name: the times table with the collective bytes,
+  and the compile-time table."""
   sys.path.insert(0, HERE)
   from _timing import fmt_time
 
-  lines = [
-      "# Scaling benchmark", "",
-      f"jax {jax.__version__}; {os.cpu_count()} physical cores; simulated CPU devices; "
-      f"softmax over a batch-sharded `{rows}x{cols}` float32 input (fixed total work); "
-      "median of interleaved rounds. Ratio: the candidate's time over batchpart's.", "",
-      "![scaling](benchmarks-scaling.png)", "",
+  results = [
       "| devices | " + " | ".join(CANDIDATES) + " |",
       "| ---: |" + " ---: |" * len(CANDIDATES)]
   for i, n in enumerate(scaling["devices"]):
     base = scaling["times"]["batchpart"][i]
     cells = [f"{fmt_time(scaling['times'][c][i]).strip()} ({scaling['times'][c][i] / base:.2f}x)"
              for c in CANDIDATES]
-    lines.append(f"| {n} | " + " | ".join(cells) + " |")
-  lines += ["", "Collective bytes per device per call (8 devices): " + ", ".join(
-      f"{c} {scaling['collective_bytes'][c][-1]}" for c in CANDIDATES) + ".", "",
-      f"## Compile time, {sites} call sites, 8 devices", "",
+    results.append(f"| {n} | " + " | ".join(cells) + " |")
+  results += ["", "Collective bytes per device per call (8 devices): " + ", ".join(
+      f"{c} {scaling['collective_bytes'][c][-1]}" for c in CANDIDATES) + "."]
+  compile_ = [
       "| candidate | compile (fresh process) | vs built-in | second process | cache hit |",
       "| --- | ---: | ---: | ---: | --- |"]
   builtin = compile_times["built-in"]["first_s"]
   for c in CANDIDATES:
     r = compile_times[c]
-    lines.append(f"| {c} | {r['first_s']:.2f}s ({r['first_s'] / sites * 1e3:.1f}ms/site) | "
-                 f"{r['first_s'] / builtin:.2f}x | {r['second_s']:.3f}s | "
-                 f"{'yes' if r['cache_hit'] else 'no'} |")
-  return "\n".join(lines) + "\n"
+    compile_.append(f"| {c} | {r['first_s']:.2f}s ({r['first_s'] / sites * 1e3:.1f}ms/site) | "
+                    f"{r['first_s'] / builtin:.2f}x | {r['second_s']:.3f}s | "
+                    f"{'yes' if r['cache_hit'] else 'no'} |")
+  return {"results": results, "compile": compile_}
+
+
+def write(scaling: dict, compile_times: dict, setup: dict) -> None:
+  """Records the run in docs/benchmarks-scaling.json, rewrites the page's tables between
+  their markers and redraws the chart."""
+  sys.path.insert(0, HERE)
+  import _pages
+
+  _pages.write_json(os.path.join(DOCS, "benchmarks-scaling.json"),
+                    {"setup": setup, "scaling": scaling, "compile": compile_times})
+  _pages.update_page(os.path.join(DOCS, "benchmarks-scaling.md"),
+                     _tables(scaling, compile_times, setup["sites"]))
+  _pages.draw("plot_scaling")
 
 
 def main(argv=None) -> int:
@@ -260,21 +250,20 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.quick:
     args.rows, args.cols, args.sites = 4096, 256, 10
-  _setup_jax()
+  jax = _setup_jax()
   _register()
   print("Scaling (fixed work, 1-8 devices):", flush=True)
-  scaling = measure_scaling(args.rows, args.cols, repeats=3 if args.quick else 7)
+  repeats = 3 if args.quick else 7
+  scaling = measure_scaling(args.rows, args.cols, repeats=repeats)
   print("Compile time and persistent cache:", flush=True)
   compile_times = measure_compile(args.sites)
-  report = _report(scaling, compile_times, args.rows, args.cols, args.sites)
+  setup = {"jax": jax.__version__, "cores": os.cpu_count(), "rows": args.rows,
+           "cols": args.cols, "sites": args.sites, "repeats": repeats}
   print()
-  print(report)
-  if not args.no_write:
-    with open(os.path.join(DOCS, "benchmarks-scaling.md"), "w") as f:
-      f.write(report)
-    with open(os.path.join(DOCS, "benchmarks-scaling.json"), "w") as f:
-      json.dump({"scaling": scaling, "compile": compile_times}, f, indent=1)
-    _plot(scaling, os.path.join(DOCS, "benchmarks-scaling.png"))
+  for block in _tables(scaling, compile_times, args.sites).values():
+    print("\n".join(block), end="\n\n")
+  if not (args.quick or args.no_write):
+    write(scaling, compile_times, setup)
   return 0
 
 

@@ -5,22 +5,18 @@ Build (from the repository root, after ``pip install -e ".[docs]"``):
     python -m sphinx -W -b html docs docs/_build/html
 
 Every ``{code-cell}`` in a page with MyST-NB front matter runs during the build (MyST-NB, in a
-fresh Jupyter kernel per page), on 8 simulated CPU devices: an example that raises fails the
-build. The pages have no stored outputs; what they show is what the build computed.
+fresh Jupyter kernel per page, in this directory): an example that raises fails the build. The
+pages have no stored outputs; what they show is what the build computed. Nothing is set behind
+the pages' backs: a page that needs 8 CPU devices says so in its first cell
+(``jax.config.update("jax_num_cpu_devices", 8)``), exactly as a reader would run it, and
+``tests/test_docs_examples.py`` runs every page's code as a plain script in a fresh process.
 """
 
 import importlib.metadata
-import os
-
-# The kernels MyST-NB starts inherit this environment: 8 simulated CPU devices, and synchronous
-# dispatch (programs that mix collectives and FFI calls can hang on simulated devices with async
-# dispatch, docs/faq.md). jax reads each JAX_* variable as the option of the same name.
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["JAX_NUM_CPU_DEVICES"] = "8"
-os.environ["JAX_CPU_ENABLE_ASYNC_DISPATCH"] = "false"
 
 project = "batchpart"
 author = "the batchpart authors"
+copyright = "2026, the batchpart authors. Apache-2.0"  # noqa: A001 (Sphinx's name)
 release = importlib.metadata.version("batchpart")
 version = release
 
@@ -28,9 +24,10 @@ extensions = [
     "myst_nb",               # MyST Markdown pages, executed code cells
     "sphinx.ext.autodoc",    # the API reference from the docstrings
     "sphinx.ext.napoleon",   # Google-style docstrings
+    "sphinx_copybutton",     # a copy button on every code block
 ]
 
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-scaling.json"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-*.json"]
 
 # Links between pages (`[x](callbacks.md#anchor)`) resolve to heading anchors, GitHub's slugs.
 myst_heading_anchors = 4
@@ -59,7 +56,20 @@ nitpick_ignore_regex = [
     (r"py:class", r"(Callable|Sequence|Mapping|Any|Iterable|ShapeDtypeStruct|Array)"),
 ]
 
-html_theme = "alabaster"
+# The look JAX users know (jax's own docs use sphinx-book-theme): the pages on the left, the
+# page's own contents on the right, a copy button on code (not on outputs).
+html_theme = "sphinx_book_theme"
 html_title = f"batchpart {release}"
-html_static_path: list[str] = []
-html_theme_options = {"description": "Foreign calls in JAX that shard like native ops."}
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
+html_theme_options = {
+    "home_page_in_toc": True,
+    "show_toc_level": 2,
+    "toc_title": "On this page",
+    "use_fullscreen_button": False,
+    "use_download_button": False,
+}
+copybutton_selector = "div:not(.output) > div.highlight pre"
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
+copybutton_only_copy_prompt_lines = False

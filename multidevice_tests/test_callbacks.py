@@ -446,3 +446,31 @@ def test_arrays_jax_then_collective_in_a_loop_does_not_hang(partitioner, mesh8):
   for _ in range(30):
     np.testing.assert_allclose(float(f(xs)), want, rtol=1e-4)
   assert time.monotonic() - start < 240
+
+
+def _twice(x):
+  return np.asarray(x) * 2
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["pure", "io", "buffer"])
+@pytest.mark.parametrize("batch", [None, 1], ids=["no_batch_dims", "batch_of_one"])
+def test_a_one_block_result_reaches_every_device(kind, batch, partitioner, mesh8):
+  """A call with no batch dims (or a batch of one) runs on one device; every
+  device that uses its result must see the values, not its padding."""
+  x = np.arange(1, 4, dtype=np.float32).reshape((3,) if batch is None else (1, 3))
+  out = S(x.shape, np.float32)
+  nbd = 0 if batch is None else 1
+
+  def write(ctx, y, x):
+    np.asarray(y)[...] = _twice(np.asarray(x))
+
+  call = {
+      "pure": lambda x: bp.pure_callback(_twice, out, x, num_batch_dims=nbd),
+      "io": lambda x: bp.io_callback(_twice, out, x, num_batch_dims=nbd),
+      "buffer": lambda x: bp.buffer_callback(write, out, num_batch_dims=nbd)(x),
+  }[kind]
+  z = put(np.arange(8, dtype=np.float32), mesh8, P("x"))
+  got = jax.jit(lambda x, z: z[:, None] * call(x).reshape(-1)[None, :])(x, z)
+  np.testing.assert_array_equal(np.asarray(got),
+                                np.arange(8.0)[:, None] * (2 * x.reshape(-1))[None, :])

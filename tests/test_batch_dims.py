@@ -62,7 +62,8 @@ def test_block_is_one_run_of_the_last_batch_dims_in_order(dims, batch_rank, plac
     (lambda x, w: x + w, [(8, 8), (8, 8)], [(0, None), (None, None)], (0, None)),
     (lambda x: x * 2.0, [(8, 8)], [(0, None)], (0, None)),
     (lambda x: x.astype(jnp.float16), [(8, 8)], [(None, 0)], (None, 0)),
-    (lambda x: jnp.broadcast_to(x, (3, 8, 8)), [(8, 8)], [(0, None)], (None, 0, None)),
+    (lambda x: jnp.broadcast_to(x, (3, 8, 8)), [(8, 8)], [(0, None)],
+     (batch_dims.BUILT, 0, None)),
     (lambda x, w: x @ w, [(8, 8), (8, 8)], [(0, None), (None, None)], (0, None)),
     (lambda x, w: w @ x, [(8, 8), (8, 8)], [(None, 0), (None, None)], (None, 0)),
 ])
@@ -100,3 +101,24 @@ def test_uses_that_disagree_clash():
   assert want[jaxpr.invars[0]] == (0, 0)   # both dims said to be batch dim 0
   want = batch_dims.demands(jaxpr, [(0, 1), (0, 1)])
   assert want[jaxpr.invars[0]] == (batch_dims.CLASH, batch_dims.CLASH)
+
+
+B = batch_dims.BUILT
+
+
+@pytest.mark.parametrize("f, shapes, in_dims, out_dims", [
+    # Dims the wrapper makes: they may hold one entry per batch element.
+    (lambda x: jnp.arange(8.0) + 0 * x.sum(), [(8, 8)], [(0, None)], (B,)),
+    (lambda w: jnp.broadcast_to(w, (8, 5)), [(5,)], [(None,)], (B, None)),
+    (lambda x: jnp.broadcast_to(jnp.arange(5.0), x.shape), [(8, 5)], [(0, None)], (B, B)),
+    (lambda x: jnp.arange(40.0).reshape(8, 5) + 0 * x.sum(), [(8, 5)], [(0, None)], (B, B)),
+    # An argument's core dims stay core: sliced, combined with built values.
+    (lambda w: w[:, :3], [(8, 5)], [(None, None)], (None, None)),
+    (lambda w: w + jnp.arange(5.0), [(8, 5)], [(None, None)], (None, None)),
+    (lambda x: x + jnp.arange(5.0), [(8, 5)], [(0, None)], (0, None)),
+    (lambda x: x + jnp.ones((8, 5)), [(8, 5)], [(0, None)], (0, None)),
+    (lambda w: jax.lax.sort(w, dimension=0), [(8, 5)], [(None, None)], (None, None)),
+    (lambda w: jax.lax.sort(w + jnp.ones((8, 5)), dimension=0), [(8, 5)], [(B, B)], (B, B)),
+])
+def test_dims_the_wrapper_builds_are_told_from_core_dims(f, shapes, in_dims, out_dims):
+  assert _flow(f, shapes, in_dims) == out_dims

@@ -9,9 +9,10 @@ import batchpart as bp
 from batchpart import _core
 from batchpart._frontend import signature
 from batchpart._partition import plan, sharding_rule
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive import batch_spec, batching
-from batchpart._primitive.batch_spec import BatchSpec
+from batchpart._primitive import batching
+from batchpart._vocab.batch_spec import BatchSpec
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.batch import batch_first
 
 CORE_SUM = "batchpart_test_core_sum"
 S = jax.ShapeDtypeStruct
@@ -86,7 +87,7 @@ def _tiled(tile_dims, devices, subgroups=()):
 def test_permute_is_a_relabeling():
   devices = np.arange(8).reshape(2, 4)
   s = _tiled((2, 4, 1), devices.reshape(-1))
-  perm = batch_spec.batch_first(3, 1, 1)            # (c, b, n) -> (b, c, n)
+  perm = batch_first(3, 1, 1)                       # (c, b, n) -> (b, c, n)
   assert perm == [1, 0, 2]
   p = plan.permute(s, perm)
   assert list(p.tile_dims) == [4, 2, 1]

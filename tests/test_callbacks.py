@@ -1,10 +1,13 @@
 """bp.pure_callback / bp.io_callback on one device: values, the calling
 convention, the checks, vmap, derivatives through custom_jvp, errors,
-lifetime, and what jax.export and the persistent cache do."""
+lifetime, and what jax.export and the persistent cache do; and, with
+threads for devices, how a device holding only padding learns that the
+devices that called failed."""
 
 import functools
 import gc
 import threading
+import time
 import weakref
 
 import jax
@@ -14,8 +17,9 @@ import pytest
 
 import batchpart as bp
 from batchpart._callback import host
-from batchpart._partition import derived_names
-from batchpart._partition.description import CallDescription
+from batchpart._callback.agreement import Agreement
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription
 
 rng = np.random.default_rng(0)
 S = jax.ShapeDtypeStruct
@@ -624,3 +628,102 @@ def test_tuple_results_fast_path_checks_count_and_shapes():
                      operand_batch_ranks=(1,), result_shapes=[(4,), (4,)], out_tree=tree)
   with pytest.raises(host.CallbackError, match="structure"):
     short(np.array([0, 4]), np.ones(4, np.float32))
+
+
+# ---- devices holding only padding fail with the devices that called --------
+
+def _on_devices(call, blocks, *args):
+  """``call(block, *args)`` on one thread per block vector, as XLA's devices
+  call it: each one's results, or the exception it raised."""
+  out = [None] * len(blocks)
+
+  def device(i):
+    try:
+      out[i] = call(np.asarray(blocks[i], np.int64), *args)
+    except Exception as e:   # what the device reports to XLA
+      out[i] = e
+
+  threads = [threading.Thread(target=device, args=(i,)) for i in range(len(blocks))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=30)
+  assert not any(t.is_alive() for t in threads), "a device call is still waiting"
+  return out
+
+
+UNEVEN = [[2 * d, 2] for d in range(8)]   # 13 rows over 8 devices: the last all padding
+
+
+def _agreed_call(fn, *, batch=(13,), stall_seconds=30.0):
+  call = _host_call(fn, batch=batch, operand_shapes=[(batch[0], 2)], operand_batch_ranks=(1,),
+                    result_shapes=[(batch[0], 2)])
+  call._agreement = Agreement(8, keyed=True, stall_seconds=stall_seconds)
+  return call
+
+
+def test_padding_device_fails_with_the_devices_that_called():
+  def broken(x, index):
+    raise ValueError(f"bad rows {index[0].start}")
+
+  out = _on_devices(_agreed_call(broken), UNEVEN, np.ones((2, 2), np.float32))
+  assert all(isinstance(e, host.CallbackError) for e in out), out
+  assert "bad rows 4 (on the block [4:6]" in str(out[2])           # its own error
+  # The padding device reports the first failing block's.
+  assert str(out[7]) == ("batchpart.pure_callback(test_padding_device_fails_with_the_devices_"
+                         "that_called.<locals>.broken) raised ValueError: bad rows 0 (on the "
+                         "block [0:2] of the batch)")
+
+
+def test_padding_device_returns_zeros_where_every_call_succeeds():
+  call = _agreed_call(lambda x, index: x * 2)
+  for _ in range(3):   # one round per execution
+    out = _on_devices(call, UNEVEN, np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(out[0][0], 2)
+    np.testing.assert_array_equal(out[7][0], 0)
+  assert call._agreement.needed
+
+
+def test_wrong_results_on_every_block_fail_the_padding_device_too():
+  out = _on_devices(_agreed_call(lambda x, index: x[:, :1]), UNEVEN,
+                    np.ones((2, 2), np.float32))
+  assert all(isinstance(e, host.CallbackError) for e in out), out
+  assert "result 0 has shape (2, 1)" in str(out[7]) and "block [0:2]" in str(out[7])
+  assert "block [12:13]" in str(out[6])   # its own
+
+
+def test_without_padding_devices_calls_stop_agreeing_after_one_round():
+  call = _agreed_call(lambda x, index: x, batch=(16,))
+  _on_devices(call, [[2 * d, 2] for d in range(8)], np.ones((2, 2), np.float32))
+  assert not call._agreement.needed
+
+
+def test_a_round_missing_a_device_gives_up_and_later_rounds_line_up():
+  a = Agreement(3, keyed=True, stall_seconds=0.3)
+  boom = host.CallbackError("boom")
+  assert a.settle(b"a", boom, (0,), wait=False) is boom
+  start = time.monotonic()
+  # Device b never comes (its program stopped before the callback).
+  assert a.settle(b"c", None, (4,), wait=True) is boom
+  assert 0.25 < time.monotonic() - start < 5
+  # The next execution: b's first call joins it, and nobody waits in vain.
+  start = time.monotonic()
+  assert a.settle(b"a", None, wait=False) is None
+  assert a.settle(b"b", None, wait=False) is None
+  assert a.settle(b"c", None, wait=True) is None
+  assert time.monotonic() - start < 0.2
+
+
+def test_only_one_round_in_the_process_waits():
+  first, second = Agreement(2, keyed=True), Agreement(2, keyed=True)
+  done = threading.Event()
+  waiter = threading.Thread(target=lambda: done.set() if first.settle(
+      b"pad", None, wait=True) is None else None)
+  waiter.start()
+  time.sleep(0.1)
+  # A second round would hold one more of XLA's threads: it returns at once.
+  assert second.settle(b"pad", None, wait=True) is None
+  assert not done.is_set()
+  first.settle(b"dev", None, wait=False)
+  waiter.join(timeout=10)
+  assert done.is_set()

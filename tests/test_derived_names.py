@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from batchpart._partition import derived_names
-from batchpart._partition.description import CallDescription, default_layout
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription, default_layout
 
 
 @st.composite

@@ -26,9 +26,11 @@ from jax.interpreters import mlir
 import batchpart as bp
 from batchpart import _compat as compat, testing as kernels
 from batchpart._frontend.signature import parse_signature
-from batchpart._partition import derived_names, sharding_rule
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._partition import sharding_rule
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
 TARGET = "batchpart_test_reduce_rows"
 OWNER = re.escape(f"batchpart.ffi_call('{TARGET}')")
@@ -292,7 +294,7 @@ def reduced_descriptions(draw):
   free = {k: core_axes(r, b, p) for k, (r, b, p) in enumerate(zip(ranks, ob, op))}
   names = iter(["n", "m", "p", "q", "s"])
   reductions = []
-  op_name = draw(st.sampled_from(["sum", "max", "min"]))
+  op_name = draw(st.sampled_from(ALL_OPS))
   for _ in range(draw(st.integers(0, 3))):
     dims = []
     for k in sorted(draw(st.sets(st.sampled_from(range(n_in)), min_size=1))):

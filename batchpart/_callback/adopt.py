@@ -30,11 +30,12 @@ from typing import Any
 import jax
 
 from batchpart import _compat as compat
-from batchpart._callback.host import callback_name, check_arrays
+from batchpart._callback.errors import callback_name
+from batchpart._callback.host import check_arrays
 from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import check_spec
 from batchpart._primitive.primitive import explicit_result_types
+from batchpart._vocab.batch_spec import check_spec
 
 # jax's vmap methods after which the callback gets every vmapped dim at once.
 _VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")

@@ -17,23 +17,19 @@ import jax
 
 from batchpart import _compat as compat
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
+from batchpart._callback.errors import callback_name
 from batchpart._callback.host import (
   DEFAULT_ARRAYS,
   FlatCallback,
   Layouts as _Layouts,
-  callback_name,
   check_arrays,
 )
 from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import (
-  BatchSpec,
-  batch_first,
-  checked_operand_avals,
-  inverse,
-)
 from batchpart._primitive.lowering import declaration_text
-from batchpart._primitive.reductions import Reduction, check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.batch import batch_first, inverse
+from batchpart._vocab.dims.reduced import Reduction, check_results
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -68,8 +64,10 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
       NumPy-style (a size-1 or missing batch dim is passed whole to every
       call). Exactly one of ``num_batch_dims`` and ``signature``.
     reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``,
-      one for all), with a signature: core dims of the operands, in no
-      result, that the results combine over. ``callback`` may then be called
+      one for all, or a combiner ``"argmax"``, ``"argmin"``,
+      ``"logsumexp"``, as for :func:`batchpart.ffi_call`), with a signature:
+      core dims of the operands, in no result, that the results combine
+      over. ``callback`` may then be called
       on a part of each such dim and must return the results of that part;
       where the dim is sharded, each device calls it on its own part and one
       all-reduce combines the results (docs/reductions.md). ``with_index``
@@ -171,7 +169,8 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
-  check_result_dtypes(owner, reductions, [a.dtype for a in result_avals])
+  check_results(owner, reductions, [a.shape for a in result_avals],
+                [a.dtype for a in result_avals])
   _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions)
   outs = bind_batch_first(
       flat_args, result_avals, spec,

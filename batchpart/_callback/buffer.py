@@ -19,10 +19,10 @@ import jax
 from batchpart._callback import lowering as _lowering  # noqa: F401  (registers it)
 from batchpart._callback.api import bind_batch_first, result_aval, spec_for
 from batchpart._callback.buffer_host import BufferCallback
-from batchpart._callback.host import callback_name
+from batchpart._callback.errors import callback_name
 from batchpart._frontend.signature import check_vmap_method, parse_declaration
-from batchpart._primitive.batch_spec import fmt
 from batchpart._primitive.lowering import declaration_text
+from batchpart._vocab.batch_spec import fmt
 
 
 def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,

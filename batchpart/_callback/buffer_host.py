@@ -25,13 +25,10 @@ import math
 
 import numpy as np
 
-from batchpart._callback.host import (
-  CallbackError,
-  block_extent,
-  callback_name,
-  raised_on_block,
-)
-from batchpart._primitive.batch_spec import batch_first, inverse
+from batchpart._callback.agreement import Agreement, together
+from batchpart._callback.errors import CallbackError, callback_name, raised_on_block
+from batchpart._vocab.blocks import block_extent, whole_block
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 _CPU, _CUDA, _ROCM = 1, 2, 10   # DLPack device types
 
@@ -201,15 +198,19 @@ class BufferHostCall:
   shape and batch rank (right-aligned; a size-1 batch dim is broadcast and
   passed whole), each result's global shape, ``unit`` (the call had no batch
   dims and was given a leading one of size 1) and, per operand and result,
-  the dim order back to the user's layout (None where batch dims lead)."""
+  the dim order back to the user's layout (None where batch dims lead), and
+  ``agreement`` (as ``HostCall``'s)."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks", "result_shapes",
-               "unit", "operand_orders", "result_orders", "_whole", "_layouts", "__weakref__")
+               "unit", "operand_orders", "result_orders", "_whole", "_layouts", "_agreement",
+               "__weakref__")
 
   def __init__(self, flat: BufferCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, unit: bool, result_dtypes=None):
+               result_shapes, unit: bool, result_dtypes=None,
+               agreement: Agreement | None = None):
     del result_dtypes   # XLA's buffers carry them: nothing to check or convert
     self.flat = flat
+    self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
     self.operand_batch_ranks = tuple(operand_batch_ranks)
@@ -222,18 +223,27 @@ class BufferHostCall:
                                                  self.operand_batch_ranks)]
     self.result_orders = [_user_order(len(s) - self.unit, lead, rank - self.unit)
                           for s, lead in zip(self.result_shapes, leads[2])]
-    self._whole = block_extent(self.batch, [0] * rank + list(self.batch))
+    self._whole = block_extent(self.batch, whole_block(self.batch))
     # (buffer position, its shape, the valid rows) -> the view's shape, strides and dtype:
     # a program calls with the same few blocks every time.
     self._layouts: dict = {}
 
   def __call__(self, ctx, block, *buffers):
+    whole = self._holds_whole(buffers)
+    vector = None if whole else read_block_vector(block, ctx)
+    offsets, _, valid = self._whole if whole else block_extent(self.batch, vector)
+    # All padding: nothing of the batch is here, and nothing is called.
+    empty = bool(self.batch) and any(v == 0 for v in valid)
+    if self._agreement is None or not self._agreement.needed:
+      return () if empty else self._call(ctx, offsets, valid, buffers)
+    return together(self._agreement, self.flat.owner,
+                    lambda: () if empty else self._call(ctx, offsets, valid, buffers),
+                    None if whole else vector.tobytes(), lambda: tuple(offsets), wait=empty)
+
+  def _call(self, ctx, offsets, valid, buffers) -> tuple:
+    """Calls the user's function on the views of the block at ``offsets``
+    with ``valid`` elements per batch dim; CallbackError where it raises."""
     rank = len(self.batch)
-    offsets, _, valid = (self._whole if self._holds_whole(buffers)
-                         else block_extent(self.batch, read_block_vector(block, ctx)))
-    if rank and any(v == 0 for v in valid):
-      # All padding: nothing of the batch is here, and nothing is called.
-      return ()
     n_in = len(self.operand_shapes)
     valid_key = tuple(valid)
     ins = [self._view(i, buf, shape, b, valid_key, order, writeable=False)

@@ -31,20 +31,11 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import batch_first, fmt, inverse
-
-
-def callback_name(fn) -> str:
-  name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-  if name is None:
-    inner = getattr(fn, "func", None)   # functools.partial
-    name = callback_name(inner) if inner is not None else type(fn).__name__
-  return str(name)
-
-
-class CallbackError(RuntimeError):
-  """An exception raised by the user's callback, or results that do not fit
-  the block; the message names the callback."""
+from batchpart._callback.agreement import Agreement, together
+from batchpart._callback.errors import CallbackError, callback_name, fmt_index, raised_on_block
+from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.blocks import block_extent
+from batchpart._vocab.dims.batch import batch_first, inverse
 
 
 class Layouts(tuple):
@@ -222,19 +213,22 @@ class HostCall:
   (batch dims right-aligned, a size-1 one broadcast), each result's global
   shape and dtype, and ``unit``: the call has no batch dims of its own and
   was given a leading one of size 1 (so that a replicated call is still
-  made once)."""
+  made once). ``agreement``: where XLA partitions the call, how its devices
+  holding only padding learn that the others failed; None where each call
+  stands alone."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
                "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
-               "__weakref__")
+               "_agreement", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
   # caller that invents block vectors.
   _MAX_BLOCKS = 1 << 16
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, result_dtypes, unit: bool):
+               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None):
     self.flat = flat
+    self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
     self.operand_batch_ranks = tuple(operand_batch_ranks)
@@ -282,6 +276,13 @@ class HostCall:
 
   def __call__(self, block, *args):
     b = self._block(block)
+    if self._agreement is None or not self._agreement.needed:
+      return self._call(b, args)
+    return together(self._agreement, self.flat.owner, lambda: self._call(b, args),
+                    block.tobytes(), lambda: block_start(self.batch, block), wait=b.empty)
+
+  def _call(self, b: _Block, args) -> tuple:
+    """The padded results of this block, or CallbackError."""
     if b.empty:
       # All padding: nothing of the batch is here, and nothing is called.
       return b.zeros
@@ -321,7 +322,7 @@ class HostCall:
     shape, dtype = self.result_shapes[i], self.result_dtypes[i]
     return CallbackError(
         f"{self.flat.owner}: result {i} has shape {fmt(r.shape)} and dtype {r.dtype}, but "
-        f"the block {_fmt_index(b.index)} of the batch needs shape {fmt(b.wants[i])} "
+        f"the block {fmt_index(b.index)} of the batch needs shape {fmt(b.wants[i])} "
         f"and dtype {dtype} (the global result is {fmt(shape[1:] if self.unit else shape)}"
         f" {dtype}).")
 
@@ -344,21 +345,7 @@ def _frozen_zeros(shape, dtype) -> np.ndarray:
   return z
 
 
-def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
-  """What a block vector says, per batch dim: the block's offset in the
-  global batch, its local (padded) size, and how much of it is batch (the
-  rest is padding; 0: all padding)."""
-  rank = len(batch)
-  values = [int(v) for v in np.asarray(block).reshape(-1)]
-  offsets, local = values[:rank], values[rank:2 * rank]
-  return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
-
-
-def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
-  """The error for the user's function raising ``e`` on the block ``index``."""
-  return CallbackError(f"{owner} raised {type(e).__name__}: {e} (on the block "
-                       f"{_fmt_index(index)} of the batch)")
-
-
-def _fmt_index(index) -> str:
-  return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
+def block_start(batch, block) -> tuple[int, ...]:
+  """Where a block vector's block starts in the global batch: the order in
+  which a round's errors are preferred."""
+  return tuple(block_extent(batch, block)[0])

@@ -7,9 +7,9 @@ shape).
 Where XLA partitions the call, it is emitted under a derived name whose
 description carries ``callback_partitions``, so batchpart's partitioner
 replaces it by the same jax target on local blocks, the block vector read
-from a per-partition table (``blocks``). Everywhere else (one device, a fully
-manual ``shard_map``) it calls jax's target directly with the whole block:
-offsets zero, no padding. jax's target has an ``instantiate`` stage that
+from a per-partition table (``_vocab/blocks``). Everywhere else (one device,
+a fully manual ``shard_map``) it calls jax's target directly with the whole
+block: offsets zero, no padding. jax's target has an ``instantiate`` stage that
 cannot be registered again under another name, so a derived name is never
 left in an executable (as for every batchpart call).
 
@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from batchpart import _compat as compat
+from batchpart._callback.agreement import Agreement
 from batchpart._callback.buffer_host import BufferHostCall
 from batchpart._callback.host import HostCall
 from batchpart._callback.primitive import batchpart_callback_p
-from batchpart._partition import derived_names, emit, sharding_rule, targets
-from batchpart._partition.description import describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._partition import emit, sharding_rule, targets
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.blocks import whole_block
+from batchpart._vocab.description import describe
 
 ir = compat.ir
 hlo = compat.hlo
@@ -53,6 +57,20 @@ def _unit(aval):
 def _with_unit_dim(values, avals, ctx):
   return [hlo.reshape(compat.aval_to_ir_type(ctx.module_context, _unit(a)), v)
           for v, a in zip(values, avals)]
+
+
+def _agreement(platform: str, partitions: int, partitioned: bool,
+               reductions) -> Agreement | None:
+  """How the devices of one execution of the lowered callback learn of each
+  other's failures (``agreement``): where XLA partitions the call on the CPU
+  devices of one process; None elsewhere. A fully manual region's calls are
+  the user's to match; another process's devices cannot be waited for here;
+  and a GPU's host callbacks run on threads whose waiting has not been
+  checked. With reductions the devices of a reduce group share a block
+  vector, so rounds are counted rather than keyed by it."""
+  if not partitioned or partitions < 2 or platform != "cpu" or jax.process_count() > 1:
+    return None
+  return Agreement(partitions, keyed=not reductions)
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
@@ -88,15 +106,16 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   result_shapes = [tuple(a.shape) for a in avals_out]
   rank = len(batch)
   operand_batch_ranks = [len(s) - c for s, c in zip(operand_shapes, operand_core_ranks)]
+  partitions = compat.num_partitions(ctx)
+  partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
-                   result_dtypes=[a.dtype for a in avals_out], unit=unit)
+                   result_dtypes=[a.dtype for a in avals_out], unit=unit,
+                   agreement=_agreement(platforms[0], partitions, partitioned, reductions))
   index = compat.add_host_callback(ctx, host)
-  block = compat.ir_constant(np.asarray([0] * rank + list(batch), np.int64))
+  block = compat.ir_constant(whole_block(batch))
   block_shape = (2 * rank,)
-  partitions = compat.num_partitions(ctx)
-  partitioned = compat.xla_partitions(ctx)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)

@@ -23,7 +23,7 @@ from batchpart._explain.lowered import (
 )
 from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:
@@ -210,16 +210,26 @@ def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDi
 
 
 def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after):
-  """``after`` with the all-reduces that take the call's results directly
-  (batchpart's own, combining the parts of its reduced dims) marked."""
-  direct = set()
-  todo = list(module.users_of(call))
+  """``after`` with batchpart's own all-reduces, which combine the parts of
+  the call's reduced dims, marked: those that take the call's results
+  directly, and those a named combiner's merge reaches from them through
+  instructions that carry the call's op name (the merge is inlined from the
+  call's per-device module; another call or the user's ops end the walk)."""
+  direct, seen = set(), set()
+  todo = [(inst, True) for inst in module.users_of(call)]
   while todo:
-    inst = todo.pop()
+    inst, adjacent = todo.pop()
+    if inst.name in seen or inst.opcode == "custom-call":
+      continue
+    seen.add(inst.name)
     if inst.opcode == "get-tuple-element":
-      todo.extend(module.users_of(inst))
-    elif _hlo.collective_kind(inst) == "all-reduce":
+      todo.extend((user, adjacent) for user in module.users_of(inst))
+      continue
+    if not (adjacent or (call.op_name and inst.op_name == call.op_name)):
+      continue
+    if _hlo.collective_kind(inst) == "all-reduce":
       direct.add(inst.name)
+    todo.extend((user, False) for user in module.users_of(inst))
   return tuple(dataclasses.replace(c, declared_reduction=True) if c.name in direct else c
                for c in after)
 

@@ -8,8 +8,8 @@ import re
 
 from batchpart import _hlo, _stablehlo
 from batchpart._callback.lowering import FRONTEND_CALLBACK
-from batchpart._partition import derived_names
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
+from batchpart._vocab import derived_names
 
 # MLIR prints a string's backslash as two and every other byte outside
 # printable ASCII, and the quote, as a backslash and two hex digits.
@@ -75,7 +75,7 @@ def leading_core_dims(derived_name: str | None, hidden: int = 0
 
 
 def reductions(derived_name: str | None, hidden: int = 0) -> tuple:
-  """The reduced core dims a derived name declares (``_primitive/reductions``
+  """The reduced core dims a derived name declares (``_vocab/dims/reduced``
   ``Reduction``s), operands numbered without the first ``hidden``; () for
   none or a plain call."""
   d = _description(derived_name)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchpart import _dtypes
+from batchpart._vocab.dims.combined import is_combiner, merge_text
 
 Shape = tuple[int, ...]
 
@@ -153,6 +154,8 @@ def _reduced_text(call: Any) -> str:
       where = "split unknown"
     elif r.parts > 1:
       where = f"in {r.parts} parts, one per device of each all-reduce group"
+      if is_combiner(r.op):
+        where += f", merged by {merge_text(r.op)}"
     elif call.collectives_before:
       where = ("whole on every device, resharded by the collectives before the call "
                "(a reduced dim stays split only where it splits evenly)")

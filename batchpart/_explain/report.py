@@ -116,7 +116,8 @@ class ReducedDim:
 
   Attributes:
     name: its name in the signature.
-    op: ``"sum"``, ``"max"`` or ``"min"``.
+    op: ``"sum"``, ``"max"``, ``"min"`` or a combiner (``"argmax"``,
+      ``"argmin"``, ``"logsumexp"``).
     size: its global size (None where unknown).
     parts: how many parts the devices split it into (1: whole on every
       device, so nothing to combine; None where unknown).

@@ -70,7 +70,8 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
     signature: alternatively, a gufunc signature of the emitted custom call
       (a ``...`` in a group puts that array's batch dims there instead of in
       front, e.g. ``"(a,...,n)->(...)"``).
-    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``),
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
+      combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
       with a signature: dims every result combines over, as for
       :func:`batchpart.ffi_call` (docs/reductions.md).
     shard_attributes: None, or a callable ``(attributes, batch_shape) ->

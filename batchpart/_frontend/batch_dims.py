@@ -2,9 +2,12 @@
 
 A value's *dims* is a tuple with one entry per dim: the index of the
 wrapper's batch dim that dim carries, the name of a reduced dim of the
-wrapper's signature it carries (a string: ``reduce=``), or None where it
-carries neither (a core dim, or a dim that is the same for every batch
-element). None in place of
+wrapper's signature it carries (a string: ``reduce=``), None where it is a
+core dim the declaration gives an argument (or follows from one), or
+``BUILT`` where the wrapper made the dim itself (an iota, a constant or
+closure, a dim a broadcast adds): such a dim may hold one entry per batch
+element, which the flow cannot see, so a kernel could read it as a batch dim
+as well as a core dim. None in place of
 the tuple means the flow cannot tell: a primitive it does not know, or a
 batch dim cut, merged, split or reordered on the way. The decorator runs it
 forward from the wrapper's arguments (``forward``) and backward from its
@@ -19,6 +22,8 @@ from batchpart import _compat as compat
 
 # Two uses of one value that put different batch dims on one of its dims.
 CLASH = -1
+# A dim the wrapper made itself, not one of its arguments' (module docstring).
+BUILT = -2
 
 # Result dim d is operand dim d (operands of rank 0 broadcast).
 _ELEMENTWISE = frozenset("""
@@ -49,6 +54,16 @@ def shared(ndim: int) -> tuple:
   return (None,) * ndim
 
 
+def built(ndim: int) -> tuple:
+  """The dims of a value the wrapper made itself (a constant, a closure)."""
+  return (BUILT,) * ndim
+
+
+def is_batch(d) -> bool:
+  """Whether a dims entry is one of the wrapper's batch dims."""
+  return d is not None and not isinstance(d, str) and d != BUILT
+
+
 def with_reduced(dims: tuple, reduced: dict[int, str]) -> tuple:
   """``dims`` with the reduced dims' names at their dims (dim -> name)."""
   return tuple(reduced.get(i, d) for i, d in enumerate(dims))
@@ -62,14 +77,14 @@ def reduced_at(dims, name: str) -> int | None:
 
 
 def carries_none(dims) -> bool:
-  """Whether the flow knows the value carries no batch dim."""
-  return dims is not None and all(d is None for d in dims)
+  """Whether the flow knows the value carries no batch or reduced dim."""
+  return dims is not None and all(d is None or d == BUILT for d in dims)
 
 
 def block(dims, batch_rank: int):
   """``(lead, rank)`` where ``dims`` hold the wrapper's last ``rank`` batch
   dims as one run, in order; ``(0, 0)`` where they hold none; None otherwise."""
-  at = [i for i, d in enumerate(dims) if d is not None and not isinstance(d, str)]
+  at = [i for i, d in enumerate(dims) if is_batch(d)]
   if not at:
     return 0, 0
   rank = len(at)
@@ -79,21 +94,29 @@ def block(dims, batch_rank: int):
 
 def forward(eqn, in_dims) -> list:
   """The dims of an eqn's results, from its operands' (None where it cannot
-  tell). A result of values that carry no batch dim carries none."""
-  if all(map(carries_none, in_dims)):
-    return [shared(_ndim(v)) for v in eqn.outvars]
+  tell). A result of values that carry no batch dim carries none; its dims
+  are ``BUILT`` where the eqn makes them or a built dim feeds them."""
   maps = _dim_map(eqn)
-  if maps is None or any(d is None for d in in_dims):
+  if all(map(carries_none, in_dims)):
+    if maps is None:
+      made = not in_dims or any(BUILT in d for d in in_dims)
+      return [(BUILT if made else None,) * _ndim(v) for v in eqn.outvars]
+  elif maps is None or any(d is None for d in in_dims):
     return [None] * len(eqn.outvars)
-  out = [None] * _ndim(eqn.outvars[0])
+  out: list = [BUILT] * _ndim(eqn.outvars[0])
   for (sources, altered), dims in zip(maps, in_dims):
-    if any(dims[d] is not None for d in altered):
+    if any(dims[d] is not None and dims[d] != BUILT for d in altered):
       return [None]   # a batch dim cut, merged or reordered
+    # A dim no operand dim feeds intact is made here: built, unless it comes
+    # from an argument's core dims cut or merged (a slice keeps a core dim core).
+    fed = BUILT if not altered or any(dims[d] == BUILT for d in altered) else None
     for k, s in enumerate(sources):
-      label = None if s is None else dims[s]
-      if label is None:
+      label = fed if s is None else dims[s]
+      if label is None or label == BUILT:
+        # An argument's core dim stays core where any operand feeds one.
+        out[k] = None if label is None and out[k] == BUILT else out[k]
         continue
-      if out[k] not in (None, label):
+      if out[k] not in (None, BUILT, label):
         return [None]   # two batch dims on one dim
       out[k] = label
   return [tuple(out)]

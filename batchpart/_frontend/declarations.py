@@ -31,8 +31,8 @@ from types import MappingProxyType
 
 from batchpart import _compat as compat
 from batchpart._primitive import foreign
-from batchpart._primitive.batch_spec import check_spec
 from batchpart._primitive.primitive import explicit_result_types
+from batchpart._vocab.batch_spec import check_spec
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

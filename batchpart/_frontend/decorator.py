@@ -20,11 +20,13 @@ import jax
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
+from batchpart._frontend.call_places import CallPlaces, LeftPlain, shape_of, trailing_core_ranks
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
 from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
-from batchpart._primitive.batch_spec import batch_slice, broadcast_batch_shapes, fmt
-from batchpart._primitive.reductions import Reduction, absolute_dim, check_result_dtypes
+from batchpart._vocab.batch_spec import broadcast_batch_shapes
+from batchpart._vocab.dims.batch import batch_slice
+from batchpart._vocab.dims.core import absolute_dim
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
@@ -60,7 +62,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       results, e.g. ``"(n,n)->(n,n)"``.
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
-    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``),
+    reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
+      combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
       with a signature: core dims of the wrapper's arguments, in no result,
       that its results combine over (docs/reductions.md). The dim is followed
       through the wrapper like the batch dims; each ``jax.ffi.ffi_call`` that
@@ -134,11 +137,6 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
           (*spec.operand_lead_ranks, *spec.result_lead_ranks))
 
 
-def _shape(var) -> tuple:
-  """The shape of a jaxpr variable or literal (() for tokens and other non-arrays)."""
-  return tuple(getattr(var.aval, "shape", ()))
-
-
 def _count_ffi_calls(jaxprs) -> int:
   """How many ``jax.ffi.ffi_call``s the jaxprs contain, at any depth."""
   count = 0
@@ -149,30 +147,7 @@ def _count_ffi_calls(jaxprs) -> int:
   return count
 
 
-def _trailing_core_ranks(shapes, places) -> tuple:
-  """Each array's core dims after its batch dims, from its ``(lead, rank)``."""
-  return tuple(len(s) - lead - rank for s, (lead, rank) in zip(shapes, places))
-
-
-class _LeftPlain(Exception):
-  """A ``jax.ffi.ffi_call`` stays plain: ``reason`` says why; ``unclear``
-  where its batch dims cannot be told (the user is warned)."""
-
-  def __init__(self, reason: str, unclear: bool = False):
-    super().__init__(reason)
-    self.reason, self.unclear = reason, unclear
-
-
-def _unless_unclear(place, *args):
-  """``place(*args)``, or the ``_LeftPlain`` it raises: whether the call stays
-  plain for another reason is known only once every place is."""
-  try:
-    return place(*args)
-  except _LeftPlain as unclear:
-    return unclear
-
-
-class _Rewriter(RewriteWarnings):
+class _Rewriter(RewriteWarnings, CallPlaces):
   """Evaluates jaxprs with batched ffi_calls rebound as batchpart calls.
 
   Alongside the values it runs the flow of batch dims (``batch_dims``): which
@@ -191,74 +166,13 @@ class _Rewriter(RewriteWarnings):
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
 
-  def _by_shape(self, shape, what):
-    """``(lead, rank)`` of the batch shape in ``shape``, which the flow knows
-    nothing of; ``(0, 0)`` where it is absent."""
-    rank = len(self.batch_shape)
-    fits = [p for p in self.leads if tuple(shape[p:p + rank]) == self.batch_shape]
-    if len(fits) > 1:
-      raise _LeftPlain(
-          f"the batch shape {fmt(self.batch_shape)} fits {what} (shape {fmt(shape)}) at "
-          f"dim {fits[0]} and at dim {fits[1]}, and the flow of the wrapper's batch dims "
-          f"does not say which", unclear=True)
-    return (fits[0], rank) if fits else (0, 0)
-
-  def _operand_place(self, dims, shape, what):
-    """``(lead, rank)`` of an operand's batch dims: where the flow puts them,
-    else by the shape; ``(0, 0)``: passed whole."""
-    if dims is None:
-      return self._by_shape(shape, what)
-    place = batch_dims.block(dims, len(self.batch_shape))
-    if place is None:
-      raise _LeftPlain(f"{what} (shape {fmt(shape)}) carries the wrapper's batch dims "
-                       f"out of order or twice", unclear=True)
-    return place
-
-  def _result_place(self, want, shape, what):
-    """``(lead, rank)`` of a result's batch dims: where its uses put the whole
-    batch shape, else by the shape; ``(0, 0)``: no batch dims."""
-    rank = len(self.batch_shape)
-    place = None if want is None else batch_dims.block(want, rank)
-    if place is not None and place[1] == rank and tuple(
-        shape[place[0]:place[0] + rank]) == self.batch_shape:
-      return place
-    return self._by_shape(shape, what)
-
-  def _places(self, eqn, in_dims, wants):
-    """Each operand's and result's ``(lead, rank)`` as a batchpart call;
-    raises ``_LeftPlain`` where the call stays a plain ``jax.ffi.ffi_call``."""
-    params = eqn.params
-    target, result_avals = params["target_name"], params["result_avals"]
-    if params.get("custom_call_api_version", 4) != 4:
-      raise _LeftPlain(f"the call to {target!r} is not a typed FFI call "
-                       f"(custom_call_api_version 4)")
-    if any(r is compat.abstract_token for r in result_avals):
-      raise _LeftPlain(f"the call to {target!r} returns a token")
-    if not self.batch_shape:
-      raise _LeftPlain("the batch shape is () (nothing to partition)")
-    results = [_unless_unclear(self._result_place, w, tuple(r.shape), f"result {i}")
-               for i, (w, r) in enumerate(zip(wants, result_avals))]
-    operands = [_unless_unclear(self._operand_place, d, _shape(v), f"operand {i}")
-                for i, (d, v) in enumerate(zip(in_dims, eqn.invars))]
-    # A call that would stay plain anyway needs no warning of unclear dims.
-    if (0, 0) in results:
-      shapes = ", ".join(str(tuple(r.shape)) for r in result_avals)
-      raise _LeftPlain(f"the call to {target!r} has results of shapes {shapes}, without "
-                       f"the batch shape (a kernel called once per problem?)")
-    if all(o == (0, 0) for o in operands):
-      raise _LeftPlain(f"the call to {target!r} has no batched operand (it runs whole)")
-    for place in results + operands:
-      if isinstance(place, _LeftPlain):
-        raise place
-    return operands, results
-
   def _rebind_ffi_call(self, eqn, invals, in_dims, wants):
     """A ``jax.ffi.ffi_call`` eqn bound again, as a batchpart call where its
     batch dims are known, else unchanged: its results and their batch dims."""
     params = eqn.params
     try:
-      operands, results = self._places(eqn, in_dims, wants)
-    except _LeftPlain as plain:
+      operands, results = self.places(eqn, in_dims, wants)
+    except LeftPlain as plain:
       if plain.unclear:
         self._warn_unclear(params["target_name"], plain.reason)
       else:
@@ -270,7 +184,7 @@ class _Rewriter(RewriteWarnings):
     declared.declare(params["target_name"])
     result_avals = tuple(params["result_avals"])
     result_shapes = [tuple(r.shape) for r in result_avals]
-    reductions = self._call_reductions(eqn, in_dims, operands, results)
+    reductions = self.call_reductions(eqn, in_dims, operands, results)
     leads = {"reductions": reductions} if reductions else {}
     if any(lead for lead, _ in operands + results):
       leads.update(operand_lead_ranks=tuple(lead for lead, _ in operands),
@@ -279,8 +193,8 @@ class _Rewriter(RewriteWarnings):
         *invals,
         target_name=params["target_name"],
         result_avals=result_avals,
-        operand_core_ranks=_trailing_core_ranks(map(_shape, eqn.invars), operands),
-        result_core_ranks=_trailing_core_ranks(result_shapes, results),
+        operand_core_ranks=trailing_core_ranks(map(shape_of, eqn.invars), operands),
+        result_core_ranks=trailing_core_ranks(result_shapes, results),
         **leads,
         has_side_effect=params["has_side_effect"],
         input_layouts=tuple(map(tuple, params["input_layouts"])),
@@ -292,37 +206,6 @@ class _Rewriter(RewriteWarnings):
     rank = len(self.batch_shape)
     return outs, [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
                   for s, (lead, _) in zip(result_shapes, results)]
-
-  def _call_reductions(self, eqn, in_dims, operands, results) -> tuple:
-    """The wrapper's reduced dims this call reduces: those an operand carries
-    (as the flow says) while no result has a core dim of that size. Where a
-    result has one, the call might keep the dim (an elementwise kernel):
-    nothing is declared there, with a warning, never a guess."""
-    target = eqn.params["target_name"]
-    result_avals = eqn.params["result_avals"]
-    out = []
-    for r in self.reductions:
-      where = [(k, at, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
-               if (at := batch_dims.reduced_at(dims, r.name)) is not None]
-      if not where:
-        continue
-      size = _shape(eqn.invars[where[0][0]])[where[0][1]]
-      kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
-              if size in (*a.shape[:lead], *a.shape[lead + rank:])]
-      if kept:
-        self._warn_unclear(target, f"result {kept[0]} has a core dim of the size of the "
-                                   f"reduced dim {r.name!r} ({size}), so whether the "
-                                   "kernel combines over it cannot be told; it is "
-                                   "computed whole", partitioned=True)
-        continue
-      dims = []
-      for k, at, (lead, _) in where:
-        ndim = len(_shape(eqn.invars[k]))
-        dims.append((k, at if at < lead else at - ndim))
-      out.append(Reduction(r.name, r.op, tuple(dims)))
-    check_result_dtypes(f"batchpart.batch_partitionable({self.name}) (its call to "
-                        f"'{target}')", out, [a.dtype for a in result_avals])
-    return tuple(out)
 
   def closed(self, closed, in_dims, out_dims=()):
     """A closed jaxpr with the same signature, its ffi_calls rewritten;
@@ -386,7 +269,7 @@ class _Rewriter(RewriteWarnings):
     wants = batch_dims.demands(jaxpr, out_dims)
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
-    known = {v: batch_dims.shared(len(_shape(v))) for v in jaxpr.constvars}
+    known = {v: batch_dims.built(len(shape_of(v))) for v in jaxpr.constvars}
     known.update(zip(jaxpr.invars, in_dims))
 
     def read(v):
@@ -394,8 +277,8 @@ class _Rewriter(RewriteWarnings):
 
     def dims(v):
       # A literal or a scalar carries no batch dim.
-      if isinstance(v, compat.Literal) or not _shape(v):
-        return batch_dims.shared(len(_shape(v)))
+      if isinstance(v, compat.Literal) or not shape_of(v):
+        return batch_dims.shared(len(shape_of(v)))
       return known.get(v)
 
     for eqn in jaxpr.eqns:

@@ -7,9 +7,9 @@ from typing import Any
 
 from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
-from batchpart._primitive.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._primitive.lowering import declaration_text
-from batchpart._primitive.reductions import check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.reduced import check_results
 
 
 def ffi_call(
@@ -56,7 +56,10 @@ def ffi_call(
       op, over any split of that dim into parts, of the results the kernel
       computes on the parts. Where the dim is sharded, each device runs the
       kernel on its own part and one all-reduce over the devices holding the
-      parts combines the results (docs/reductions.md).
+      parts combines the results (docs/reductions.md). Or a named combiner
+      that reads the results together: ``"argmax"`` / ``"argmin"`` (results
+      ``(value, index)``, the index local to the part) or ``"logsumexp"``
+      (results ``(m_1, ..., m_j, lse)``); see docs/reductions.md.
     has_side_effect: keep the call even when its results are unused.
     input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
       order, as in :func:`jax.ffi.ffi_call`.
@@ -96,11 +99,11 @@ def ffi_call(
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals: list[Any] = list(compat.result_avals_from_shape_dtypes(results))
-  check_result_dtypes(owner, reductions, [r.dtype for r in result_avals
-                                          if r is not compat.abstract_token])
   if any(r is compat.abstract_token for r in result_avals):
     raise ValueError(f"{owner}: token results are not "
                      "supported; use jax.ffi.ffi_call for ordered effects.")
+  check_results(owner, reductions, [r.shape for r in result_avals],
+                [r.dtype for r in result_avals])
   out_layouts = output_layouts if multiple_results else (output_layouts,)
   if output_layouts is None:
     out_layouts = None

@@ -1,6 +1,6 @@
 """Batch specs from what the user declares: ``num_batch_dims=k`` or a gufunc
 ``signature`` (the spec itself and its checks live in
-``_primitive/batch_spec``).
+``_vocab/batch_spec``).
 
 Everything here is checked before anything is traced, so bad input fails
 with a message naming the FFI target and the offending argument.
@@ -13,8 +13,9 @@ import re
 
 import numpy as np
 
-from batchpart._primitive.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
-from batchpart._primitive.reductions import DimName, Reduction, check_reduce_mapping
+from batchpart._vocab.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"

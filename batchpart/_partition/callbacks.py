@@ -12,11 +12,10 @@ import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._callback import blocks
-from batchpart._partition import shard_module, shardings as sh
-from batchpart._partition.description import CallDescription
+from batchpart._partition import blocks, combine, shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.core import absolute_dim
 
 _CACHE_SIZE = 256
 _cache_lock = threading.Lock()
@@ -66,7 +65,9 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
       d, arg_shapes, result_shapes, backend_config, plan.operand_local_shapes,
       plan.result_local_shapes, batch_shape=local_batch, rule=rule,
       reduce_groups=plan.reduce_groups,
-      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes))
+      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes),
+      part_offsets=combine.part_offsets(d.reductions, plan.operand_shardings,
+                                        plan.operand_local_shapes))
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
@@ -94,12 +95,17 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
-  replicated one) and its block vector (``batchpart/_callback/blocks``)."""
+  replicated one) and its block vector (``_vocab/blocks``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
   module = _local_module(d, arg_shapes, result_shapes, backend_config,
                          b.operand_local_shapes, b.result_local_shapes, batch_shape=(),
-                         block_table=b.table, reduce_groups=b.reduce_groups)
+                         block_table=b.table, reduce_groups=b.reduce_groups,
+                         part_offsets=combine.part_offsets(
+                             d.reductions,
+                             [sh.to_planner(h, len(s)) for h, s in
+                              zip(b.operand_shardings, b.operand_local_shapes)],
+                             b.operand_local_shapes))
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 

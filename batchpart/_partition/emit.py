@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition.description import CallDescription
+from batchpart._vocab.description import CallDescription
 
 ir, hlo = compat.ir, compat.hlo
 _COMBINERS = {"sum": hlo.add, "max": hlo.maximum, "min": hlo.minimum}
@@ -47,3 +47,15 @@ def all_reduce(value, op: str, groups) -> ir.Value:
   with ir.InsertionPoint(block):
     hlo.return_([_COMBINERS[op](*block.arguments)])
   return op_.result
+
+
+def table_row(table) -> ir.Value:
+  """``table[partition_id]`` for an int64 table of shape (partitions, n)."""
+  table = np.ascontiguousarray(table, dtype=np.int64)
+  n = table.shape[1]
+  i64 = ir.IntegerType.get_signless(64)
+  constant = hlo.constant(ir.DenseElementsAttr.get(table))
+  pid = hlo.convert(ir.RankedTensorType.get([], i64), hlo.partition_id())
+  zero = hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
+  row = hlo.dynamic_slice(constant, [pid, zero], [1, n])
+  return hlo.reshape(ir.RankedTensorType.get([n], i64), row)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 
 from batchpart import _compat as compat, _stablehlo
-from batchpart._partition import derived_names, sharding_rule, targets
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
-from batchpart._primitive.lowering import splits_reductions
+from batchpart._partition import sharding_rule, targets
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.dims.reduced import splits_reductions
 
 ir = compat.ir
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from batchpart import _core
 from batchpart._partition import shardings as sh
-from batchpart._partition.description import CallDescription
-from batchpart._primitive.batch_spec import batch_first, inverse
-from batchpart._primitive.reductions import reduced_dims_table
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.batch import batch_first, inverse
+from batchpart._vocab.dims.reduced import reduced_dims_table
 
 _Kind = _core.Sharding.Kind
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import attributes, emit
-from batchpart._partition.description import CallDescription
-from batchpart._primitive.reductions import combining_op
+from batchpart._partition import attributes, combine, emit
+from batchpart._vocab.description import CallDescription
 
 ir = compat.ir
 
@@ -18,15 +17,16 @@ def _tensor_type(shape, dtype) -> ir.Type:
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           result_dtypes, backend_config: bytes, batch_shape, rule=None,
-          block_table=None, reduce_groups=(), core_sizes=None) -> bytes:
+          block_table=None, reduce_groups=(), core_sizes=None, part_offsets=None) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
   needs no partitioner), restating everything the description holds, its FFI
   attributes rewritten by the per-shard attribute ``rule`` if any (given
   ``core_sizes``, the local size of each named core dim, where it takes
   them). With a ``block_table`` (host callbacks), operand 0 is replaced by
   the table's row for this device's ``partition_id``. With
-  ``reduce_groups``, each result is combined over those device groups by the
-  description's reduction op."""
+  ``reduce_groups``, the results are combined over those device groups by the
+  description's reduction op (``combine``; an argmax or argmin reads each
+  device's global start of its part in ``part_offsets``)."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
@@ -43,23 +43,9 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
       with ir.InsertionPoint(block):
         operands = list(block.arguments)
         if block_table is not None:
-          operands[0] = _table_row(block_table)
+          operands[0] = emit.table_row(block_table)
         results = emit.custom_call(d.target, d, operands, res_types, config)
         if len(reduce_groups):
-          op = combining_op(d.reductions)
-          assert op is not None, "reduce groups come only with reductions"
-          results = [emit.all_reduce(r, op, reduce_groups) for r in results]
+          results = combine.combine(d.reductions, results, reduce_groups, part_offsets)
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)
-
-
-def _table_row(table) -> ir.Value:
-  """``table[partition_id]`` for an int64 table of shape (partitions, n)."""
-  table = np.ascontiguousarray(table, dtype=np.int64)
-  n = table.shape[1]
-  i64 = ir.IntegerType.get_signless(64)
-  constant = compat.hlo.constant(ir.DenseElementsAttr.get(table))
-  pid = compat.hlo.convert(ir.RankedTensorType.get([], i64), compat.hlo.partition_id())
-  zero = compat.hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
-  row = compat.hlo.dynamic_slice(constant, [pid, zero], [1, n])
-  return compat.hlo.reshape(ir.RankedTensorType.get([n], i64), row)

@@ -16,7 +16,7 @@ sharded, no result has it, and batchpart's partitioner adds the all-reduce.
 from __future__ import annotations
 
 from batchpart import _compat as compat
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim
 
 
 def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,

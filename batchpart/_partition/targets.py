@@ -19,8 +19,9 @@ from __future__ import annotations
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import attributes, callbacks, derived_names
-from batchpart._partition.description import CallDescription
+from batchpart._partition import attributes, callbacks
+from batchpart._vocab import derived_names
+from batchpart._vocab.description import CallDescription
 
 _lock = threading.Lock()
 _typed: set[tuple[str, str]] = set()   # (user target, XLA platform) with a typed handler

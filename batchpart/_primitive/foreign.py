@@ -17,10 +17,10 @@ import numpy as np
 
 from batchpart import _compat as compat, _dtypes, _stablehlo
 from batchpart._partition import attributes
-from batchpart._partition.description import describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
 from batchpart._primitive.lowering import declaration_text, place
-from batchpart._primitive.reductions import check_result_dtypes
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.description import describe
+from batchpart._vocab.dims.reduced import check_results
 
 ir = compat.ir
 
@@ -94,7 +94,7 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   spec = declaration.spec(target, operand_shapes, result_shapes)
   caller = f"{declaration.owner} (its call to '{target}')"
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
-  check_result_dtypes(caller, spec.reductions, [
+  check_results(caller, spec.reductions, result_shapes, [
       _dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type)) for r in op.results])
   rule = declaration.attribute_rule
   description = describe(

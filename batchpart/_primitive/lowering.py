@@ -10,10 +10,12 @@ import dataclasses
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import declared, derived_names, emit, sharding_rule, targets
-from batchpart._partition.description import CallDescription, describe
-from batchpart._primitive.batch_spec import BatchSpec, check_spec
+from batchpart._partition import declared, emit, sharding_rule, targets
 from batchpart._primitive.primitive import batchpart_ffi_call_p, ffi_call_owner
+from batchpart._vocab import derived_names
+from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.description import CallDescription, describe
+from batchpart._vocab.dims.reduced import splits_reductions
 
 #: frontend attribute holding a call's batch declaration as the user wrote it
 #: (``signature='(n)->()'``), which the derived name's ranks cannot tell apart
@@ -63,16 +65,6 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
-
-
-def splits_reductions(ctx) -> bool:
-  """Whether a call lowered here may keep a reduced dim split. Not inside a
-  ``shard_map`` manual over some mesh axes only: there XLA hands the
-  partitioner the free axes' shardings alone, numbered within one manual
-  subgroup, so the per-device all-reduce could not name the devices of the
-  whole program. The reduced dims are then core dims like any other
-  (gathered or re-batched), as for an uneven split."""
-  return not compat.is_partially_manual_lowering(ctx)
 
 
 def _ir_types(ctx, avals):

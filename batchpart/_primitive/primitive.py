@@ -25,8 +25,8 @@ from collections.abc import Callable, Set as AbstractSet
 from typing import Any
 
 from batchpart import _compat as compat
-from batchpart._primitive.batch_spec import BatchSpec, check_spec, require_static_shapes
-from batchpart._primitive.reductions import reduced_dims_table
+from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_shapes
+from batchpart._vocab.dims.reduced import reduced_dims_table
 
 
 def _axes(entry) -> tuple:
@@ -156,9 +156,11 @@ def reshard_core_to_batch(x, core_rank: int):
   if all(e is None for e in spec[len(aval.shape) - core_rank:]):
     return x
   b = len(aval.shape) - core_rank
-  entries, _ = _explicit_batch_entries([aval], [core_rank], tuple(aval.shape[:b]))
-  from jax.sharding import PartitionSpec, reshard
-  return reshard(x, PartitionSpec(*entries, *([None] * core_rank)))
+  entries, mesh = _explicit_batch_entries([aval], [core_rank], tuple(aval.shape[:b]))
+  # A NamedSharding on the array's own mesh: a bare PartitionSpec needs a mesh
+  # context, which an Explicit mesh does not require of jnp's own ops.
+  from jax.sharding import NamedSharding, PartitionSpec, reshard
+  return reshard(x, NamedSharding(mesh, PartitionSpec(*entries, *([None] * core_rank))))
 
 
 def batch_primitive(name: str, owner: Callable[..., str],

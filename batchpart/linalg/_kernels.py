@@ -13,8 +13,8 @@ import threading
 import jax
 import numpy as np
 
-import batchpart
 from batchpart import _core, _cusolver_targets, _lapack_targets
+from batchpart._frontend.ffi_call import ffi_call
 from batchpart._frontend.signature import parse_signature
 
 _registered = False
@@ -43,7 +43,7 @@ def _call(target, signature, operands, results, *, aliases=None, **attributes):
   single = not isinstance(results, (list, tuple))
   out_layouts = [_layout(r.shape, len(c))
                  for r, c in zip([results] if single else results, parsed.outputs)]
-  return batchpart.ffi_call(
+  return ffi_call(
       target, results, signature=signature,
       input_layouts=[_layout(np.shape(x), len(c)) for x, c in zip(operands, parsed.inputs)],
       output_layouts=out_layouts[0] if single else out_layouts,
@@ -75,7 +75,7 @@ def potrf_hermitian(a, *, symmetrize: bool = False):
   # kernel reads the operand and writes the result anyway: there the alias
   # would only add XLA's copy.
   aliases = None if n <= _core.lapack.small_cholesky_limits()[0] else {0: 0}
-  return batchpart.ffi_call(
+  return ffi_call(
       "batchpart_potrf", [S(a.shape, a.dtype), S(tuple(batch), i32)],
       signature="(n,n)->(n,n),()", input_output_aliases=aliases)(
           a, lower=False, symmetrize=bool(symmetrize))
@@ -93,7 +93,7 @@ def _row_major_on_cpu(target, signature, operands, results, *, aliases=None,
   ensure_registered()
   if row_major_aliases is ...:
     row_major_aliases = aliases
-  return batchpart.ffi_call(f"{target}_row_major", results, signature=signature,
+  return ffi_call(f"{target}_row_major", results, signature=signature,
                             input_output_aliases=row_major_aliases)(*operands, **attributes)
 
 

@@ -449,7 +449,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceRows, ReduceRowsImpl,
                                   .Attr<int64_t>("rows"));
 
 HandlerTable Handlers() {
-  return {
+  HandlerTable table = {
       {"softmax", reinterpret_cast<void*>(kSoftmax)},
       {"matvec", reinterpret_cast<void*>(kMatvec)},
       {"axpy", reinterpret_cast<void*>(kAxpy)},
@@ -460,6 +460,8 @@ HandlerTable Handlers() {
       {"stateful_instantiate", reinterpret_cast<void*>(kStatefulInstantiate)},
       {"stateful_execute", reinterpret_cast<void*>(kStatefulExecute)},
   };
+  for (auto& entry : CombineHandlers()) table.push_back(entry);
+  return table;
 }
 
 int64_t BatchElementsProcessed() { return g_batch_elements.load(); }

@@ -11,6 +11,9 @@ namespace batchpart::testing {
 
 // (short name, XLA_FFI_Handler*) for each test kernel.
 HandlerTable Handlers();
+// The same for the kernels whose results combine by a named combiner
+// (combine_kernels.cc); Handlers() includes them.
+HandlerTable CombineHandlers();
 
 // Batch elements processed by all test kernels in this process.
 int64_t BatchElementsProcessed();

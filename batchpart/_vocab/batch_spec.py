@@ -2,12 +2,13 @@
 are core dims (the dims between them are batch dims), and the checks every
 layer shares.
 
-A spec is the one description of a call's batch dims that the primitive, the
-lowering, retargeted foreign calls and the partitioner all read. The
-frontend builds it from ``num_batch_dims`` or a gufunc signature
-(``_frontend/signature``). Every check takes ``owner``, the entry point the
-user called (``batchpart.ffi_call('t')``, ``batchpart.partition_primitive('p')``,
-...), so a message names what the user wrote.
+A spec is the one description of a call's dims that the primitive, the
+lowering, retargeted foreign calls and the partitioner all read; each kind
+of dim it holds is a module of ``dims``. The frontend builds it from
+``num_batch_dims`` or a gufunc signature (``_frontend/signature``). Every
+check takes ``owner``, the entry point the user called
+(``batchpart.ffi_call('t')``, ``batchpart.partition_primitive('p')``, ...),
+so a message names what the user wrote.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._vocab.dims.batch import batch_slice, full_leads, normalize_lead_fields
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +33,9 @@ class BatchSpec:
 
   Lead ranks that are all zero (batch dims leading, as without ``...``) are
   stored as ``()``, so such a spec equals one built without them.
-  ``reductions``: the reduced core dims (``_primitive/reductions``);
-  ``dim_names``: where each named core dim is, where a reduction or a
-  per-shard attribute rule needs it.
+  ``reductions``: the reduced core dims (``_vocab/dims/reduced``);
+  ``dim_names``: where each named core dim is (``_vocab/dims/core``), where
+  a reduction or a per-shard attribute rule needs it.
   """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
@@ -74,49 +77,6 @@ class BatchSpec:
     if self.dim_names:
       params["dim_names"] = self.dim_names
     return params
-
-
-def normalize_leads(leads, n: int, what: str = "lead ranks") -> tuple[int, ...]:
-  """``leads`` as a tuple of n ints, or ``()`` where all are zero."""
-  leads = tuple(int(v) for v in leads)
-  if not any(leads):
-    return ()
-  if len(leads) != n or min(leads) < 0:
-    raise ValueError(f"{what} {leads} do not fit {n} arrays")
-  return leads
-
-
-def normalize_lead_fields(obj, num_operands: int, num_results: int, owner: str = ""
-                          ) -> None:
-  """Normalizes (``normalize_leads``) the ``operand_lead_ranks`` and
-  ``result_lead_ranks`` of a frozen dataclass in place; ``owner`` leads the
-  message."""
-  for field, n in (("operand_lead_ranks", num_operands), ("result_lead_ranks", num_results)):
-    object.__setattr__(obj, field, normalize_leads(getattr(obj, field), n, owner + field))
-
-
-def full_leads(leads, n: int) -> tuple[int, ...]:
-  """Normalized lead ranks expanded to one per array."""
-  return tuple(leads) if leads else (0,) * n
-
-
-def batch_slice(shape, lead: int, core: int) -> tuple[int, ...]:
-  """The batch dims of an array: between its lead and trailing core dims."""
-  return tuple(shape[lead:len(shape) - core])
-
-
-def batch_first(rank: int, lead: int, batch_rank: int) -> list[int]:
-  """The dim order that puts an array's batch dims [lead, lead + batch_rank)
-  first, then its leading core dims, then its trailing ones."""
-  return [*range(lead, lead + batch_rank), *range(lead), *range(lead + batch_rank, rank)]
-
-
-def inverse(perm) -> list[int]:
-  """The permutation that undoes ``perm``."""
-  out = [0] * len(perm)
-  for i, p in enumerate(perm):
-    out[p] = i
-  return out
 
 
 def fmt(shape) -> str:

@@ -1,26 +1,6 @@
-"""Which block of the batch each partition's host callback gets.
-
-A host callback is partitioned like an FFI call (the planner picks the batch
-sharding), with two differences that make its contract hold:
-
-- **Split, never replicate.** Devices the plan leaves replicating a batch
-  block (a batch sharded over part of the mesh, or not sharded at all) would
-  each call the callback on the same elements: ``io_callback``'s side effect
-  would happen twice and ``pure_callback`` would compute everything N
-  times. Here every replicated subgroup is folded into the batch dim with the
-  most elements per block, so each device gets its own block (padding
-  allowed); XLA gathers the results where a consumer needs them replicated.
-- **The block vector.** Operand 0 of a callback is an int64 vector: the
-  block's offsets in the global batch, then the local (padded) batch shape.
-  The per-device module replaces it by the row of a constant table for its
-  ``partition_id``, so the host side knows where its block lies and how
-  much of it is padding; an all-padding block is never passed to the user.
-
-A reduced dim (``reduce=``) the plan keeps sharded is one more axis of the
-device grid: the devices along it share a batch block, each gets its own part
-of that dim, and the groups along it are the all-reduce's.
-
-Everything is a function of the plan and the description, as for FFI calls.
+"""A host callback's blocks on its plan (``_vocab/blocks``): the device grid
+read off the planner's shardings, and each array's sharding and local shape
+on that grid once every device has a block of its own.
 """
 
 from __future__ import annotations
@@ -32,8 +12,9 @@ import numpy as np
 
 from batchpart import _compat as compat, _core
 from batchpart._partition import shardings as sh
-from batchpart._partition.description import CallDescription
-from batchpart._primitive.reductions import absolute_dim
+from batchpart._vocab import blocks
+from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.core import absolute_dim
 
 _Kind = _core.Sharding.Kind
 _Subgroup = _core.Sharding.Subgroup
@@ -49,17 +30,6 @@ class Blocks:
   result_local_shapes: list
   table: np.ndarray
   reduce_groups: list
-
-
-def _batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int, ...]:
-  rank = max([*d.operand_batch_ranks, *d.result_batch_ranks], default=0)
-  out = [1] * rank
-  for shape, b in [*zip(operand_shapes, d.operand_batch_ranks),
-                   *zip(result_shapes, d.result_batch_ranks)]:
-    for m in range(b):
-      if shape[m] != 1:
-        out[rank - b + m] = shape[m]
-  return tuple(out)
 
 
 def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partitions):
@@ -114,49 +84,6 @@ def _reduction_coords(plan, d: CallDescription, operand_shapes
   return {k: tuple(v) for k, v in coords.items()}, tiles
 
 
-def _split_reductions(grid, rank, n_manual, coords, tiles):
-  """The grid with the reduced dims' parts taken out of its replicated axis
-  into axes of their own, after the manual axes: devices that share a batch
-  block and every other coordinate, one per part."""
-  if math.prod(tiles) == 1:
-    return grid.reshape(grid.shape + (1,) * len(tiles))
-  rep = grid.shape[rank] // math.prod(tiles)
-  moved = np.moveaxis(grid, rank, -1)   # batch..., manual..., replicated
-  out = np.empty(moved.shape[:-1] + (rep, *tiles), dtype=np.int64)
-  zero = (0,) * len(tiles)
-  for cell in np.ndindex(*moved.shape[:-1]):
-    seen: dict[tuple, int] = {}
-    for device in moved[cell]:
-      part = coords.get(int(device), zero)
-      out[cell + (seen.get(part, 0),) + part] = device
-      seen[part] = seen.get(part, 0) + 1
-    if any(v != rep for v in seen.values()) or len(seen) != math.prod(tiles):
-      raise ValueError("the reduced dims' parts do not split the replicated devices evenly")
-  # batch..., rep, manual..., reduced...
-  n = moved.ndim - 1
-  order = list(range(rank)) + [n] + list(range(rank, n)) + list(range(n + 1, n + 1 + len(tiles)))
-  return out.transpose(order)
-
-
-def _fold(grid, rank, batch):
-  """Folds the replicated axis into the batch dim with the most elements
-  per block: every device gets a block of its own."""
-  rep = grid.shape[rank]
-  if rep == 1:
-    return grid
-  tiles = grid.shape[:rank]
-  j = max(range(rank), key=lambda k: (-(-batch[k] // tiles[k]), -k))
-  order = list(range(grid.ndim))
-  order.remove(rank)
-  order.insert(j + 1, rank)
-  folded = grid.transpose(order)
-  shape = list(folded.shape)
-  shape[j:j + 2] = [shape[j] * shape[j + 1]]
-  # One replicated axis of size 1 keeps the layout: batch, replicated, manual.
-  shape.insert(rank, 1)
-  return folded.reshape(shape)
-
-
 def _sharding(grid, rank, n_manual, shape, batch_rank, batch, reduced=None):
   """The HloSharding of one array (batch dims right-aligned) on ``grid``,
   and its local shape. ``reduced``: the array's dims cut by the grid's
@@ -165,7 +92,10 @@ def _sharding(grid, rank, n_manual, shape, batch_rank, batch, reduced=None):
   tiles, tiled_axes = [], []
   for m in range(batch_rank):
     k = rank - batch_rank + m
-    if shape[m] == batch[k] and batch[k] != 1 and grid.shape[k] > 1:
+    # A batch dim of size 1 the grid tiles (a call with no batch dims, given
+    # one, or a batch of one folded over replicated devices) is tiled too:
+    # one device holds the element, the others padding, never a copy each.
+    if shape[m] == batch[k] and grid.shape[k] > 1:
       tiles.append(grid.shape[k])
       tiled_axes.append(k)
     else:
@@ -201,41 +131,22 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   planner's ``plan`` (shapes are the global ones, operand 0 the block
   vector)."""
   partitions = int(d.callback_partitions)
-  batch = _batch_shape(d, operand_shapes, result_shapes)
+  batch = blocks.batch_shape(d, operand_shapes, result_shapes)
   rank = len(batch)
   grid, n_manual = _grid(plan, d, operand_shapes, result_shapes, batch, partitions)
   coords, reduce_tiles = _reduction_coords(plan, d, operand_shapes)
-  grid = _split_reductions(grid, rank, n_manual, coords, reduce_tiles)
-  grid = _fold(grid, rank, batch)
+  grid = blocks.split_reductions(grid, rank, n_manual, coords, reduce_tiles)
+  grid = blocks.fold(grid, rank, batch)
   first_reduced = rank + 1 + n_manual
   reduced_axes: dict[int, dict[int, int]] = {}   # operand -> {dim: grid axis}
   for i, r in enumerate(d.reductions):
     for k, axis in r.dims:
       reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
           first_reduced + i)
-  tiles = grid.shape[:rank]
-  local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
-  table = np.zeros((partitions, 2 * rank), np.int64)
-  table[:, :rank] = batch          # a device outside the grid: all padding
-  table[:, rank:] = local_batch
-  for coord in np.ndindex(*grid.shape):
-    device = int(grid[coord])
-    if not 0 <= device < partitions:
-      raise ValueError(f"device {device} outside the {partitions} partitions "
-                       f"of '{d.target}'")
-    table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
+  table = blocks.block_table(grid, batch, partitions, d.target)
   ops = [_sharding(grid, rank, n_manual, s, b, batch, reduced_axes.get(k))
          for k, (s, b) in enumerate(zip(operand_shapes, d.operand_batch_ranks))]
   res = [_sharding(grid, rank, n_manual, s, b, batch)
          for s, b in zip(result_shapes, d.result_batch_ranks)]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
-                [r[1] for r in res], table, _groups(grid, first_reduced))
-
-
-def _groups(grid, first_reduced: int) -> list:
-  """The devices along the reduced-dim axes (the grid's last), one group per
-  position on the other axes; none without a reduced dim cut in parts."""
-  size = math.prod(grid.shape[first_reduced:])
-  if size == 1:
-    return []
-  return np.asarray(grid).reshape(-1, size).tolist()
+                [r[1] for r in res], table, blocks.reduce_groups(grid, first_reduced))

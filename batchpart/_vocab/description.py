@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpart._primitive.batch_spec import normalize_lead_fields
-from batchpart._primitive.reductions import DimName, Reduction
+from batchpart._vocab.dims.batch import normalize_lead_fields
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import Reduction
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ class CallDescription:
   its block vector (the block's offsets in the global batch, then the local
   batch shape), which the per-device module fills in per partition, and a
   batch replicated over devices is split across them instead
-  (``_callback/blocks``).
+  (``_vocab/blocks``).
   ``operand_lead_ranks`` / ``result_lead_ranks``: the core dims before each
   array's batch dims (a signature's ``...`` not in front); ``()`` where all
   are zero, so an array's batch dims are [lead, lead + batch rank).

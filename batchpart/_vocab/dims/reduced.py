@@ -5,12 +5,11 @@ every result *combines*: each result equals the reduction (sum, max or min),
 over any split of that dim into parts, of the results computed on the parts
 (a dot over its contraction dim, a NUFFT type 1 over its points, a
 log-likelihood over its data). Where that dim is sharded, each device runs
-the call on its own part and one all-reduce combines the results.
+the call on its own part and one all-reduce combines the results. A named
+combiner (``combined``) reads the results together instead.
 
-A reduction names its dim by each operand's core axis: ``>= 0`` counts the
-core dims before the operand's batch dims (a signature's ``...``), ``< 0``
-the trailing ones from the end. Both are invariant under vmap, which adds
-batch dims between them.
+A reduction names its dim by its core axis in each operand that has it
+(``core``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,17 @@ import dataclasses
 
 import numpy as np
 
-OPS = ("sum", "max", "min")
+from batchpart import _compat as compat
+from batchpart._vocab.dims.combined import (
+  COMBINERS,
+  check_combiner_dims,
+  check_combining_results,
+  is_combiner,
+)
+from batchpart._vocab.dims.core import absolute_dim
+
+OPS = ("sum", "max", "min")      # each result combined on its own
+ALL_OPS = OPS + COMBINERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,21 +38,6 @@ class Reduction:
   name: str
   op: str
   dims: tuple[tuple[int, int], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class DimName:
-  """Where a named core dim first appears: ``kind`` "o" (operand) or "r"
-  (result), the array's index and its core axis (as in ``Reduction``)."""
-  name: str
-  kind: str
-  index: int
-  axis: int
-
-
-def absolute_dim(axis: int, rank: int) -> int:
-  """An array dim from a core axis (``>= 0`` leading, ``< 0`` trailing)."""
-  return axis if axis >= 0 else rank + axis
 
 
 def reduced_dims_table(reductions, operand_ranks) -> list[list[int]]:
@@ -67,28 +61,48 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
   """``reduce`` as a dict of dim name -> op, checked for shape."""
   if not isinstance(reduce, dict) or not all(isinstance(k, str) for k in reduce):
     raise TypeError(f"{owner}: reduce must be a dict of core dim name -> op "
-                    f"({', '.join(map(repr, OPS))}), e.g. reduce={{'n': 'sum'}}; got "
+                    f"({', '.join(map(repr, ALL_OPS))}), e.g. reduce={{'n': 'sum'}}; got "
                     f"{reduce!r}.")
   for name, op in reduce.items():
-    if op not in OPS:
+    if op not in ALL_OPS:
       raise ValueError(f"{owner}: reduce={{{name!r}: {op!r}}}: the reduced dim '{name}' "
-                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, OPS))}.")
-  if len(set(reduce.values())) > 1:
-    raise ValueError(
-        f"{owner}: reduce={reduce!r} combines dims with different ops; the results "
-        "would depend on the order of the combinations. Use one op for every reduced dim.")
+                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, ALL_OPS))}.")
+  ops = set(reduce.values())
+  if len(ops) > 1:
+    combiner = next((op for op in ops if is_combiner(op)), None)
+    why = (f"the combiner '{combiner}' reads every result, so it cannot share them with "
+           "another op" if combiner else
+           "the results would depend on the order of the combinations")
+    raise ValueError(f"{owner}: reduce={reduce!r} combines dims with different ops "
+                     f"(dims {', '.join(reduce)}); {why}. Use one op for every reduced dim.")
+  if ops:
+    check_combiner_dims(owner, next(iter(ops)), list(reduce))
   return dict(reduce)
 
 
-def check_result_dtypes(owner: str, reductions, dtypes) -> None:
-  """Refuses results the combining op is not defined on."""
+def check_results(owner: str, reductions, shapes, dtypes) -> None:
+  """Refuses results the combining op is not defined on (their dtypes, and
+  for a combiner their number and shapes)."""
   op = combining_op(reductions)
   if op is None:
     return
   names = ", ".join(r.name for r in reductions)
+  if is_combiner(op):
+    check_combining_results(owner, op, names, shapes, dtypes)
+    return
   for i, dtype in enumerate(dtypes):
     dtype = np.dtype(dtype)
     if dtype == np.bool_ or (op != "sum" and np.issubdtype(dtype, np.complexfloating)):
       raise ValueError(
           f"{owner}: result {i} has dtype {dtype.name}, which reduce '{op}' over the "
           f"dim(s) {names} cannot combine.")
+
+
+def splits_reductions(ctx) -> bool:
+  """Whether a call lowered here may keep a reduced dim split. Not inside a
+  ``shard_map`` manual over some mesh axes only: there XLA hands the
+  partitioner the free axes' shardings alone, numbered within one manual
+  subgroup, so the per-device all-reduce could not name the devices of the
+  whole program. The reduced dims are then core dims like any other
+  (gathered or re-batched), as for an uneven split."""
+  return not compat.is_partially_manual_lowering(ctx)

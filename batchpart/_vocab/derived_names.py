@@ -23,10 +23,11 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 - ``$a<i>:<j>``: operand ``i`` aliases result ``j``
 - ``$s``: the call has a side effect
 - ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
-  its block vector, filled in per partition (``batchpart/_callback/blocks``)
+  its block vector, filled in per partition (``batchpart/_vocab/blocks``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
-  combines the results over its parts, and its core axis in each operand
-  that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
+  combines the results over its parts (``sum``, ``max``, ``min`` or a named
+  combiner: ``argmax``, ``argmin``, ``logsumexp``), and its core axis in each
+  operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
@@ -41,8 +42,9 @@ from __future__ import annotations
 
 import re
 
-from batchpart._partition.description import CallDescription, default_layout
-from batchpart._primitive.reductions import OPS, DimName, Reduction
+from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"
@@ -141,7 +143,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
-    elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in OPS:
+    elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in ALL_OPS:
       dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in x.group(3).split(","))
       reductions.append(Reduction(x.group(1), x.group(2), dims))
     elif tag == "k" and (k := _DIM_NAME.match(value)):

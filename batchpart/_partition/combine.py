@@ -1,0 +1,153 @@
+"""Combining each device's results over the parts of its reduced dims.
+
+``sum``, ``max`` and ``min`` all-reduce each result on its own. A named
+combiner (``_vocab/dims/combined``) reads its results together, in
+elementwise ops around all-reduces of result-sized arrays; no operand ever
+moves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from batchpart import _compat as compat, _core
+from batchpart._partition import emit
+from batchpart._vocab.dims.combined import ARG_COMBINERS
+from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.reduced import combining_op
+
+ir, hlo = compat.ir, compat.hlo
+_Kind = _core.Sharding.Kind
+
+
+def combine(reductions, results, groups, part_offsets=None) -> list:
+  """``results`` (this device's) combined over each device group in
+  ``groups`` by the reductions' op; ``part_offsets[partition]`` is the
+  global start of that partition's part (argmax and argmin only)."""
+  op = combining_op(reductions)
+  if op in ARG_COMBINERS:
+    assert part_offsets is not None, "an index combines with the parts' offsets"
+    return _arg_extreme(op, list(results), groups, part_offsets)
+  if op == "logsumexp":
+    return _logsumexp(list(results), groups)
+  assert op is not None, "reduce groups come only with reductions"
+  return [emit.all_reduce(r, op, groups) for r in results]
+
+
+def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndarray | None:
+  """For an argmax or argmin: each partition's global start of its part of
+  the reduced dim (an int64 vector indexed by partition id), read off the
+  planner sharding of the first operand that has the dim; None otherwise.
+  The plan splits a reduced dim only evenly, so a part starts at its tile
+  coordinate times the local size."""
+  if combining_op(reductions) not in ARG_COMBINERS:
+    return None
+  k, axis = reductions[0].dims[0]
+  sharding, local = operand_shardings[k], operand_local_shapes[k]
+  dim = absolute_dim(axis, len(local))
+  if sharding.kind != _Kind.TILED:
+    return np.zeros(max(1, len(sharding.devices)), np.int64)
+  shape = list(sharding.tile_dims) + list(sharding.subgroup_dims)
+  devices = np.asarray(sharding.devices, np.int64).reshape(shape)
+  offsets = np.zeros(max(math.prod(shape), int(devices.max()) + 1), np.int64)
+  for coord, device in np.ndenumerate(devices):
+    offsets[device] = coord[dim] * int(local[dim])
+  return offsets
+
+
+def _arg_extreme(op: str, results, groups, part_offsets) -> list:
+  """NumPy's argmax (argmin) over the parts of ``(value, index)``: the
+  extreme value, then the lowest global index holding it; where any part
+  holds a NaN, the lowest global index of a NaN, and NaN as the value."""
+  value, index = results
+  extreme = "max" if op == "argmax" else "min"
+  best = emit.all_reduce(value, extreme, groups)
+  hit = _compare(value, best, "EQ")
+  if isinstance(_element(value), ir.FloatType):
+    is_nan = _compare(value, value, "NE")
+    flag = hlo.convert(_like(value, ir.IntegerType.get_signless(32)), is_nan)
+    any_nan = _compare(emit.all_reduce(flag, "max", groups), _splat(0, flag.type), "NE")
+    hit = hlo.select(any_nan, is_nan, hit)
+    best = hlo.select(any_nan, _splat(math.nan, value.type), best)
+  offset = _broadcast(hlo.convert(ir.RankedTensorType.get([], _element(index)),
+                                  _scalar(emit.table_row(part_offsets.reshape(-1, 1)))),
+                      index.type)
+  never = _splat(_integer_max(_element(index)), index.type)
+  candidate = hlo.select(hit, hlo.add(index, offset), never)
+  return [best, emit.all_reduce(candidate, "min", groups)]
+
+
+def _logsumexp(results, groups) -> list:
+  """The parts' log-normalisers merged by logsumexp and each average
+  re-weighted by exp(lse_p - lse); parts with lse = -inf add nothing, and
+  where every part has it the averages are 0."""
+  *averages, lse = results
+  top = emit.all_reduce(lse, "max", groups)
+  # Every part masked: -inf - -inf would be NaN; shift by 0 instead.
+  shift = hlo.select(hlo.is_finite(top), top, _splat(0.0, top.type))
+  weight = hlo.exponential(hlo.subtract(lse, shift))
+  total = emit.all_reduce(weight, "sum", groups)
+  out = [_reweighted(m, weight, total, groups) for m in averages]
+  return [*out, hlo.add(shift, hlo.log(total))]
+
+
+def _reweighted(average, weight, total, groups):
+  """sum_p weight_p * average_p / total, each weight broadcast over the
+  average's trailing dims; a part of weight 0 adds 0 even where its own
+  average is NaN (a kernel's 0/0 on a fully masked part)."""
+  kind = _element(average)
+  w = _broadcast(hlo.convert(_like(weight, kind), weight), average.type)
+  empty = _broadcast(_compare(weight, _splat(0.0, weight.type), "EQ"),
+                     _like(average, ir.IntegerType.get_signless(1)))
+  zero = _splat(0.0, average.type)
+  summed = emit.all_reduce(hlo.select(empty, zero, hlo.multiply(w, average)), "sum", groups)
+  z = _broadcast(hlo.convert(_like(total, kind), total), average.type)
+  none = _broadcast(_compare(total, _splat(0.0, total.type), "EQ"),
+                    _like(average, ir.IntegerType.get_signless(1)))
+  return hlo.select(none, zero, hlo.divide(summed, z))
+
+
+def _element(value) -> ir.Type:
+  return ir.RankedTensorType(value.type).element_type
+
+
+def _like(value, element: ir.Type) -> ir.RankedTensorType:
+  """``value``'s shape with another element type."""
+  return ir.RankedTensorType.get(list(ir.RankedTensorType(value.type).shape), element)
+
+
+def _compare(a, b, direction: str):
+  return hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction))
+
+
+def _broadcast(value, to: ir.Type):
+  """``value`` (of a leading part of ``to``'s dims) along ``to``'s trailing ones."""
+  rank = len(ir.RankedTensorType(value.type).shape)
+  return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(list(range(rank))))
+
+
+def _scalar(vector):
+  """A one-element vector as a scalar."""
+  return hlo.reshape(ir.RankedTensorType.get([], _element(vector)), vector)
+
+
+def _splat(value, to: ir.Type):
+  """``value`` in every element of an array of type ``to``. Floats go
+  through float64 so that every width (bfloat16 included) gets them."""
+  kind = ir.RankedTensorType(to).element_type
+  if isinstance(kind, ir.IntegerType):
+    integer = ir.IntegerType(kind)
+    dtype = np.dtype(f"{'u' if integer.is_unsigned else 'i'}{max(1, integer.width // 8)}")
+    constant = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, dtype),  # type: ignore[call-overload]  # stubs: arrays
+                                                     type=kind))
+  else:
+    wide = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.float64)))  # type: ignore[call-overload]  # stubs: arrays
+    constant = hlo.convert(ir.RankedTensorType.get([], kind), wide)
+  return _broadcast(constant, to)
+
+
+def _integer_max(kind: ir.Type) -> int:
+  integer = ir.IntegerType(kind)
+  return (1 << integer.width) - 1 if integer.is_unsigned else (1 << (integer.width - 1)) - 1
