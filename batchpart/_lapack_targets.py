@@ -22,8 +22,6 @@ import math
 import threading
 from collections.abc import Sequence
 
-import jax
-
 # Targets the CUDA module lacks: their options raise NotImplementedError on a
 # GPU, and the row-major twins are called on CPU only (batchpart.linalg
 # checks the platform).
@@ -55,10 +53,6 @@ def register() -> None:
 
     _core.lapack.initialize(cython_lapack.__pyx_capi__, cython_blas.__pyx_capi__)
     _core.lapack.set_blas_thread_control(_openblas_set_num_threads_local())
-    # Several CPU devices run their programs concurrently on the same cores;
-    # BLAS threads inside each call then only fight each other (measured in
-    # docs/reliability.md). One device may use them, as jaxlib does.
-    _core.lapack.set_single_threaded_blas(len(jax.devices("cpu")) > 1)
     from batchpart._frontend.registry import register_ffi_target
     for name, capsule in _core.lapack.handlers().items():
       register_ffi_target(name, capsule, platform="cpu")  # with XLA, and batch partitionable

@@ -13,6 +13,14 @@ def x64():
     yield
 
 
+@pytest.fixture(scope="module")
+def lapack_registered():
+  """The CPU LAPACK targets registered with XLA, for one module:
+  `pytestmark = pytest.mark.usefixtures("lapack_registered")`."""
+  from batchpart import _lapack_targets
+  _lapack_targets.register()
+
+
 def _needs_a_gpu(item) -> bool:
   """Whether a test runs only on a CUDA device: it takes the ``gpu`` fixture or
   its module skips without one (test_cuda_sharding.py)."""

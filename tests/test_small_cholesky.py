@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from jax.test_util import check_grads
+from small_tables import BATCHES, FIXED_SIZE, MAX_FIXED, sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
 from batchpart.testing import (
+  DTYPES,
+  assert_alone_as_in_batch,
   conj_transpose as herm,
   generic_kernels,
   hermitian_pd,
@@ -26,18 +29,10 @@ from batchpart.testing import (
   small_path,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
-MAX_SIZE, MAX_SOLVE_SIZE, MIN_BATCH = _core.lapack.small_cholesky_limits()
-# Both sides of the switch, and sizes around a lane count's multiples.
-SIZES = sorted({1, 2, 3, 7, 8, 16, 31, 32, MAX_SIZE, MAX_SIZE + 1})
-BATCHES = [1, 5, 17, 100]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
+MAX_SIZE, MAX_SOLVE_SIZE, MIN_GROUP = _core.lapack.small_cholesky_limits()
+SIZES = sizes_around(MAX_SIZE)
 
 
 def potrf(a, lower=True, symmetrize=False):
@@ -115,7 +110,7 @@ def test_potrf_matches_numpy(n, dtype, lower, symmetrize):
     assert not np.imag(np.diagonal(factor, axis1=-2, axis2=-1)).any()
 
 
-@pytest.mark.parametrize("batch", BATCHES + [MIN_BATCH - 1, MIN_BATCH, 8, 16, 33])
+@pytest.mark.parametrize("batch", [*BATCHES, MIN_GROUP - 1, MIN_GROUP, 8, 16, 33])
 @pytest.mark.parametrize("dtype", [np.float32, np.complex128])
 def test_potrf_batches_that_do_not_fill_the_lanes(batch, dtype):
   a = hermitian_pd(np.random.default_rng(batch), (batch,), 5, dtype)
@@ -153,6 +148,18 @@ def failing_batch(rng, n, dtype):
   return a, expected
 
 
+def assert_fails_as_lapack(result, info, lapack_result, lapack_info, expected):
+  """Asserts a failing_batch's result fails where LAPACK's does, with its
+  info, as NaN; the all-inf element as LAPACK has it. Returns the mask of
+  the elements left to check against a reference."""
+  np.testing.assert_array_equal(info, lapack_info)
+  np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
+  failed = info != 0
+  assert np.isnan(result[failed]).all() and np.isnan(lapack_result[failed]).all()
+  np.testing.assert_array_equal(result[14], lapack_result[14])
+  return ~failed & (np.arange(len(info)) != 14)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 16, MAX_SIZE, MAX_SIZE + 1])
 @pytest.mark.parametrize("lower", [True, False])
@@ -161,12 +168,7 @@ def test_potrf_failures_are_nan_in_that_element_only(n, dtype, lower):
   factor, info = potrf(a, lower=lower)
   with small_path("cholesky", "never"):
     lapack_factor, lapack_info = potrf(a, lower=lower)
-  np.testing.assert_array_equal(info, lapack_info)
-  np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
-  failed = info != 0
-  assert np.isnan(factor[failed]).all() and np.isnan(lapack_factor[failed]).all()
-  np.testing.assert_array_equal(factor[14], lapack_factor[14])
-  ok = ~failed & (np.arange(17) != 14)
+  ok = assert_fails_as_lapack(factor, info, lapack_factor, lapack_info, expected)
   assert np.isfinite(factor[ok]).all()
   assert_factor(factor[ok], info[ok], a[ok], lower, dtype)
 
@@ -222,12 +224,7 @@ def test_posv_failures_are_nan_in_that_element_only(n, dtype, lower):
   x, info = posv(a, b, lower=lower)
   with small_path("cholesky", "never"):
     lapack_x, lapack_info = posv(a, b, lower=lower)
-  np.testing.assert_array_equal(info, lapack_info)
-  np.testing.assert_array_equal(info[expected >= 0], expected[expected >= 0])
-  failed = info != 0
-  assert np.isnan(x[failed]).all() and np.isnan(lapack_x[failed]).all()
-  np.testing.assert_array_equal(x[14], lapack_x[14])
-  ok = ~failed & (np.arange(17) != 14)
+  ok = assert_fails_as_lapack(x, info, lapack_x, lapack_info, expected)
   np.testing.assert_allclose(x[ok], lapack_x[ok], rtol=tol(dtype, n) * 10,
                              atol=tol(dtype, n) * 10)
 
@@ -241,11 +238,6 @@ def test_solve_pos_through_bp_linalg_broadcasts():
 
 
 # ---- the fixed-size kernels (cc/lapack/small_cholesky_fixed.*) ------------------------
-
-# The largest n with a fixed-size kernel (kMaxFixedCholesky in small_cholesky_fixed.h): 16
-# for the real types, 14 for the complex ones; the tests run to 17.
-MAX_FIXED = 16
-AVX512 = _core.lapack.supported_block_transposes() == "avx512"
 
 
 def troubled(rng, batch, n, dtype, kinds):
@@ -271,7 +263,7 @@ def troubled(rng, batch, n, dtype, kinds):
   return a.astype(dtype)
 
 
-@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@FIXED_SIZE
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, MAX_FIXED + 1), dtype=st.sampled_from(DTYPES), lower=st.booleans(),
@@ -296,7 +288,24 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(n, dtype, lower, kinds
     np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
 
 
-@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, MAX_SIZE + 1), dtype=st.sampled_from(DTYPES), lower=st.booleans(),
+       kinds=st.lists(st.integers(0, 6), min_size=MIN_GROUP, max_size=MIN_GROUP + 3),
+       seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(n, dtype, lower, kinds, seed):
+  # A batch of one runs the one-matrix twins, a batch of MIN_GROUP or more a
+  # group: the same bits on failures, NaN, infinities and singular minors.
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+  for symmetrize in (False, True):
+    assert_alone_as_in_batch(lambda a, s=symmetrize: potrf(a, lower=lower, symmetrize=s), (a,),
+                             f"potrf n = {n}, symmetrize = {symmetrize}")
+  assert_alone_as_in_batch(lambda a, b: posv(a, b, lower=lower), (a, b), f"posv n = {n}")
+
+
+@FIXED_SIZE
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
 def test_fixed_size_kernels_against_numpy(dtype, n):

@@ -13,15 +13,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from small_tables import sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, lanes, random_array, small_path, switch_key
+from batchpart.testing import (
+  DTYPES,
+  assert_alone_as_in_batch,
+  assert_close,
+  hermitian_pd,
+  lanes,
+  random_array,
+  small_path,
+  switch_key,
+)
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 # The n the target decomposes interleaved (kEighSizes in
 # cc/lapack/small_eigh.h), by (complex, single precision).
 SWITCH = _core.lapack.small_eigh_sizes()
@@ -35,13 +44,7 @@ def largest(dtype):
 
 
 def sizes_around_switch(dtype):
-  high = largest(dtype)
-  return sorted({*SIZES, high - 1, high, high + 1})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
+  return sizes_around(largest(dtype), sizes=SIZES)
 
 
 def eigh(a, lower=True, vectors=True):
@@ -191,6 +194,33 @@ def test_extreme_magnitudes_beside_ordinary_matrices(dtype, magnitude):
   assert_close(w[::3] / magnitude, np.linalg.eigvalsh(tiny), dtype, scale_of(tiny))
   assert_close(H(v[::3]) @ v[::3], np.broadcast_to(np.eye(n), tiny.shape),
                dtype, n)
+
+
+def awkward(rng, n, dtype):
+  """Six Hermitian n x n matrices where the Jacobi sweeps branch: ordinary,
+  a NaN, already diagonal, negated with zeros (-0 off the diagonal), all
+  zero, and a repeated eigenvalue."""
+  a = hermitian_pd(rng, (6,), n, dtype)
+  a[1, n - 1, 0] = np.nan
+  a[2] = np.diag(np.diagonal(a[2]))
+  a[3] = -np.triu(np.tril(a[3], 1), -1)  # tridiagonal: -0 elsewhere
+  a[4] = 0
+  a[5] = np.eye(n) + 0 * a[5]
+  a[5, 0, 0] = 2
+  return a
+
+
+@settings(max_examples=15, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), n=st.integers(1, 49), lower=st.booleans(),
+       vectors=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(dtype, n, lower, vectors, seed):
+  # A lane's sweeps are its own: alone in a padded group it gets the bits
+  # it gets beside the batch's other matrices, however long they rotate
+  # (and syevd's bits wherever the matrix lies, above the switch).
+  a = awkward(np.random.default_rng(seed), n, dtype)
+  for path in ("auto", "always"):
+    with small_path("eigh", path):
+      assert_alone_as_in_batch(lambda a: eigh(a, lower, vectors), (a,), f"n = {n}, {path}")
 
 
 @SIDES

@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import HealthCheck, given, settings, strategies as st
+from small_tables import BATCHES, FIXED_SIZE, LAYOUTS, MAX_FIXED, sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   TOL,
+  assert_alone_as_in_batch,
   assert_close,
   generic_kernels,
   lanes,
@@ -26,25 +28,16 @@ from batchpart.testing import (
   small_path,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
 # The sizes each target runs interleaved (k*Sizes in cc/lapack/small_lu.h),
 # by (target, row_major, single precision).
 SWITCH = _core.lapack.small_lu_sizes()
-SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
-BATCHES = [1, 5, 17, 100]
-LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
 
 
 def sizes_around_switch(target, row_major, dtype):
-  """SIZES and the sizes on both sides of each end of the target's range."""
   low, high = SWITCH[target, row_major, np.finfo(dtype).bits == 32]
-  return sorted({*SIZES, *(n for n in (low - 1, low, high, high + 1) if n > 0)})
+  return sizes_around(high, low)
 
 
 def call(target, operands, results, row_major):
@@ -316,10 +309,6 @@ def test_both_paths_make_the_same_choices_around_the_switch(row_major, dtype):
 
 # ---- the fixed-size kernels (cc/lapack/small_lu_fixed.*) -----------------------------
 
-# The largest n with a fixed-size kernel (kMaxFixedLu in small_lu_fixed.h).
-MAX_FIXED = 16
-AVX512 = _core.lapack.supported_block_transposes() == "avx512"
-
 
 def troubled(rng, batch, n, dtype, kinds):
   """Random matrices with, per batch element, kinds[i] of: 0 none, 1 a zero
@@ -343,7 +332,7 @@ def troubled(rng, batch, n, dtype, kinds):
   return a
 
 
-@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@FIXED_SIZE
 @LAYOUTS
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -363,7 +352,23 @@ def test_fixed_size_kernels_give_the_generic_kernels_bits(row_major, n, single, 
     np.testing.assert_array_equal(g, e, err_msg=f"{name}, n = {n}")
 
 
-@pytest.mark.skipif(not AVX512, reason="the fixed-size kernels need AVX-512")
+@LAYOUTS
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 57), dtype=st.sampled_from(DTYPES),
+       kinds=st.lists(st.integers(0, 5), min_size=2, max_size=5), seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, n, dtype, kinds, seed):
+  # A batch of one runs the one-matrix twins, a batch of several a group:
+  # the same bits where their code branches (zero columns, NaN, infinities,
+  # tiny pivots, ties), on both sides of the switch.
+  rng = np.random.default_rng(seed)
+  a = troubled(rng, len(kinds), n, dtype, kinds)
+  b = random_array(rng, (len(kinds), n, 1 + seed % 3), dtype)
+  assert_alone_as_in_batch(lambda a: getrf(a, row_major), (a,), f"getrf n = {n}")
+  assert_alone_as_in_batch(lambda a, b: gesv(a, b, row_major), (a, b), f"gesv n = {n}")
+
+
+@FIXED_SIZE
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", range(1, MAX_FIXED + 2))
 def test_fixed_size_kernels_against_scipy(dtype, n):

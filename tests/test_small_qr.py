@@ -11,20 +11,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from small_tables import LAYOUTS, sizes_around
 
 import batchpart as bp
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
-from batchpart.testing import assert_close, lanes, random_array, small_path, switch_key
+from batchpart.testing import (
+  DTYPES,
+  assert_alone_as_in_batch,
+  assert_close,
+  lanes,
+  random_array,
+  small_path,
+  switch_key,
+)
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-REAL = [np.float32, np.float64]
-DTYPES = [*REAL, np.complex64, np.complex128]
 # The max(m, n) each layout runs interleaved (kQr*Sizes in
 # cc/lapack/small_qr.h), by (row_major, complex, single precision).
 SWITCH = _core.lapack.small_qr_sizes()
-SIZES = [1, 2, 3, 7, 8, 16, 31, 32]
+MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
 
 
 def largest(row_major, dtype):
@@ -32,17 +40,7 @@ def largest(row_major, dtype):
 
 
 def sizes_around_switch(row_major, dtype):
-  high = largest(row_major, dtype)
-  return sorted({*SIZES, high - 1, high, high + 1})
-
-
-LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
-MODES = pytest.mark.parametrize("full", [False, True], ids=["reduced", "complete"])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-  _lapack_targets.register()
+  return sizes_around(largest(row_major, dtype))
 
 
 def qr(a, full, row_major):
@@ -182,6 +180,32 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
     assert not (np.isfinite(q[i]).all() and np.isfinite(r[i]).all())
   ok = [i for i in range(len(a)) if i not in (1, lanes(dtype))]
   check_qr(a[ok], q[ok], r[ok], dtype)
+
+
+def awkward(rng, m, n, dtype):
+  """Six m x n matrices where the QR branches: ordinary, a zero column,
+  upper triangular (nothing to annihilate), squares that underflow and that
+  overflow (rescaled norms), and a NaN."""
+  wide = np.complex128 if np.iscomplexobj(np.zeros(0, dtype)) else np.float64
+  a = random_array(rng, (6, m, n), wide)
+  a[1, :, n // 2] = 0
+  a[2] = np.triu(a[2])
+  tiny, huge = (1e-30, 1e30) if np.finfo(dtype).bits == 32 else (1e-170, 1e170)
+  a[3] *= tiny
+  a[4] *= huge
+  a[5, m // 2, n // 2] = np.nan
+  return a.astype(dtype)
+
+
+@LAYOUTS
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), m=st.integers(1, 57), n=st.integers(1, 57),
+       full=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, dtype, m, n, full, seed):
+  # A batch of one runs the one-matrix twin, the batch of 6 a group: the same
+  # bits where the QR branches, tall and wide, on both sides of the switch.
+  a = awkward(np.random.default_rng(seed), m, n, dtype)
+  assert_alone_as_in_batch(lambda a: qr(a, full, row_major), (a,), f"{m} x {n}")
 
 
 @LAYOUTS

@@ -17,18 +17,24 @@ import jax
 import numpy as np
 import pytest
 import scipy.linalg
+from hypothesis import given, settings, strategies as st
+from small_tables import LAYOUTS
 
-from batchpart import _core, _lapack_targets
+from batchpart import _core
 from batchpart._lapack_targets import column_major
-from batchpart.testing import random_array, small_path, switch_key
+from batchpart.testing import (
+  DTYPES,
+  assert_alone_as_in_batch,
+  random_array,
+  small_path,
+  switch_key,
+)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
 
-DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 # The largest triangle each dtype solves interleaved, by (complex, single precision).
 SWITCHES = _core.lapack.small_trsm_max_sizes()
 FLAGS = list(itertools.product([False, True], repeat=5))
-LAYOUTS = pytest.mark.parametrize("row_major", [False, True], ids=["column_major", "row_major"])
 
 
 def switch(dtype):
@@ -37,13 +43,6 @@ def switch(dtype):
 
 def flag_id(flags):
   return "".join("LlTCU"[i] if v else "-" for i, v in enumerate(flags))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _lapack_with_x64():
-  _lapack_targets.register()
-  with jax.enable_x64(True):
-    yield
 
 
 def trsm(a, b, flags, *, row_major):
@@ -225,6 +224,18 @@ def nonfinite_inputs(rng, dtype, n, flags):
   b[7][...] = 0
   a[7][n // 2, n // 2] = 0
   return a, b
+
+
+@LAYOUTS
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), flags=st.sampled_from(FLAGS), n=st.integers(2, 33),
+       seed=st.integers(0, 2**16))
+def test_a_lone_matrix_gets_the_bits_of_its_group(row_major, dtype, flags, n, seed):
+  # A batch of one runs the one-matrix twin, the batch of 9 a group: the same
+  # bits on ordinary, NaN, infinite and zero-diagonal solves.
+  a, b = nonfinite_inputs(np.random.default_rng(seed), dtype, n, flags)
+  assert_alone_as_in_batch(lambda a, b: trsm(a, b, flags, row_major=row_major), (a, b),
+                           f"n = {n}, {flag_id(flags)}")
 
 
 @LAYOUTS

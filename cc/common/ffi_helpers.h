@@ -108,6 +108,15 @@ ffi::Error DispatchByDtype(const char* target, ffi::DataType dtype, Fn&& fn) {
   }
 }
 
+// Returns fn<T>(args...) from the enclosing handler, T the scalar type that
+// DispatchByDtype picks for `dtype` (the one found where the macro is used:
+// cusolver's substitutes its complex types), or DispatchByDtype's error
+// naming `target`: the typed call each handler of every platform ends with.
+#define BATCHPART_RETURN_FOR_DTYPE(target, dtype, fn, ...)          \
+  return DispatchByDtype(target, dtype, [&](auto batchpart_tag) {   \
+    return fn<typename decltype(batchpart_tag)::type>(__VA_ARGS__); \
+  })
+
 }  // namespace batchpart
 
 #endif  // BATCHPART_COMMON_FFI_HELPERS_H_

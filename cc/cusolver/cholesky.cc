@@ -56,18 +56,12 @@ ffi::Error PotrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                      ffi::Result<ffi::AnyBuffer> factor, ffi::Result<ffi::AnyBuffer> info,
                      bool lower, bool symmetrize) {
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, Product(shape.batch), shape.n, lower, symmetrize, a, *factor,
-                     *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Factor, stream, scratch,
+                             Product(shape.batch), shape.n, lower, symmetrize, a, *factor, *info);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrfCuda, PotrfImpl,
-                              BindPotrf(ffi::Ffi::Bind()
-                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                            .Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartPotrfCuda, PotrfImpl, BindPotrf(BindCuda()));
 
 }  // namespace batchpart::cusolver

@@ -88,17 +88,12 @@ ffi::Error EighImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
                     ffi::Result<ffi::AnyBuffer> info, bool lower, bool compute_vectors) {
   BATCHPART_ASSIGN_OR_RETURN(const EighShape shape,
                              ValidateEigh(a, *w, *v, *info, compute_vectors));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Decompose<T>(stream, scratch, shape, lower, a, *w, *v, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Decompose, stream, scratch, shape, lower, a,
+                             *w, *v, *info);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEighCuda, EighImpl,
-                              BindEigh(ffi::Ffi::Bind()
-                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                           .Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartEighCuda, EighImpl, BindEigh(BindCuda()));
 
 }  // namespace batchpart::cusolver

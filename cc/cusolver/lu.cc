@@ -38,17 +38,12 @@ ffi::Error GetrfImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                      ffi::Result<ffi::AnyBuffer> lu, ffi::Result<ffi::AnyBuffer> pivots,
                      ffi::Result<ffi::AnyBuffer> perm, ffi::Result<ffi::AnyBuffer> info) {
   BATCHPART_ASSIGN_OR_RETURN(const LuShape shape, ValidateGetrf(a, *lu, *pivots, *perm, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, shape, a, *lu, *pivots, *perm, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Factor, stream, scratch, shape, a, *lu,
+                             *pivots, *perm, *info);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrfCuda, GetrfImpl,
-                              BindGetrf(ffi::Ffi::Bind()
-                                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                            .Ctx<ffi::ScratchAllocator>()));  // info
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGetrfCuda, GetrfImpl, BindGetrf(BindCuda()));
 
 }  // namespace batchpart::cusolver

@@ -78,16 +78,11 @@ ffi::Error QrImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBu
                   ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> r,
                   bool full_matrices) {
   BATCHPART_ASSIGN_OR_RETURN(const QrShape shape, ValidateQr(a, *q, *r, full_matrices));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(stream, scratch, shape, a, *q, *r);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Factor, stream, scratch, shape, a, *q, *r);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    BatchpartQrCuda, QrImpl,
-    BindQr(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartQrCuda, QrImpl, BindQr(BindCuda()));
 
 }  // namespace batchpart::cusolver

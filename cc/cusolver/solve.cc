@@ -89,17 +89,12 @@ ffi::Error GesvImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
                     ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x,
                     ffi::Result<ffi::AnyBuffer> info) {
   BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Solve<T>(stream, scratch, shape, a, b, *x, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Solve, stream, scratch, shape, a, b, *x,
+                             *info);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesvCuda, GesvImpl,
-                              BindGesv(ffi::Ffi::Bind()
-                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                           .Ctx<ffi::ScratchAllocator>()));  // info
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartGesvCuda, GesvImpl, BindGesv(BindCuda()));
 
 }  // namespace batchpart::cusolver

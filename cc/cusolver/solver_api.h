@@ -285,6 +285,13 @@ ffi::Error ForEachBatchChunk(int64_t total, Fn&& fn) {
   return ffi::Error::Success();
 }
 
+// The binding every CUDA handler starts from: its stream and XLA's scratch
+// allocator, the first two arguments of each handler, which then binds its
+// target's operands (common/contracts.h's Bind*).
+inline auto BindCuda() {
+  return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>();
+}
+
 // Whether a batch goes to a batched routine (one call, pointer arrays) or to
 // a loop of per-matrix calls: batched when there are enough matrices for
 // their size. This is jaxlib's rule for LU (batch > 1 && n / batch <= 128);

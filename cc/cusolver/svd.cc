@@ -179,17 +179,12 @@ ffi::Error SvdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
                    bool full_matrices, bool compute_uv) {
   BATCHPART_ASSIGN_OR_RETURN(const SvdShape shape,
                              ValidateSvd(a, *s, *u, *vt, *info, full_matrices, compute_uv));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Decompose<T>(stream, scratch, shape, a, *s, *u, *vt, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Decompose, stream, scratch, shape, a, *s,
+                             *u, *vt, *info);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvdCuda, SvdImpl,
-                              BindSvd(ffi::Ffi::Bind()
-                                          .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                          .Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartSvdCuda, SvdImpl, BindSvd(BindCuda()));
 
 }  // namespace batchpart::cusolver

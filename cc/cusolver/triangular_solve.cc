@@ -71,17 +71,12 @@ ffi::Error TrsmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
                     bool transpose_a, bool conjugate_a, bool unit_diagonal) {
   BATCHPART_ASSIGN_OR_RETURN(const TrsmShape shape, ValidateTrsm(a, b, *x, left_side));
   const TrsmOptions options{left_side, lower, transpose_a, conjugate_a, unit_diagonal};
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Solve<T>(stream, scratch, shape, options, a, b, *x);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Solve, stream, scratch, shape, options, a,
+                             b, *x);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsmCuda, TrsmImpl,
-                              BindTrsm(ffi::Ffi::Bind()
-                                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                           .Ctx<ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchpartTrsmCuda, TrsmImpl, BindTrsm(BindCuda()));
 
 }  // namespace batchpart::cusolver

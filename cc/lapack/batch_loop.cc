@@ -23,13 +23,11 @@ constexpr double kMinFlopsPerChunk = 2e5;
 // on two threads than on one: each such call is shorter than the per-call
 // bookkeeping OpenBLAS does under a shared lock, so threads mostly contend.
 constexpr double kMinFlopsPerParallelElement = 500;
-// Above this many flops per element (about a 128x128 LU, a 64x64 SVD) a
-// call is long enough for OpenBLAS's own threads to help. Single-threaded
-// calls side by side still did better (8 matrices of 256x256 on 2 threads:
-// qr 1.5x, svd 2.0x, eigh 1.6x, lu 1.2x faster than one call after another
-// on two BLAS threads), but only while the elements share out evenly; a
-// batch that leaves a thread idle for a whole element's time (3 large
-// matrices on 2 threads) runs serially on BLAS threads instead.
+// Above this many flops per element (about a 128x128 LU, a 64x64 SVD) each
+// element is a chunk of its own: long enough to repay its claim, and
+// single-threaded calls side by side did better than one call after another
+// on two BLAS threads (8 matrices of 256x256 on 2 threads: qr 1.5x, svd
+// 2.0x, eigh 1.6x, lu 1.2x faster).
 constexpr double kMaxFlopsPerParallelElement = 2e6;
 // More chunks than threads evens out elements of unequal cost (iterative
 // eigen/SVD solvers) and threads that start late.
@@ -40,36 +38,43 @@ constexpr int64_t kChunksPerThread = 4;
 // element the loop leaves BLAS threading alone.
 constexpr double kMinFlopsForBlasThreads = 32.0 * 32.0 * 32.0;
 
-// Whether `batch` large elements keep `num_threads` threads busy: a whole
-// number of rounds, or at least kChunksPerThread rounds, so that threads
-// idle in the last, partial round for at most a quarter of the time.
-bool SharesOutEvenly(int64_t batch, int64_t num_threads) {
-  return batch % num_threads == 0 || batch >= kChunksPerThread * num_threads;
-}
-
 std::atomic<bool> g_parallel_enabled{true};
 std::atomic<SetLocalBlasThreadsFn> g_set_local_blas_threads{nullptr};
-std::atomic<bool> g_single_threaded_blas{false};
 
-// Sets this thread's BLAS thread count for the lifetime of the object.
+// The loops running with one BLAS thread, and the count to restore after
+// the last of them (guarded by g_blas_mu).
+std::mutex g_blas_mu;
+int64_t g_blas_users = 0;
+int g_blas_restore = 0;
+
+// Runs BLAS on one thread for the lifetime of the object. In scipy's
+// OpenBLAS (built with pthreads) the "local" setter sets the process's
+// count, so overlapping loops on several threads share one setting: the
+// first sets one thread, the last restores what the first found. A loop
+// restoring its own on exit would let a loop still running make its later
+// calls threaded, with bits that vary from run to run (a parallel batch of
+// 57 x 57 complex64 SVDs did). Each entrant still sets it, for builds where
+// the setting is the calling thread's.
 class ScopedBlasThreads {
  public:
   explicit ScopedBlasThreads(bool single) {
     SetLocalBlasThreadsFn set = g_set_local_blas_threads.load();
-    if (single && set != nullptr) {
-      set_ = set;
-      previous_ = set_(1);
-    }
+    if (!single || set == nullptr) return;
+    set_ = set;
+    std::lock_guard<std::mutex> lock(g_blas_mu);
+    const int previous = set_(1);
+    if (g_blas_users++ == 0) g_blas_restore = previous;
   }
   ~ScopedBlasThreads() {
-    if (set_ != nullptr) set_(previous_);
+    if (set_ == nullptr) return;
+    std::lock_guard<std::mutex> lock(g_blas_mu);
+    if (--g_blas_users == 0) set_(g_blas_restore);
   }
   ScopedBlasThreads(const ScopedBlasThreads&) = delete;
   ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
 
  private:
   SetLocalBlasThreadsFn set_ = nullptr;
-  int previous_ = 0;
 };
 
 // Shared by the calling thread and the pool tasks. Tasks hold it by
@@ -179,10 +184,7 @@ ffi::Error ChunkError(const std::string& message) {
 int64_t NumChunks(int64_t batch, double flops_per_element, int64_t num_threads) {
   if (num_threads <= 1 || batch <= 1) return 1;
   if (flops_per_element < kMinFlopsPerParallelElement) return 1;
-  if (flops_per_element > kMaxFlopsPerParallelElement) {
-    // One element per chunk: each is long enough to repay its claim.
-    return SharesOutEvenly(batch, num_threads) ? batch : 1;
-  }
+  if (flops_per_element > kMaxFlopsPerParallelElement) return batch;
   const double total = static_cast<double>(batch) * flops_per_element;
   const int64_t affordable = static_cast<int64_t>(total / kMinFlopsPerChunk);
   const int64_t chunks = std::min({batch, affordable, num_threads * kChunksPerThread});
@@ -198,9 +200,10 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
   if (batch <= 0) return ffi::Error::Success();
   const int64_t num_threads = g_parallel_enabled.load() ? pool.num_threads() : 1;
   const int64_t num_chunks = NumChunks(batch, flops_per_element, num_threads);
-  const bool single_blas = flops_per_element >= kMinFlopsForBlasThreads &&
-                           (num_chunks > 1 || g_single_threaded_blas.load() ||
-                            flops_per_element <= kMaxFlopsPerParallelElement);
+  // Never on BLAS threads, whatever the batch: OpenBLAS's threaded potrf and
+  // getrf give other bits than its single-threaded ones (200 x 200 float64),
+  // and a matrix's bits must not depend on how many others share its call.
+  const bool single_blas = flops_per_element >= kMinFlopsForBlasThreads;
   if (num_chunks == 1) {
     // Serial: no state to share, no lock (a batch of tiny matrices takes a
     // few microseconds, and allocations and locks are a visible part of it).
@@ -223,8 +226,6 @@ ffi::Error ForEachBatchChunk(ffi::ThreadPool& pool, int64_t batch, double flops_
 }
 
 void SetLocalBlasThreadsFunction(SetLocalBlasThreadsFn fn) { g_set_local_blas_threads = fn; }
-void SetSingleThreadedBlas(bool always) { g_single_threaded_blas = always; }
-bool SingleThreadedBlas() { return g_single_threaded_blas.load(); }
 
 void SetIntraOpParallelism(bool enabled) { g_parallel_enabled.store(enabled); }
 bool IntraOpParallelism() { return g_parallel_enabled.load(); }

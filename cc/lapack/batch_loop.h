@@ -50,16 +50,13 @@ xla::ffi::Error ForEachBatchChunk(xla::ffi::ThreadPool& pool, int64_t batch,
 // BLAS threading inside a kernel. scipy's OpenBLAS starts its own threads in
 // every call; inside XLA, where several devices' kernels and the intra-op
 // pool already occupy the cores, that oversubscribes them badly (8 simulated
-// devices on 2 cores: two 256x256 SVDs took 2.6 s instead of 23 ms). Given
+// devices on 2 cores: two 256x256 SVDs took 2.6 s instead of 23 ms), and its
+// threaded routines round differently from its single-threaded ones. Given
 // OpenBLAS's thread-local setter (openblas_set_num_threads_local, >= 0.3.27),
-// the batch loop runs LAPACK single-threaded on its own threads, except a
-// serial loop over large matrices, which may still profit from BLAS threads.
+// the batch loop runs LAPACK single-threaded on every thread, so a matrix's
+// bits do not depend on its batch or on the device count.
 using SetLocalBlasThreadsFn = int (*)(int);
 void SetLocalBlasThreadsFunction(SetLocalBlasThreadsFn fn);
-// When true, even serial loops over large matrices run BLAS single-threaded
-// (default false: they thread inside BLAS as jaxlib's kernels do).
-void SetSingleThreadedBlas(bool always);
-bool SingleThreadedBlas();
 
 // Switches the thread pool off (every loop serial) or back on; for
 // measurements and for tests that compare both paths.

@@ -31,7 +31,8 @@ void FactorOne(int64_t n, bool lower, bool symmetrize, T* l, int32_t* info) {
 }
 
 // The same for small matrices, kLanes<T> at a time (small_cholesky.h): the
-// pool's chunks are whole groups. The upper factor is the transposed pack's
+// pool's chunks are whole groups, and a group of a few matrices factors them
+// one by one, with the same bits. The upper factor is the transposed pack's
 // lower one, read back transposed.
 template <typename T>
 ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bool lower,
@@ -40,18 +41,21 @@ ffi::Error FactorInterleaved(ffi::ThreadPool& pool, int64_t batch, int64_t n, bo
   constexpr int64_t W = il::kLanes<T>;
   const int64_t size = n * n;
   const il::Strides strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
-  return il::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * n * n * n / 3.0, [n] { return il::Group<T>(n, n); },
+  return il::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * n * n * n / 3.0, il::SmallCholeskyMinGroup(),
+      [n] { return il::Group<T>(n, n); },
       [&](il::Group<T>& group, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
         int32_t group_info[W];
-        il::LanePointers(a_data, il::Itself, size, lanes, src);
-        il::LanePointers(l_data, il::Itself, size, lanes, dst);
-        group.Pack(src, lanes.count, strides);
+        il::PackLanes(group, a_data, il::Itself, size, lanes, strides);
         il::FactorLower(group, symmetrize, group_info);
-        group.Unpack(dst, lanes.count, strides);
+        il::UnpackLanes(group, l_data, size, lanes, strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      },
+      [n] { return il::Group<T, 1>(n, n); },
+      [&](il::Group<T, 1>& one, il::Lanes lane) {
+        il::PackLanes(one, a_data, il::Itself, size, lane, il::Transposed(strides));
+        il::FactorLowerOne(one, symmetrize, info_data + lane.first);
+        il::UnpackLanes(one, l_data, size, lane, il::Transposed(strides));
       });
 }
 
@@ -62,7 +66,7 @@ ffi::Error Factor(ffi::ThreadPool& pool, const CholeskyShape& shape, bool lower,
   const T* a_data = a.typed_data<T>();
   T* l_data = factor.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
-  if (interleaved::UseSmallCholesky(n, batch)) {
+  if (interleaved::UseSmallCholesky(n)) {
     return FactorInterleaved<T>(pool, batch, n, lower, symmetrize, a_data, l_data, info_data);
   }
   const double flops = kFlopScale<T> * n * n * n / 3.0;
@@ -78,10 +82,8 @@ ffi::Error PotrfImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                      ffi::Result<ffi::AnyBuffer> info, bool lower, bool symmetrize) {
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   BATCHPART_ASSIGN_OR_RETURN(const CholeskyShape shape, ValidatePotrf(a, *factor, *info));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Factor<T>(pool, shape, lower, symmetrize, a, *factor, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Factor, pool, shape, lower, symmetrize, a,
+                             *factor, *info);
 }
 
 }  // namespace

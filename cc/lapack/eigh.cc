@@ -59,9 +59,9 @@ struct EighScratch {
         work(sizes.work),
         rwork(kIsComplex<T> ? sizes.rwork : 0),
         iwork(sizes.iwork) {}
-  std::vector<T> a;  // the matrix LAPACK overwrites when v is not wanted
-  std::vector<T> work;
-  std::vector<Real<T>> rwork;
+  AlignedVector<T> a;  // the matrix LAPACK overwrites when v is not wanted
+  AlignedVector<T> work;
+  AlignedVector<Real<T>> rwork;
   std::vector<lapack_int> iwork;
 };
 
@@ -130,19 +130,11 @@ ffi::Error DecomposeGroups(ffi::ThreadPool& pool, const EighShape& shape, bool l
                        il::Group<T>(vectors ? n : 0, vectors ? n : 0), il::EighWork<T>(n, vectors)};
       },
       [&](Scratch& s, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
-        Real<T>* w_dst[W];
-        il::LanePointers(a_data, il::Itself, n * n, lanes, src);
-        s.a.PackTriangle(src, lanes.count, il::ColumnMajor(n), lower);
         int32_t lane_info[W];
+        il::PackTriangleLanes(s.a, a_data, il::Itself, n * n, lanes, il::ColumnMajor(n), lower);
         il::EighGroup(s.a, lower, vectors, s.work, s.w, s.v, lane_info);
-        il::LanePointers(w_data, il::Itself, n, lanes, w_dst);
-        s.w.Unpack(w_dst, lanes.count, il::RowMajor(n));
-        if (vectors) {
-          il::LanePointers(v_data, il::Itself, n * n, lanes, dst);
-          s.v.Unpack(dst, lanes.count, il::ColumnMajor(n));
-        }
+        il::UnpackLanes(s.w, w_data, n, lanes, il::RowMajor(n));
+        if (vectors) il::UnpackLanes(s.v, v_data, n * n, lanes, il::ColumnMajor(n));
         std::copy_n(lane_info, lanes.count, info_data + lanes.first);
       });
 }
@@ -153,7 +145,7 @@ ffi::Error Decompose(ffi::ThreadPool& pool, const EighShape& shape, bool lower,
                      ffi::AnyBuffer& info) {
   const int64_t batch = Product(shape.batch), n = shape.n;
   if (batch == 0) return ffi::Error::Success();
-  if (interleaved::UseSmallEigh<T>(n, batch)) {
+  if (interleaved::UseSmallEigh<T>(n)) {
     return DecomposeGroups<T>(pool, shape, lower, a, w, v, info);
   }
   const bool vectors = shape.v_cols > 0;
@@ -180,10 +172,8 @@ ffi::Error EighImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::Any
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   BATCHPART_ASSIGN_OR_RETURN(const EighShape shape,
                              ValidateEigh(a, *w, *v, *info, compute_vectors));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Decompose<T>(pool, shape, lower, a, *w, *v, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Decompose, pool, shape, lower, a, *w, *v,
+                             *info);
 }
 
 }  // namespace

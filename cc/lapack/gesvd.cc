@@ -43,9 +43,9 @@ struct GesvdScratch {
     return CallGesvd<T>(shape, a.data(), s, u, vt, work.data(),
                         static_cast<lapack_int>(work.size()), rwork.data());
   }
-  std::vector<T> a;  // gesvd destroys its input
-  std::vector<T> work;
-  std::vector<Real<T>> rwork;
+  AlignedVector<T> a;  // gesvd destroys its input
+  AlignedVector<T> work;
+  AlignedVector<Real<T>> rwork;
   T unused_uv{};  // stands in for U and Vt without compute_uv (never read)
 };
 

@@ -64,20 +64,16 @@ template <typename V>
 }
 
 // One interleaved matrix as planes of reals, for the kernels: element
-// (i, j)'s lanes at re + (i * cols + j) * kLanes<T>, and at im for complex T
-// (null for real T).
-template <typename T>
+// (i, j)'s W lanes at re + (i * cols + j) * W, and at im for complex T (null
+// for real T). W = 1 is one matrix, row-major.
+template <typename T, int W = kLanes<T>>
 struct Planes {
   using R = Real<T>;
   R* re;
   R* im;
   int64_t cols;
-  [[gnu::always_inline]] R* Re(int64_t i, int64_t j) const {
-    return re + (i * cols + j) * kLanes<T>;
-  }
-  [[gnu::always_inline]] R* Im(int64_t i, int64_t j) const {
-    return im + (i * cols + j) * kLanes<T>;
-  }
+  [[gnu::always_inline]] R* Re(int64_t i, int64_t j) const { return re + (i * cols + j) * W; }
+  [[gnu::always_inline]] R* Im(int64_t i, int64_t j) const { return im + (i * cols + j) * W; }
 };
 
 // Whether any lane of a lane-vector comparison's result is set: its 64
@@ -101,6 +97,8 @@ struct Strides {
 
 inline Strides ColumnMajor(int64_t rows) { return {1, rows}; }
 inline Strides RowMajor(int64_t cols) { return {cols, 1}; }
+// The strides that read the transpose of what s reads.
+inline Strides Transposed(Strides s) { return {s.col_stride, s.row_stride}; }
 
 // How a rows x cols matrix with strides s lies in memory.
 enum class Order { kColumnMajor, kRowMajor, kStrided };
@@ -112,8 +110,10 @@ inline Order DenseOrder(int64_t rows, int64_t cols, Strides s) {
 
 // Which path a batched kernel family takes for small matrices, for tests
 // that compare both paths and for measurements: kAuto, the switch points
-// measured against the per-matrix path (each kernel's source); kAlways, the
-// interleaved kernel at any size and batch; kNever, the per-matrix path.
+// measured against the per-matrix path (each kernel's source), by size and
+// dtype only, so that a matrix gets the same bits in any batch; kAlways,
+// the interleaved algorithm at any size (groups, and the one-matrix twins
+// for groups of a few, with the same bits); kNever, the per-matrix path.
 enum class SmallKernel {
   kCholesky,        // potrf and posv (small_cholesky.h)
   kTriangularSolve, // trsm (small_triangular_solve.h)
@@ -181,13 +181,14 @@ int64_t UnpackFlat(const Real<T>* re, const Real<T>* im, int64_t rows, int64_t c
 template <int W>
 void UnpackIndices(const int32_t* lanes, int64_t rows, int64_t count, int32_t* const* dst);
 
-// kLanes<T> matrices of rows x cols in the interleaved layout: re (and im
-// for complex T) of rows * cols * kLanes<T> reals each.
-template <typename T>
+// W matrices of rows x cols in the interleaved layout: re (and im for
+// complex T) of rows * cols * W reals each. W = 1 holds one matrix as the
+// planes its one-matrix kernels work on.
+template <typename T, int Width = kLanes<T>>
 class Group {
  public:
   using R = Real<T>;
-  static constexpr int W = kLanes<T>;
+  static constexpr int W = Width;
 
   Group(int64_t rows, int64_t cols)
       : rows_(rows), cols_(cols), re_(rows * cols * W), im_(kIsComplex<T> ? rows * cols * W : 0) {}
@@ -205,7 +206,9 @@ class Group {
   // identity (zero where not square), which every kernel factors and solves
   // without a failure, so padding lanes never produce NaN or Inf work.
   void Pack(const T* const* src, int64_t count, Strides s) {
-    const int64_t done = count == W ? PackFlat<T>(src, rows_, cols_, s, re_.data(), im_.data()) : 0;
+    if (W == 1 && PackRows(src[0], s)) return;
+    const int64_t done =
+        Full(count) ? PackFlat<T>(src, rows_, cols_, s, re_.data(), im_.data()) : 0;
     ForEachElementFrom(done, s, [&](int64_t i, int64_t j) { PackElement(src, count, s, i, j); });
   }
 
@@ -214,7 +217,8 @@ class Group {
   // this reads half as much; a full group's block transposes read it all
   // faster still.
   void PackTriangle(const T* const* src, int64_t count, Strides s, bool lower) {
-    if (count == W && DenseOrder(rows_, cols_, s) != Order::kStrided) return Pack(src, count, s);
+    if (W == 1 && PackRows(src[0], s)) return;
+    if (Full(count) && DenseOrder(rows_, cols_, s) != Order::kStrided) return Pack(src, count, s);
     for (int64_t i = 0; i < rows_; ++i) {
       const int64_t j_begin = lower ? 0 : i, j_end = lower ? std::min(i + 1, cols_) : cols_;
       for (int64_t j = j_begin; j < j_end; ++j) PackElement(src, count, s, i, j);
@@ -223,7 +227,9 @@ class Group {
 
   // Writes lanes [0, count) back, lane l to the matrix at dst[l].
   void Unpack(T* const* dst, int64_t count, Strides s) const {
-    const int64_t done = count == W ? UnpackFlat<T>(re_.data(), im_.data(), rows_, cols_, s, dst) : 0;
+    if (W == 1 && UnpackRows(dst[0], s)) return;
+    const int64_t done =
+        Full(count) ? UnpackFlat<T>(re_.data(), im_.data(), rows_, cols_, s, dst) : 0;
     ForEachElementFrom(done, s, [&](int64_t i, int64_t j) {
       const R* r = re(i, j);
       [[maybe_unused]] const R* m = kIsComplex<T> ? im(i, j) : nullptr;
@@ -239,6 +245,37 @@ class Group {
   }
 
  private:
+  // One matrix (W = 1) whose rows lie as the planes' (element (i, j) at
+  // i * cols + j): its parts copied in one pass, where element by element
+  // each took a call and the strides' arithmetic. False, nothing done,
+  // for any other layout.
+  bool PackRows(const T* src, Strides s) {
+    if (DenseOrder(rows_, cols_, s) != Order::kRowMajor) return false;
+    for (int64_t e = 0; e < rows_ * cols_; ++e) {
+      if constexpr (kIsComplex<T>) {
+        re_[e] = src[e].real();
+        im_[e] = src[e].imag();
+      } else {
+        re_[e] = src[e];
+      }
+    }
+    return true;
+  }
+  bool UnpackRows(T* dst, Strides s) const {
+    if (DenseOrder(rows_, cols_, s) != Order::kRowMajor) return false;
+    for (int64_t e = 0; e < rows_ * cols_; ++e) {
+      if constexpr (kIsComplex<T>) {
+        dst[e] = T(re_[e], im_[e]);
+      } else {
+        dst[e] = re_[e];
+      }
+    }
+    return true;
+  }
+
+  // Whether the block transposes move the group: a full group of kLanes<T>.
+  static bool Full(int64_t count) { return W == kLanes<T> && count == W; }
+
   // Calls f(i, j) for every element when first is 0, else for the elements
   // at memory offsets [first, rows * cols) of a dense matrix (the ones the
   // block transposes of PackFlat and UnpackFlat left).
@@ -279,12 +316,12 @@ class Group {
       for (int l = 0; l < W; ++l) read(l);
       return;
     }
-    int64_t l = 0;
-    for (; l < count; ++l) read(l);
-    for (; l < W; ++l) {
-      r[l] = i == j ? R(1) : R(0);
-      if constexpr (kIsComplex<T>) m[l] = R(0);
-    }
+    // The padding first, all lanes at once (a vector store), then the
+    // matrices over it: lane by lane, padding is most of the packing of a
+    // group that holds a few matrices.
+    std::fill_n(r, W, i == j ? R(1) : R(0));
+    if constexpr (kIsComplex<T>) std::fill_n(m, W, R(0));
+    for (int64_t l = 0; l < count; ++l) read(l);
   }
 
   int64_t rows_, cols_;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -31,6 +32,36 @@ ffi::Error CheckInitialized(const char* target);
 inline ffi::Error ExpectLapackInt(const char* target, const char* what, int64_t value) {
   return ExpectInt32(target, what, value);
 }
+
+// ---- aligned scratch ------------------------------------------------------
+
+// Allocates on 64-byte boundaries: a LAPACK routine's bits must not depend
+// on where its matrix lies (OpenBLAS's getrf pivots a NaN column differently
+// for matrices 4 bytes apart), nor on which chunk's scratch it got.
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(std::size_t count) {
+    return static_cast<T*>(::operator new(count * sizeof(T), kAlignment));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const AlignedAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const AlignedAllocator<U>&) const {
+    return false;
+  }
+};
+
+// A LAPACK routine's copy of a matrix or its workspace.
+template <typename T>
+using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
 // ---- column-major matrix utilities ----------------------------------------
 

@@ -21,7 +21,7 @@ namespace batchpart::lapack {
 // triangle only) and Q (orgqr expands the k reflectors below the diagonal of
 // the first k columns into q_cols orthonormal columns; it writes every column).
 template <typename T, typename Shape>
-void WriteQAndR(const Shape& shape, const T* factored, T* tau, std::vector<T>& work, T* q, T* r) {
+void WriteQAndR(const Shape& shape, const T* factored, T* tau, AlignedVector<T>& work, T* q, T* r) {
   CopyMatrix(factored, shape.m, r, shape.r_rows, shape.r_rows, shape.n);
   ZeroBelowDiagonal(r, shape.r_rows, shape.n);
   lapack_int m = static_cast<lapack_int>(shape.m), k = static_cast<lapack_int>(shape.k);

@@ -27,15 +27,19 @@ void PivotsToPermutation(const int32_t* pivots, int64_t k, int32_t* perm, int64_
   }
 }
 
-// Factors one column-major matrix in place.
+// Factors one column-major matrix in place, by LAPACK on an aligned copy.
 template <typename T>
 struct ColumnMajor {
   static interleaved::Strides Layout(const LuShape& shape) {
     return interleaved::ColumnMajor(shape.m);
   }
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfColumnMajorSizes<T>;
-  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>&) {
-    return LapackLu(shape.m, shape.n, lu, pivots);
+  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
+    const int64_t size = shape.m * shape.n;
+    scratch.assign(lu, lu + size);
+    const int32_t info = LapackLu(shape.m, shape.n, scratch.data(), pivots);
+    std::copy_n(scratch.data(), size, lu);
+    return info;
   }
 };
 
@@ -46,20 +50,20 @@ struct RowMajor {
     return interleaved::RowMajor(shape.n);
   }
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfRowMajorSizes<T>;
-  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, std::vector<T>& scratch) {
+  static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
     return FactorRowMajor(shape.m, shape.n, lu, pivots, scratch);
   }
 };
 
 // Whether the batch goes through the interleaved kernel (small_lu.h).
 template <typename T, template <typename> class Order>
-bool FactorInterleaved(const LuShape& shape, int64_t batch) {
-  return interleaved::UseSmallLu(Order<T>::kInterleaved, std::max(shape.m, shape.n), batch,
-                                 interleaved::kSmallLuMinBatch<T>);
+bool FactorInterleaved(const LuShape& shape) {
+  return interleaved::UseSmallLu(Order<T>::kInterleaved, std::max(shape.m, shape.n));
 }
 
 // The batch in groups of kLanes<T> matrices, each packed, factored and
-// unpacked by the interleaved kernel; the thread pool shares out groups.
+// unpacked by the interleaved kernel, and a group of a single matrix by its
+// one-matrix twin (the same bits); the thread pool shares out groups.
 template <typename T, template <typename> class Order>
 ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t batch, const T* a_data,
                         T* lu_data, int32_t* piv_data, int32_t* perm_data, int32_t* info_data) {
@@ -71,8 +75,8 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
     il::Group<T> group;
     std::vector<int32_t> pivots, perm;
   };
-  return il::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * shape.m * shape.n * shape.k,
+  return il::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * shape.m * shape.n * shape.k, il::kSmallLuMinGroup<T>,
       [&] {
         return Scratch{il::Group<T>(shape.m, shape.n),
                        std::vector<int32_t>(std::max<int64_t>(1, k) * W),
@@ -80,20 +84,22 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
       },
       [&](Scratch& s, il::Lanes lanes) {
         int32_t info[W];
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, il::Itself, size, lanes, src);
-        il::LanePointers(lu_data, il::Itself, size, lanes, dst);
-        s.group.Pack(src, lanes.count, layout);
+        il::PackLanes(s.group, a_data, il::Itself, size, lanes, layout);
         il::FactorGroup(s.group, il::RowSwaps::kWholeRows, s.pivots.data(), info);
-        s.group.Unpack(dst, lanes.count, layout);
+        il::UnpackLanes(s.group, lu_data, size, lanes, layout);
         il::PermutationGroup<T>(s.pivots.data(), k, shape.m, s.perm.data());
-        int32_t* rows[W];
-        il::LanePointers(piv_data, il::Itself, k, lanes, rows);
-        il::UnpackIndices<W>(s.pivots.data(), k, lanes.count, rows);
-        il::LanePointers(perm_data, il::Itself, shape.m, lanes, rows);
-        il::UnpackIndices<W>(s.perm.data(), shape.m, lanes.count, rows);
+        il::UnpackIndexLanes<W>(s.pivots.data(), k, piv_data, lanes);
+        il::UnpackIndexLanes<W>(s.perm.data(), shape.m, perm_data, lanes);
         std::copy(info, info + lanes.count, info_data + lanes.first);
+      },
+      [&] { return il::Group<T, 1>(shape.m, shape.n); },
+      [&](il::Group<T, 1>& one, il::Lanes lane) {
+        const int64_t b = lane.first;
+        int32_t* piv = piv_data + b * k;
+        il::PackLanes(one, a_data, il::Itself, size, lane, layout);
+        info_data[b] = il::FactorOne(one, piv);
+        il::UnpackLanes(one, lu_data, size, lane, layout);
+        PivotsToPermutation(piv, k, perm_data + b * shape.m, shape.m);
       });
 }
 
@@ -108,13 +114,13 @@ ffi::Error Factor(ffi::ThreadPool& pool, const LuShape& shape, const ffi::AnyBuf
   int32_t* perm_data = perm.typed_data<int32_t>();
   int32_t* info_data = info.typed_data<int32_t>();
   const int64_t batch = Product(shape.batch);
-  if (FactorInterleaved<T, Order>(shape, batch)) {
+  if (FactorInterleaved<T, Order>(shape)) {
     return FactorGroups<T, Order>(pool, shape, batch, a_data, lu_data, piv_data, perm_data,
                                   info_data);
   }
   const double flops = kFlopScale<T> * shape.m * shape.n * shape.k;
   return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    std::vector<T> scratch;
+    AlignedVector<T> scratch;
     for (int64_t b = begin; b < end; ++b) {
       CopyIfDistinct(a_data + b * size, lu_data + b * size, size);
       int32_t* piv = piv_data + b * shape.k;

@@ -116,7 +116,7 @@ void Transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
 // small matrices directly, larger ones by LAPACK's blocked getrf on a
 // column-major copy in `scratch`.
 template <typename T>
-int32_t FactorRowMajor(int64_t m, int64_t n, T* a, int32_t* pivots, std::vector<T>& scratch) {
+int32_t FactorRowMajor(int64_t m, int64_t n, T* a, int32_t* pivots, AlignedVector<T>& scratch) {
   if (std::min(m, n) <= kRowMajorLuMaxSize) return RowMajorLu(m, n, a, pivots);
   scratch.resize(m * n);
   Transpose(a, m, n, scratch.data());

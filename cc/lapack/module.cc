@@ -134,9 +134,9 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def("intra_op_parallelism", &IntraOpParallelism);
   m.def("set_small_path", &SetSmallPath, nb::arg("kernel"), nb::arg("path"),
         "Which path a kernel family ('cholesky': potrf and posv; 'triangular_solve': trsm; "
-        "'lu': getrf and gesv; 'qr'; 'eigh') takes for batches of small "
-        "matrices: 'auto' (the measured switch points, default), 'always' (the batch-interleaved "
-        "kernel at any size) or 'never' (one LAPACK call per matrix); for tests and "
+        "'lu': getrf and gesv; 'qr'; 'eigh') takes for small matrices: 'auto' (the measured "
+        "switch points, by size and dtype, default), 'always' (the batch-interleaved "
+        "algorithm at any size) or 'never' (one LAPACK call per matrix); for tests and "
         "measurements.");
   m.def("small_path", &SmallPathOf, nb::arg("kernel"), "The path set_small_path set.");
   m.def(
@@ -157,7 +157,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
         return sizes;
       },
       "{(target, row_major, single precision): (min n, max n)} that getrf ('getrf') and gesv "
-      "('gesv') factor interleaved, for batches of at least kSmallLuMinBatch (small_lu.h).");
+      "('gesv') factor interleaved (small_lu.h), in any batch.");
   m.def(
       "small_qr_sizes",
       [] {
@@ -173,7 +173,7 @@ void DefineLapackSubmodule(nb::module_& parent) {
         return sizes;
       },
       "{(row_major, complex, single precision): (min, max)} of max(m, n) that the qr targets "
-      "factor interleaved (batches of at least 2; small_qr.h).");
+      "factor interleaved (small_qr.h), in any batch.");
   m.def(
       "small_eigh_sizes",
       [] {
@@ -186,13 +186,9 @@ void DefineLapackSubmodule(nb::module_& parent) {
         return sizes;
       },
       "{(complex, single precision): (min n, max n)} that batchpart_eigh decomposes "
-      "interleaved (batches of at least 2; small_eigh.h).");
+      "interleaved (small_eigh.h), in any batch.");
   m.def("set_blas_thread_control", &SetBlasThreadControl, nb::arg("address"),
         "Address of openblas_set_num_threads_local in the BLAS scipy uses (0 for none).");
-  m.def("set_single_threaded_blas", &SetSingleThreadedBlas, nb::arg("always"),
-        "Run BLAS single-threaded in every loop, or (default) let serial loops over large "
-        "matrices use BLAS threads.");
-  m.def("single_threaded_blas", &SingleThreadedBlas);
   m.def(
       "small_trsm_max_sizes",
       [] {
@@ -207,11 +203,11 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def(
       "small_cholesky_limits",
       [] {
-        return nb::make_tuple(interleaved::SmallCholeskyMaxSize(),
-                              interleaved::SmallPosvMaxSize(),
-                              interleaved::SmallCholeskyMinBatch());
+        return nb::make_tuple(interleaved::SmallCholeskyMaxSize(), interleaved::SmallPosvMaxSize(),
+                              interleaved::SmallCholeskyMinGroup());
       },
-      "(largest n of potrf, largest n of posv, smallest batch) factored interleaved.");
+      "(largest n of potrf, largest n of posv, fewest matrices in a group) factored "
+      "interleaved; smaller groups factor one matrix at a time, with the same bits.");
   m.def("set_block_transposes", &SetBlockTransposes, nb::arg("limit"),
         "Caps the instruction set of the small-matrix kernels' hand-vectorized paths: the "
         "packing's block transposes and, at 'avx512' only, the fixed-size LU and solve. "

@@ -23,7 +23,7 @@ constexpr char kTarget[] = "batchpart_posv";
 template <typename T>
 struct FactorCache {
   explicit FactorCache(int64_t n) : factor(n * n) {}
-  std::vector<T> factor;
+  AlignedVector<T> factor;
   int64_t a_index = -1;
   int32_t info = 0;
 };
@@ -40,7 +40,8 @@ void Factor(int64_t n_, char uplo, const T* a, int64_t a_index, FactorCache<T>& 
 
 // The same for small matrices, kLanes<T> batch elements at a time
 // (small_cholesky.h): each lane packs its own A and B, broadcast ones
-// included. The upper triangle is read by packing A transposed, whose lower
+// included, and a group of a few elements solves them one by one, with the
+// same bits. The upper triangle is read by packing A transposed, whose lower
 // factor is conj(L) for A = L L^H.
 template <typename T>
 ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool lower,
@@ -57,27 +58,35 @@ ffi::Error SolveInterleaved(ffi::ThreadPool& pool, const GesvShape& shape, bool 
   T* x_data = x.typed_data<T>();
   int32_t* info_data = info.typed_data<int32_t>();
   const il::Strides a_strides = lower ? il::ColumnMajor(n) : il::RowMajor(n);
+  const il::Strides x_strides = il::ColumnMajor(n);
   struct Scratch {
     il::Group<T> factor, rhs;
   };
-  return il::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r),
+  struct OneScratch {
+    il::Group<T, 1> factor, rhs;
+  };
+  return il::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * (n * n * n / 3.0 + 2.0 * n * n * r), il::SmallCholeskyMinGroup(),
       [n, r] { return Scratch{il::Group<T>(n, n), il::Group<T>(n, r)}; },
       [&](Scratch& s, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
         int32_t group_info[W];
-        il::LanePointers(a_data, a_index, a_size, lanes, src);
-        s.factor.Pack(src, lanes.count, a_strides);
+        il::PackLanes(s.factor, a_data, a_index, a_size, lanes, a_strides);
         il::FactorLower(s.factor, /*symmetrize=*/false, group_info);
         if (!lower) il::Conjugate(s.factor);
-        il::LanePointers(b_data, b_index, x_size, lanes, src);
-        s.rhs.Pack(src, lanes.count, il::ColumnMajor(n));
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lanes, x_strides);
         // A failed lane's factor is NaN, and so its solution.
         il::SolveLower(s.factor, s.rhs);
-        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
-        s.rhs.Unpack(dst, lanes.count, il::ColumnMajor(n));
+        il::UnpackLanes(s.rhs, x_data, x_size, lanes, x_strides);
         std::copy_n(group_info, lanes.count, info_data + lanes.first);
+      },
+      [n, r] { return OneScratch{il::Group<T, 1>(n, n), il::Group<T, 1>(r, n)}; },
+      [&](OneScratch& s, il::Lanes lane) {
+        il::PackLanes(s.factor, a_data, a_index, a_size, lane, il::Transposed(a_strides));
+        il::FactorLowerOne(s.factor, /*symmetrize=*/false, info_data + lane.first);
+        if (!lower) il::Conjugate(s.factor);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lane, il::Transposed(x_strides));
+        il::SolveLowerOne(s.factor, s.rhs);
+        il::UnpackLanes(s.rhs, x_data, x_size, lane, il::Transposed(x_strides));
       });
 }
 
@@ -85,7 +94,7 @@ template <typename T>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, bool lower, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t n = shape.n;
-  if (shape.nrhs >= 1 && interleaved::UseSmallPosv(n, Product(shape.x_batch))) {
+  if (shape.nrhs >= 1 && Product(shape.x_batch) >= 1 && interleaved::UseSmallPosv(n)) {
     return SolveInterleaved<T>(pool, shape, lower, a, b, x, info);
   }
   char uplo = lower ? 'L' : 'U';
@@ -112,10 +121,7 @@ ffi::Error PosvImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   BATCHPART_RETURN_IF_ERROR(CheckInitialized(kTarget));
   // The shapes of a general solve; only the triangle of a that potrf reads differs.
   BATCHPART_ASSIGN_OR_RETURN(const GesvShape shape, ValidateGesv(a, b, *x, *info, kTarget));
-  return DispatchByDtype(kTarget, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return Solve<T>(pool, shape, lower, a, b, *x, *info);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kTarget, a.element_type(), Solve, pool, shape, lower, a, b, *x, *info);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ template <typename T>
 struct QrScratch {
   QrScratch(const QrShape& shape, int64_t lwork)
       : a(shape.m * shape.n), tau(std::max<int64_t>(1, shape.k)), work(lwork) {}
-  std::vector<T> a, tau, work;
+  AlignedVector<T> a, tau, work;
 };
 
 template <typename T>
@@ -52,17 +52,17 @@ void FactorOne(const QrShape& shape, const T* a, T* q, T* r, QrScratch<T>& s) {
 template <typename T>
 bool QrInterleaved(const QrShape& shape, bool row_major) {
   namespace il = interleaved;
-  return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>,
-                        shape.m, shape.n, Product(shape.batch));
+  return il::UseSmallQr(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>, shape.m,
+                        shape.n);
 }
 
 // The batch in groups of kLanes<T> matrices, each packed, factored and
-// unpacked by the interleaved QR; the thread pool shares out groups.
+// unpacked by the interleaved QR, and a group of a single matrix by its
+// one-matrix twin (the same bits); the thread pool shares out groups.
 template <typename T>
 ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
                     const ffi::AnyBuffer& a, ffi::AnyBuffer& q, ffi::AnyBuffer& r) {
   namespace il = interleaved;
-  constexpr int W = il::kLanes<T>;
   const int64_t m = shape.m, n = shape.n, q_cols = shape.q_cols, r_rows = shape.r_rows;
   const int64_t a_size = m * n, q_size = m * q_cols, r_size = r_rows * n;
   const il::Strides a_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(m);
@@ -74,19 +74,29 @@ ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
   struct Scratch {
     il::Group<T> a, q, r;
   };
-  return il::ForEachGroup<T>(
+  struct OneScratch {
+    il::Group<T, 1> a, q, r;
+    std::vector<Real<T>> work;
+  };
+  return il::ForEachGroupOrOne<T>(
       pool, Product(shape.batch), kFlopScale<T> * 2.0 * shape.k * (m * n + m * q_cols),
+      il::kSmallQrMinGroup,
       [&] { return Scratch{il::Group<T>(m, n), il::Group<T>(m, q_cols), il::Group<T>(r_rows, n)}; },
       [&](Scratch& s, il::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, il::Itself, a_size, lanes, src);
-        s.a.Pack(src, lanes.count, a_layout);
+        il::PackLanes(s.a, a_data, il::Itself, a_size, lanes, a_layout);
         il::QrGroup(s.a, s.q, s.r);
-        il::LanePointers(q_data, il::Itself, q_size, lanes, dst);
-        s.q.Unpack(dst, lanes.count, q_layout);
-        il::LanePointers(r_data, il::Itself, r_size, lanes, dst);
-        s.r.Unpack(dst, lanes.count, r_layout);
+        il::UnpackLanes(s.q, q_data, q_size, lanes, q_layout);
+        il::UnpackLanes(s.r, r_data, r_size, lanes, r_layout);
+      },
+      [&] {
+        return OneScratch{
+            il::Group<T, 1>(m, n), il::Group<T, 1>(m, q_cols), il::Group<T, 1>(r_rows, n), {}};
+      },
+      [&](OneScratch& s, il::Lanes lane) {
+        il::PackLanes(s.a, a_data, il::Itself, a_size, lane, a_layout);
+        il::QrOne(s.a, s.q, s.r, s.work);
+        il::UnpackLanes(s.q, q_data, q_size, lane, q_layout);
+        il::UnpackLanes(s.r, r_data, r_size, lane, r_layout);
       });
 }
 

@@ -36,7 +36,7 @@ ffi::Error Geqrf(ffi::ThreadPool& pool, const QrShape& shape, const ffi::AnyBuff
   const int64_t a_size = shape.m * shape.n;
   const double flops = kFlopScale<T> * 2.0 * shape.k * shape.m * shape.n;
   return ForEachBatchChunk(pool, batch, flops, [&](int64_t begin, int64_t end) {
-    std::vector<T> work(lwork);
+    AlignedVector<T> work(lwork);
     lapack_int m = static_cast<lapack_int>(shape.m), n = static_cast<lapack_int>(shape.n);
     lapack_int lda = LeadingDim(shape.m), lw = static_cast<lapack_int>(lwork), info = 0;
     for (int64_t b = begin; b < end; ++b) {
@@ -107,8 +107,8 @@ struct Geqp3Scratch {
         work(lwork),
         rwork(kIsComplex<T> ? Geqp3RealWorkspace(shape) : 0),
         jpvt(std::max<int64_t>(1, shape.n)) {}
-  std::vector<T> a, tau, work;
-  std::vector<Real<T>> rwork;
+  AlignedVector<T> a, tau, work;
+  AlignedVector<Real<T>> rwork;
   std::vector<lapack_int> jpvt;
 };
 
@@ -151,10 +151,7 @@ ffi::Error Geqp3Impl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::Result<ffi::An
                              ValidateQr(a, *q, *r, full_matrices, kGeqp3Target));
   BATCHPART_RETURN_IF_ERROR(ExpectBuffer(kGeqp3Target, "result p", *p,
                                          WithCore(shape.batch, {shape.n}), ffi::DataType::S32));
-  return DispatchByDtype(kGeqp3Target, a.element_type(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return PivotedQr<T>(pool, shape, a, *q, *r, *p);
-  });
+  BATCHPART_RETURN_FOR_DTYPE(kGeqp3Target, a.element_type(), PivotedQr, pool, shape, a, *q, *r, *p);
 }
 
 }  // namespace

@@ -166,7 +166,7 @@ struct RowMajorQrScratch {
       a.resize(shape.m * shape.n);
     }
   }
-  std::vector<T> a, q, tau, work;
+  AlignedVector<T> a, q, tau, work;
 };
 
 // The Householder QR of one real row-major matrix (geqr2, then org2r's

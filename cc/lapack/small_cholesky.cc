@@ -38,28 +38,26 @@ namespace {
 // all-inf 48 x 48 matrix fails there at pivot 13, here not at all).
 constexpr int64_t kMaxSize = 32;
 // A group of kLanes matrices costs about as much as a full one; through jax
-// (7-8 us per call) batches of 4 came out even and 6 or more faster
-// interleaved (benchmarks/small_cholesky.py batch).
-constexpr int64_t kMinBatch = 4;
+// (7-8 us per call) groups of 4 came out even with one call per matrix and
+// 6 or more faster (benchmarks/small_cholesky.py batch), so smaller groups
+// factor their matrices one by one (FactorLowerOne).
+constexpr int64_t kMinGroup = 4;
 
-// Whether a batch of n x n matrices goes interleaved.
-bool UseInterleaved(int64_t n, int64_t batch) {
-  return n >= 1 && batch >= 1 &&
-         UseSmallPath(SmallKernel::kCholesky, n <= kMaxSize && batch >= kMinBatch);
+// Whether n x n matrices go interleaved: by size alone, so that a matrix
+// gets the same bits in any batch.
+bool UseInterleaved(int64_t n) {
+  return n >= 1 && UseSmallPath(SmallKernel::kCholesky, n <= kMaxSize);
 }
 
 }  // namespace
 
-bool UseSmallCholesky(int64_t n, int64_t batch) {
-  return UseInterleaved(n, batch);
-}
+bool UseSmallCholesky(int64_t n) { return UseInterleaved(n); }
 
-bool UseSmallPosv(int64_t n, int64_t batch) { return UseInterleaved(n, batch); }
+bool UseSmallPosv(int64_t n) { return UseInterleaved(n); }
 
 int64_t SmallCholeskyMaxSize() { return kMaxSize; }
 int64_t SmallPosvMaxSize() { return kMaxSize; }
-int64_t SmallCholeskyMinBatch() { return kMinBatch; }
-
+int64_t SmallCholeskyMinGroup() { return kMinGroup; }
 
 namespace {
 
@@ -271,6 +269,141 @@ BATCHPART_SMALL_CHOLESKY_CLONES void FinishPlanes(int64_t n, Real<T>* __restrict
   }
 }
 
+// Rows [i, i + Q) of column j of one matrix held as FactorOnePlanes holds
+// it: ColumnRows' operations on each element, in its order, the Q sums kept
+// in registers across the k loop (one vector of them for Q = kLanes<T>).
+template <typename T, int Q, bool Symmetrize>
+[[gnu::always_inline]] inline void ColumnRowsOne(int64_t n, int64_t i, int64_t j,
+                                                 Real<T>* __restrict re, Real<T>* __restrict im,
+                                                 Real<T> inverse) {
+  using R = Real<T>;
+  R acc_re[Q];
+  [[maybe_unused]] R acc_im[Q];
+  for (int q = 0; q < Q; ++q) {
+    acc_re[q] = re[j * n + i + q];
+    if constexpr (kIsComplex<T>) acc_im[q] = im[j * n + i + q];
+    if constexpr (Symmetrize) {
+      acc_re[q] = (acc_re[q] + re[(i + q) * n + j]) / R(2);
+      if constexpr (kIsComplex<T>) acc_im[q] = (acc_im[q] - im[(i + q) * n + j]) / R(2);
+    }
+  }
+  // Row k of the planes, at k * n, holds column k of L: l(i, k) at i and
+  // l(j, k) at j. (Stepped by offsets: with k * n for k < j, GCC warned of
+  // overflow at iteration 2^63.)
+  for (int64_t row = 0, end = j * n; row != end; row += n) {
+    const R* __restrict ar = re + row + i;
+    [[maybe_unused]] const R* __restrict ai = kIsComplex<T> ? im + row + i : nullptr;
+    const R br = re[row + j];
+    if constexpr (kIsComplex<T>) {
+      const R bi = im[row + j];
+      for (int q = 0; q < Q; ++q) {
+        acc_re[q] -= ar[q] * br + ai[q] * bi;
+        acc_im[q] -= ai[q] * br - ar[q] * bi;
+      }
+    } else {
+      for (int q = 0; q < Q; ++q) acc_re[q] -= ar[q] * br;
+    }
+  }
+  for (int q = 0; q < Q; ++q) {
+    const R out_re = inverse == R(0) ? R(0) : acc_re[q] * inverse;
+    re[j * n + i + q] = out_re;
+    R& diagonal = re[(i + q) * n + i + q];
+    diagonal = diagonal - out_re * out_re;
+    if constexpr (kIsComplex<T>) {
+      const R out_im = inverse == R(0) ? R(0) : acc_im[q] * inverse;
+      im[j * n + i + q] = out_im;
+      diagonal -= out_im * out_im;
+    }
+  }
+}
+
+// FactorPlanes and FinishPlanes on one matrix held transposed (element
+// (j, i) of re and im, at j * n + i, holds A's (i, j)): each column of L is
+// a contiguous row, so a column's rows are solved a vector of them at a
+// time. Every element takes FactorPlanes' operations in FactorPlanes' order.
+template <typename T, bool Symmetrize>
+BATCHPART_SMALL_CHOLESKY_CLONES void FactorOnePlanes(int64_t n, Real<T>* __restrict re,
+                                                     Real<T>* __restrict im, int32_t* info) {
+  using R = Real<T>;
+  constexpr int W = kLanes<T>;
+  *info = 0;
+  if constexpr (Symmetrize) {
+    for (int64_t j = 0; j < n; ++j) re[j * n + j] = (re[j * n + j] + re[j * n + j]) / R(2);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const R d = re[j * n + j];
+    if (*info == 0 && !(d > R(0))) *info = static_cast<int32_t>(j + 1);
+    const R root = std::sqrt(d);
+    re[j * n + j] = root;
+    const R inverse = R(1) / root;
+    if constexpr (kIsComplex<T>) im[j * n + j] = R(0);
+    int64_t i = j + 1;
+    for (; i + W <= n; i += W) ColumnRowsOne<T, W, Symmetrize>(n, i, j, re, im, inverse);
+    for (; i < n; ++i) ColumnRowsOne<T, 1, Symmetrize>(n, i, j, re, im, inverse);
+  }
+  const R nan = std::numeric_limits<R>::quiet_NaN();
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      const R value_re = i < j ? R(0) : re[j * n + i];
+      re[j * n + i] = *info != 0 ? nan : value_re;
+      if constexpr (kIsComplex<T>) {
+        const R value_im = i < j ? R(0) : im[j * n + i];
+        im[j * n + i] = *info != 0 ? nan : value_im;
+      }
+    }
+  }
+}
+
+// SolvePlanes on one system held as FactorOnePlanes leaves L (element
+// (k, i) at k * n + i is l(i, k)) and X transposed (column c of X at
+// c * n): every element takes SolvePlanes' operations in its order.
+template <typename T>
+BATCHPART_SMALL_CHOLESKY_CLONES void SolveOnePlanes(int64_t n, int64_t r,
+                                                    const Real<T>* __restrict lr,
+                                                    const Real<T>* __restrict li,
+                                                    Real<T>* __restrict xr,
+                                                    Real<T>* __restrict xi) {
+  using R = Real<T>;
+  for (int64_t c = 0; c < r; ++c) {
+    R* __restrict yr = xr + c * n;
+    [[maybe_unused]] R* __restrict yi = xi + c * n;
+    for (int64_t k = 0; k < n; ++k) {
+      const R inverse = R(1) / lr[k * n + k];
+      const R x_re = yr[k] * inverse;
+      yr[k] = x_re;
+      [[maybe_unused]] R x_im = R(0);
+      if constexpr (kIsComplex<T>) x_im = yi[k] = yi[k] * inverse;
+      const R* __restrict a_re = lr + k * n;
+      [[maybe_unused]] const R* __restrict a_im = li + k * n;
+      for (int64_t i = k + 1; i < n; ++i) {
+        if constexpr (kIsComplex<T>) {
+          yr[i] = yr[i] - (a_re[i] * x_re - a_im[i] * x_im);
+          yi[i] = yi[i] - (a_re[i] * x_im + a_im[i] * x_re);
+        } else {
+          yr[i] = yr[i] - a_re[i] * x_re;
+        }
+      }
+    }
+    for (int64_t k = n; k-- > 0;) {
+      const R inverse = R(1) / lr[k * n + k];
+      const R x_re = yr[k] * inverse;
+      yr[k] = x_re;
+      [[maybe_unused]] R x_im = R(0);
+      if constexpr (kIsComplex<T>) x_im = yi[k] = yi[k] * inverse;
+      for (int64_t i = 0; i < k; ++i) {
+        const R a_re = lr[i * n + k];
+        if constexpr (kIsComplex<T>) {
+          const R a_im = li[i * n + k];
+          yr[i] = yr[i] - (a_re * x_re + a_im * x_im);
+          yi[i] = yi[i] - (a_re * x_im - a_im * x_re);
+        } else {
+          yr[i] = yr[i] - a_re * x_re;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -287,11 +420,11 @@ void FactorLower(Group<T>& g, bool symmetrize, int32_t* info) {
   FinishPlanes<T>(g.rows(), re, im, info);
 }
 
-template <typename T>
-void Conjugate(Group<T>& g) {
+template <typename T, int W>
+void Conjugate(Group<T, W>& g) {
   if constexpr (kIsComplex<T>) {
     Real<T>* im = g.im(0, 0);
-    const int64_t count = g.rows() * g.cols() * kLanes<T>;
+    const int64_t count = g.rows() * g.cols() * W;
     for (int64_t e = 0; e < count; ++e) im[e] = -im[e];
   }
 }
@@ -307,10 +440,31 @@ void SolveLower(const Group<T>& factor, Group<T>& x) {
                  kIsComplex<T> ? x.im(0, 0) : nullptr);
 }
 
-#define BATCHPART_INSTANTIATE(T)                                \
-  template void FactorLower<T>(Group<T>&, bool, int32_t*);      \
-  template void Conjugate<T>(Group<T>&);                        \
-  template void SolveLower<T>(const Group<T>&, Group<T>&);
+template <typename T>
+void FactorLowerOne(Group<T, 1>& g, bool symmetrize, int32_t* info) {
+  Real<T>* re = g.re(0, 0);
+  Real<T>* im = kIsComplex<T> ? g.im(0, 0) : nullptr;
+  if (symmetrize) {
+    FactorOnePlanes<T, true>(g.rows(), re, im, info);
+  } else {
+    FactorOnePlanes<T, false>(g.rows(), re, im, info);
+  }
+}
+
+template <typename T>
+void SolveLowerOne(const Group<T, 1>& factor, Group<T, 1>& x) {
+  SolveOnePlanes<T>(factor.rows(), x.rows(), factor.re(0, 0),
+                    kIsComplex<T> ? factor.im(0, 0) : nullptr, x.re(0, 0),
+                    kIsComplex<T> ? x.im(0, 0) : nullptr);
+}
+
+#define BATCHPART_INSTANTIATE(T)                                 \
+  template void FactorLower<T>(Group<T>&, bool, int32_t*);       \
+  template void Conjugate<T, kLanes<T>>(Group<T>&);              \
+  template void SolveLower<T>(const Group<T>&, Group<T>&);       \
+  template void FactorLowerOne<T>(Group<T, 1>&, bool, int32_t*); \
+  template void Conjugate<T, 1>(Group<T, 1>&);                   \
+  template void SolveLowerOne<T>(const Group<T, 1>&, Group<T, 1>&);
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
 BATCHPART_INSTANTIATE(std::complex<float>)

@@ -22,16 +22,17 @@
 
 namespace batchpart::lapack::interleaved {
 
-// Whether potrf (UseSmallCholesky) and posv (UseSmallPosv) factor a batch
-// of n x n matrices interleaved rather than by one LAPACK call each (see
-// small_cholesky.cc for the measurements behind the cut-offs), as
+// Whether potrf (UseSmallCholesky) and posv (UseSmallPosv) factor n x n
+// matrices with the interleaved algorithm rather than by one LAPACK call
+// each (see small_cholesky.cc for the measurements behind the cut-offs), as
 // GetSmallPath(SmallKernel::kCholesky) has it.
-bool UseSmallCholesky(int64_t n, int64_t batch);
-bool UseSmallPosv(int64_t n, int64_t batch);
-// The cut-offs they apply: the largest n of each, the smallest batch.
+bool UseSmallCholesky(int64_t n);
+bool UseSmallPosv(int64_t n);
+// The cut-offs: the largest n of each; the fewest matrices a group takes
+// (fewer go one by one to the one-matrix twins, with the same bits).
 int64_t SmallCholeskyMaxSize();
 int64_t SmallPosvMaxSize();
-int64_t SmallCholeskyMinBatch();
+int64_t SmallCholeskyMinGroup();
 
 // Factors every lane of the square `g` in place: with `symmetrize`, first
 // replaces its lower triangle by that of (A + A^H) / 2. Then the lower
@@ -43,13 +44,22 @@ void FactorLower(Group<T>& g, bool symmetrize, int32_t* info);
 
 // Conjugates every element of `g` (nothing for real T): turns the factor of
 // a transposed pack into the lower factor of the matrix itself.
-template <typename T>
-void Conjugate(Group<T>& g);
+template <typename T, int W>
+void Conjugate(Group<T, W>& g);
 
 // Overwrites `x` (n x nrhs, holding B) with the solution of L L^H X = B,
 // given `factor` from FactorLower with info 0 in every lane it solves.
 template <typename T>
 void SolveLower(const Group<T>& factor, Group<T>& x);
+
+// The one-matrix twins of FactorLower and SolveLower, for a group too small
+// to repay its padding: the same bits, on one matrix held transposed
+// (element (j, i) of g is the group's (i, j): pack it with the group's
+// strides swapped), and X likewise (x is r x n).
+template <typename T>
+void FactorLowerOne(Group<T, 1>& g, bool symmetrize, int32_t* info);
+template <typename T>
+void SolveLowerOne(const Group<T, 1>& factor, Group<T, 1>& x);
 
 }  // namespace batchpart::lapack::interleaved
 

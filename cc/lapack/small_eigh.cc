@@ -142,15 +142,18 @@ void Prepare(const Planes<T>& a, Real<T>* scale, Real<T>* threshold, bool* bad) 
       }
     }
   }
+  // Scaled, and -0 made +0: a lane that does not rotate a pair takes the
+  // rotation c = 1, g = 0 with the lanes that do, which keeps every value but
+  // could turn a -0 into +0, so that a lane's bits would depend on its group.
   const Vec<R> factor = LoadLanes(scale);
   Vec<R> sum{};
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
-      const Vec<R> x = LoadLanes(a.Re(i, j)) * factor;
+      const Vec<R> x = LoadLanes(a.Re(i, j)) * factor + R(0);
       StoreLanes(a.Re(i, j), x);
       sum += (i == j ? R(1) : R(2)) * x * x;
       if constexpr (kIsComplex<T>) {
-        const Vec<R> y = i == j ? Vec<R>{} : LoadLanes(a.Im(i, j)) * factor;
+        const Vec<R> y = i == j ? Vec<R>{} : LoadLanes(a.Im(i, j)) * factor + R(0);
         StoreLanes(a.Im(i, j), y);
         sum += R(2) * y * y;
       }

@@ -40,9 +40,23 @@ namespace batchpart::lapack::interleaved {
 //   c64  0.74->0.07 2.2->0.23 6.9->1.1   28->8.2   73->25    66->38    86->81    191->233
 // Jacobi's work, about 8 sweeps of n^2 / 2 rotations of 4n elements each,
 // grows faster than LAPACK's fixed cost shrinks in proportion.
+//
+// A lone matrix takes a whole group's work (it has no one-matrix twin: a
+// matrix's Jacobi rotations vectorize only across matrices), and a matrix
+// must take the same path in any batch, so the sizes stop where one matrix
+// alone is still about as fast as syevd. Through bp.linalg.eigh on one
+// device (jax's dispatch included), a batch of one, syevd -> interleaved,
+// us (benchmarks/small_batches.py):
+//          n=4        6          8          10         12         16
+//   f32  10.6->9.9  11.8->12.1 13.7->14.8 16.2->19.4 17.7->25.2 25.2->65.6
+//   f64  11.1->9.8  12.7->12.6 14.8->16.6 16.7->21.5 20.1->33.8 27.9->60.4
+//   c64  12.3->10.9 14.2->15.1 16.8->21.7 20.1->34.1 23.3->49.9 35.9->118
+//   c128 12.7->10.9 14.5->15.8 18.2->23.8 22.9->38.4 25.3->56.5 41.7->136
+// So n <= 8 for the real types (at most 1.13x) and n <= 6 for complex
+// (1.09x); the larger sizes the table above shows faster in full groups
+// take syevd/heevd in every batch.
 template <typename T>
-inline constexpr SizeRange kEighSizes = {
-    1, kIsComplex<T> ? (kSingle<T> ? 28 : 24) : (kSingle<T> ? 48 : 28)};
+inline constexpr SizeRange kEighSizes = {1, kIsComplex<T> ? 6 : 8};
 
 // Quadratic convergence takes a random matrix of these sizes to the
 // threshold in under ten sweeps; a lane still above it after this many is a
@@ -79,12 +93,12 @@ template <typename T>
 void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<Real<T>>& w,
                Group<T>& v, int32_t* info);
 
-// Whether a batch of n x n matrices takes the interleaved eigh, as
-// GetSmallPath(SmallKernel::kEigh) has it.
+// Whether n x n matrices take the interleaved eigh, as
+// GetSmallPath(SmallKernel::kEigh) has it: by size alone, so that a matrix
+// gets the same bits in any batch (a lone matrix in a padded group).
 template <typename T>
-bool UseSmallEigh(int64_t n, int64_t batch) {
-  return n >= 1 && batch >= 1 &&
-         UseSmallPath(SmallKernel::kEigh, batch >= 2 && kEighSizes<T>.contains(n));
+bool UseSmallEigh(int64_t n) {
+  return n >= 1 && UseSmallPath(SmallKernel::kEigh, kEighSizes<T>.contains(n));
 }
 
 }  // namespace batchpart::lapack::interleaved

@@ -153,6 +153,23 @@ BATCHPART_INLINE void SwapRows(const Planes<T>& a, int64_t r, const int32_t* p,
   }
 }
 
+// x (parts xr, xi) times the inverse (inv_re, inv_im) of the complex
+// `pivot`, as the common path of FactorLanes multiplies, or divided by the
+// pivot where it is below the smallest normal number (getf2): the same
+// value whichever path the lane's group takes.
+template <typename R>
+BATCHPART_INLINE void Multiplier(std::complex<R> pivot, R inv_re, R inv_im, R& xr, R& xi) {
+  if (std::abs(pivot) < std::numeric_limits<R>::min()) {
+    const std::complex<R> y = std::complex<R>(xr, xi) / pivot;
+    xr = y.real();
+    xi = y.imag();
+    return;
+  }
+  const R r = xr * inv_re - xi * inv_im;
+  xi = xr * inv_im + xi * inv_re;
+  xr = r;
+}
+
 template <typename T>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -269,12 +286,8 @@ void FactorLanes(int64_t m, int64_t n, Real<T>* re, Real<T>* im, bool whole_rows
           for (int l = 0; l < W; ++l) {
             if (active[l] == 0) continue;
             if constexpr (kIsComplex<T>) {
-              const std::complex<R> pivot(pr[l], pi[l]), x(a.Re(i, k)[l], a.Im(i, k)[l]);
-              const std::complex<R> y = std::abs(pivot) < std::numeric_limits<R>::min()
-                                            ? x / pivot
-                                            : x * std::complex<R>(inv_re[l], inv_im[l]);
-              a.Re(i, k)[l] = y.real();
-              a.Im(i, k)[l] = y.imag();
+              const std::complex<R> pivot(pr[l], pi[l]);
+              Multiplier(pivot, inv_re[l], inv_im[l], a.Re(i, k)[l], a.Im(i, k)[l]);
             } else {
               R& x = a.Re(i, k)[l];
               x = std::abs(pr[l]) < std::numeric_limits<R>::min() ? x / pr[l] : x * inv_re[l];
@@ -379,6 +392,142 @@ void PermutationLanes(const int32_t* pivots, int64_t k, int64_t m, int32_t* perm
   }
 }
 
+// FactorLanes on one row-major m x n matrix (planes re and im, element
+// (i, j) at i * n + j), whole rows swapped: getf2's steps one at a time,
+// each element taking FactorLanes' products in its order, and each pivot,
+// multiplier and skipped step as FactorLanes has them for a lane. A step's
+// row updates run along the rows. Returns getrf's info.
+template <typename T>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+int32_t FactorOneLanes(int64_t m, int64_t n, Real<T>* __restrict re, Real<T>* __restrict im,
+                       int32_t* pivots) {
+  using R = Real<T>;
+  const auto magnitude = [&](int64_t i, int64_t j) {
+    const R x = re[i * n + j];
+    R v = x < 0 ? -x : x;
+    if constexpr (kIsComplex<T>) {
+      const R y = im[i * n + j];
+      v += y < 0 ? -y : y;
+    }
+    return v;
+  };
+  int32_t info = 0;
+  const int64_t k_end = m < n ? m : n;
+  for (int64_t k = 0; k < k_end; ++k) {
+    int64_t p = k;
+    R top = magnitude(k, k);
+    for (int64_t i = k + 1; i < m; ++i) {
+      const R v = magnitude(i, k);
+      if (v > top) top = v, p = i;
+    }
+    pivots[k] = static_cast<int32_t>(p);
+    if (top == R(0)) {
+      if (info == 0) info = static_cast<int32_t>(k + 1);
+      continue;
+    }
+    if (p != k) {
+      std::swap_ranges(re + k * n, re + (k + 1) * n, re + p * n);
+      if constexpr (kIsComplex<T>) std::swap_ranges(im + k * n, im + (k + 1) * n, im + p * n);
+    }
+    const R* __restrict ur = re + k * n;
+    [[maybe_unused]] const R* __restrict ui = im + k * n;
+    if constexpr (kIsComplex<T>) {
+      const std::complex<R> pivot(ur[k], ui[k]);
+      const std::complex<R> inverse = R(1) / pivot;
+      for (int64_t i = k + 1; i < m; ++i) {
+        Multiplier(pivot, inverse.real(), inverse.imag(), re[i * n + k], im[i * n + k]);
+      }
+    } else {
+      const R inverse = R(1) / ur[k];
+      const bool tiny = std::abs(ur[k]) < std::numeric_limits<R>::min();
+      for (int64_t i = k + 1; i < m; ++i) {
+        R& x = re[i * n + k];
+        x = tiny ? x / ur[k] : x * inverse;
+      }
+    }
+    for (int64_t i = k + 1; i < m; ++i) {
+      R* __restrict xr = re + i * n;
+      const R lr = xr[k];
+      if constexpr (kIsComplex<T>) {
+        R* __restrict xi = im + i * n;
+        const R li = xi[k];
+        for (int64_t j = k + 1; j < n; ++j) {
+          const R new_re = xr[j] - (lr * ur[j] - li * ui[j]);
+          xi[j] = xi[j] - (lr * ui[j] + li * ur[j]);
+          xr[j] = new_re;
+        }
+      } else {
+        for (int64_t j = k + 1; j < n; ++j) xr[j] = xr[j] - lr * ur[j];
+      }
+    }
+  }
+  return info;
+}
+
+// SolveLanes on one system: the n x n row-major LU and pivots
+// FactorOneLanes left, and the row-major n x r x (planes). The swaps all
+// come first, where SolveLanes applies each block's just before its columns
+// of L: each row of x still takes the same multipliers in the same order.
+template <typename T>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void SolveOneLanes(int64_t n, int64_t r, const Real<T>* __restrict lu_re,
+                   const Real<T>* __restrict lu_im, const int32_t* pivots, Real<T>* __restrict x_re,
+                   Real<T>* __restrict x_im) {
+  using R = Real<T>;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t p = pivots[k];
+    if (p == k) continue;
+    std::swap_ranges(x_re + k * r, x_re + (k + 1) * r, x_re + p * r);
+    if constexpr (kIsComplex<T>) std::swap_ranges(x_im + k * r, x_im + (k + 1) * r, x_im + p * r);
+  }
+  // Row i of x minus l times row k.
+  const auto subtract_row = [&](int64_t i, int64_t k, R lr, R li) {
+    R* __restrict yr = x_re + i * r;
+    const R* __restrict ur = x_re + k * r;
+    if constexpr (kIsComplex<T>) {
+      R* __restrict yi = x_im + i * r;
+      const R* __restrict ui = x_im + k * r;
+      for (int64_t j = 0; j < r; ++j) {
+        const R new_re = yr[j] - (lr * ur[j] - li * ui[j]);
+        yi[j] = yi[j] - (lr * ui[j] + li * ur[j]);
+        yr[j] = new_re;
+      }
+    } else {
+      for (int64_t j = 0; j < r; ++j) yr[j] = yr[j] - lr * ur[j];
+    }
+  };
+  const auto lu_im_at = [&](int64_t i, int64_t k) {
+    if constexpr (kIsComplex<T>) return lu_im[i * n + k];
+    return R(0);
+  };
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t i = k + 1; i < n; ++i) subtract_row(i, k, lu_re[i * n + k], lu_im_at(i, k));
+  }
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const R dr = lu_re[k * n + k];
+    if constexpr (kIsComplex<T>) {
+      const R di = lu_im[k * n + k];
+      const R scale = std::fmax(std::abs(dr), std::abs(di));
+      const R cr = dr / scale, ci = di / scale;
+      const R denominator = (cr * cr + ci * ci) * scale;
+      for (int64_t j = 0; j < r; ++j) {
+        R& xr = x_re[k * r + j];
+        R& xi = x_im[k * r + j];
+        const R new_re = (xr * cr + xi * ci) / denominator;
+        xi = (xi * cr - xr * ci) / denominator;
+        xr = new_re;
+      }
+    } else {
+      for (int64_t j = 0; j < r; ++j) x_re[k * r + j] /= dr;
+    }
+    for (int64_t i = 0; i < k; ++i) subtract_row(i, k, lu_re[i * n + k], lu_im_at(i, k));
+  }
+}
+
 #undef BATCHPART_INLINE
 #undef BATCHPART_LANES
 
@@ -407,10 +556,24 @@ void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x) {
                 x.re(0, 0), kIsComplex<T> ? x.im(0, 0) : nullptr);
 }
 
-#define BATCHPART_INSTANTIATE(T)                                          \
-  template void FactorGroup<T>(Group<T>&, RowSwaps, int32_t*, int32_t*);  \
-  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&); \
-  template void PermutationGroup<T>(const int32_t*, int64_t, int64_t, int32_t*);
+template <typename T>
+int32_t FactorOne(Group<T, 1>& a, int32_t* pivots) {
+  return FactorOneLanes<T>(a.rows(), a.cols(), a.re(0, 0), kIsComplex<T> ? a.im(0, 0) : nullptr,
+                           pivots);
+}
+
+template <typename T>
+void SolveOne(const Group<T, 1>& lu, const int32_t* pivots, Group<T, 1>& x) {
+  SolveOneLanes<T>(lu.rows(), x.cols(), lu.re(0, 0), kIsComplex<T> ? lu.im(0, 0) : nullptr, pivots,
+                   x.re(0, 0), kIsComplex<T> ? x.im(0, 0) : nullptr);
+}
+
+#define BATCHPART_INSTANTIATE(T)                                                 \
+  template void FactorGroup<T>(Group<T>&, RowSwaps, int32_t*, int32_t*);         \
+  template void SolveGroup<T>(const Group<T>&, const int32_t*, Group<T>&);       \
+  template void PermutationGroup<T>(const int32_t*, int64_t, int64_t, int32_t*); \
+  template int32_t FactorOne<T>(Group<T, 1>&, int32_t*);                         \
+  template void SolveOne<T>(const Group<T, 1>&, const int32_t*, Group<T, 1>&);
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
 BATCHPART_INSTANTIATE(std::complex<float>)

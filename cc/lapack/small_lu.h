@@ -68,10 +68,10 @@ inline constexpr SizeRange kGesvColumnMajorSizes = {1, kSingle<T> ? 48 : 24};
 template <typename T>
 inline constexpr SizeRange kGesvRowMajorSizes = {1, kSingle<T> ? 64 : 48};
 
-// Batches smaller than this stay on the per-matrix path: a group padded with
-// identities costs a whole group's work.
+// A group of fewer matrices factors them one by one (FactorOne): a group
+// padded with identities costs a whole group's work.
 template <typename T>
-inline constexpr int64_t kSmallLuMinBatch = 2;
+inline constexpr int64_t kSmallLuMinGroup = 2;
 
 // How far FactorGroup's row swaps reach: whole rows, getrf's LU; or only
 // the columns from each step's block of steps on (small_lu.cc), which is
@@ -105,12 +105,22 @@ void PermutationGroup(const int32_t* pivots, int64_t k, int64_t m, int32_t* perm
 template <typename T>
 void SolveGroup(const Group<T>& lu, const int32_t* pivots, Group<T>& x);
 
-// Whether getrf or gesv (sizes: its k*Sizes range above) factors a
-// batch of matrices of largest dimension n interleaved, as
-// GetSmallPath(SmallKernel::kLu) has it.
-inline bool UseSmallLu(SizeRange sizes, int64_t n, int64_t batch, int64_t min_batch) {
-  return n >= 1 && batch >= 1 &&
-         UseSmallPath(SmallKernel::kLu, batch >= min_batch && sizes.contains(n));
+// The one-matrix twins of FactorGroup (whole rows swapped) and SolveGroup,
+// for a group too small to repay its padding: the same bits, on one
+// row-major matrix (a's element (i, j) is the group's), with 0-based
+// pivots; FactorOne returns getrf's info, and SolveOne solves the n x r x
+// (holding B) with FactorOne's LU.
+template <typename T>
+int32_t FactorOne(Group<T, 1>& a, int32_t* pivots);
+template <typename T>
+void SolveOne(const Group<T, 1>& lu, const int32_t* pivots, Group<T, 1>& x);
+
+// Whether getrf or gesv (sizes: its k*Sizes range above) factors matrices
+// of largest dimension n with the interleaved algorithm, as
+// GetSmallPath(SmallKernel::kLu) has it: by size alone, so that a matrix
+// gets the same bits in any batch.
+inline bool UseSmallLu(SizeRange sizes, int64_t n) {
+  return n >= 1 && UseSmallPath(SmallKernel::kLu, sizes.contains(n));
 }
 
 }  // namespace batchpart::lapack::interleaved

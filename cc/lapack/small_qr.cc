@@ -29,9 +29,9 @@ struct Taus {
 // The norm of rows [j + 1, m) of column j, per lane (larfg's xnorm, as
 // nrm2): squares summed in double, and lanes whose sum underflowed or
 // overflowed summed again by ColumnNorm, rescaled (unless the column is zero).
-template <typename T>
-BATCHPART_INLINE void BelowDiagonalNorms(const Planes<T>& a, int64_t m, int64_t j, double* norm) {
-  constexpr int W = kLanes<T>;
+template <typename T, int W>
+BATCHPART_INLINE void BelowDiagonalNorms(const Planes<T, W>& a, int64_t m, int64_t j,
+                                         double* norm) {
   double sum[W] = {}, largest[W] = {};
   for (int64_t i = j + 1; i < m; ++i) {
     const Real<T>* x = a.Re(i, j);
@@ -67,15 +67,14 @@ BATCHPART_INLINE void BelowDiagonalNorms(const Planes<T>& a, int64_t m, int64_t 
   }
 }
 
-// Turns column j of `a`, rows [j, m), into each lane's reflector, as
-// larfg does for one matrix: beta (real) on the diagonal, v below it (v's
+// Turns column j of `a`, rows [j, m), into each of its W lanes' reflector
+// (W = 1: one matrix's), as larfg does for one matrix: beta (real) on the diagonal, v below it (v's
 // first element 1 implied), tau of lane l; tau = 0 where there is nothing to
 // annihilate (the column zero below the diagonal and, complex, alpha real):
 // H = I, column kept.
-template <typename T>
-BATCHPART_INLINE void MakeReflectors(const Planes<T>& a, int64_t m, int64_t j, Taus<T> tau) {
+template <typename T, int W>
+BATCHPART_INLINE void MakeReflectors(const Planes<T, W>& a, int64_t m, int64_t j, Taus<T> tau) {
   using R = Real<T>;
-  constexpr int W = kLanes<T>;
   double norm[W];
   BelowDiagonalNorms(a, m, j, norm);
   // v = x / d, d = alpha - beta; complex, as x * conj(d) / |d|^2 with d
@@ -278,6 +277,116 @@ void QrLanes(int64_t m, int64_t n, Planes<T> a, Planes<T> q, int64_t r_rows, Pla
   }
 }
 
+// ReflectColumns on one row-major matrix (W = 1 planes), over columns
+// [c_begin, c_end) of x together: each column takes ReflectColumns'
+// operations in its order, and the columns' sums run as one loop along the
+// rows, so that they are independent chains. `sums` holds two rows of them
+// (re, then im).
+template <typename T, bool ConjugateTau>
+BATCHPART_INLINE void ReflectOne(int64_t rows, const Planes<T, 1>& v, int64_t v_row, int64_t v_col,
+                                 Taus<T> tau, const Planes<T, 1>& x, int64_t x_row, int64_t c_begin,
+                                 int64_t c_end, Real<T>* sums) {
+  using R = Real<T>;
+  const int64_t count = c_end - c_begin;
+  R* __restrict acc_re = sums;
+  R* __restrict acc_im = sums + count;
+  const R* __restrict top_re = x.Re(x_row, c_begin);
+  for (int64_t c = 0; c < count; ++c) acc_re[c] = top_re[c];
+  if constexpr (kIsComplex<T>) {
+    const R* __restrict top_im = x.Im(x_row, c_begin);
+    for (int64_t c = 0; c < count; ++c) acc_im[c] = top_im[c];
+  }
+  for (int64_t i = 1; i < rows; ++i) {
+    const R vr = *v.Re(v_row + i, v_col);
+    const R* __restrict xr = x.Re(x_row + i, c_begin);
+    if constexpr (kIsComplex<T>) {
+      const R vi = *v.Im(v_row + i, v_col);
+      const R* __restrict xi = x.Im(x_row + i, c_begin);
+      for (int64_t c = 0; c < count; ++c) {
+        acc_re[c] += vr * xr[c] + vi * xi[c];
+        acc_im[c] += vr * xi[c] - vi * xr[c];
+      }
+    } else {
+      for (int64_t c = 0; c < count; ++c) acc_re[c] += vr * xr[c];
+    }
+  }
+  const R tr = *tau.re;
+  R* __restrict top = x.Re(x_row, c_begin);
+  if constexpr (kIsComplex<T>) {
+    const R ti = ConjugateTau ? -*tau.im : *tau.im;
+    R* __restrict top_im = x.Im(x_row, c_begin);
+    for (int64_t c = 0; c < count; ++c) {
+      const R ar = acc_re[c];
+      acc_re[c] = tr * ar - ti * acc_im[c];
+      acc_im[c] = tr * acc_im[c] + ti * ar;
+      top_im[c] = top_im[c] - acc_im[c];
+    }
+  } else {
+    for (int64_t c = 0; c < count; ++c) acc_re[c] *= tr;
+  }
+  for (int64_t c = 0; c < count; ++c) top[c] = top[c] - acc_re[c];
+  for (int64_t i = 1; i < rows; ++i) {
+    const R vr = *v.Re(v_row + i, v_col);
+    R* __restrict xr = x.Re(x_row + i, c_begin);
+    if constexpr (kIsComplex<T>) {
+      const R vi = *v.Im(v_row + i, v_col);
+      R* __restrict xi = x.Im(x_row + i, c_begin);
+      for (int64_t c = 0; c < count; ++c) {
+        xr[c] = xr[c] - (vr * acc_re[c] - vi * acc_im[c]);
+        xi[c] = xi[c] - (vr * acc_im[c] + vi * acc_re[c]);
+      }
+    } else {
+      for (int64_t c = 0; c < count; ++c) xr[c] = xr[c] - vr * acc_re[c];
+    }
+  }
+}
+
+// QrLanes on one row-major matrix (W = 1 planes): the same reflectors, R
+// and Q, bit for bit. `scratch` holds k taus (re, then im) and ReflectOne's
+// two rows of sums.
+template <typename T>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void QrOneLanes(int64_t m, int64_t n, Planes<T, 1> a, Planes<T, 1> q, int64_t r_rows,
+                Planes<T, 1> r, Real<T>* scratch) {
+  using R = Real<T>;
+  const int64_t k = std::min(m, n), q_cols = q.cols;
+  R* tau_re = scratch;
+  R* tau_im = tau_re + k;
+  R* sums = tau_im + k;
+  const auto tau = [&](int64_t j) { return Taus<T>{tau_re + j, tau_im + j}; };
+  for (int64_t j = 0; j < k; ++j) {
+    MakeReflectors(a, m, j, tau(j));
+    ReflectOne<T, /*ConjugateTau=*/true>(m - j, a, j, j, tau(j), a, j, j + 1, n, sums);
+  }
+  for (int64_t i = 0; i < r_rows; ++i) {
+    for (int64_t c = 0; c < n; ++c) {
+      *r.Re(i, c) = c >= i ? *a.Re(i, c) : R(0);
+      if constexpr (kIsComplex<T>) *r.Im(i, c) = c >= i ? *a.Im(i, c) : R(0);
+    }
+  }
+  std::fill_n(q.re, m * q_cols, R(0));
+  if constexpr (kIsComplex<T>) std::fill_n(q.im, m * q_cols, R(0));
+  for (int64_t j = k; j < q_cols; ++j) *q.Re(j, j) = R(1);
+  for (int64_t i = k - 1; i >= 0; --i) {
+    const R tr = tau_re[i];
+    ReflectOne<T, /*ConjugateTau=*/false>(m - i, a, i, i, tau(i), q, i, i + 1, q_cols, sums);
+    if constexpr (kIsComplex<T>) {
+      const R ti = tau_im[i];
+      for (int64_t row = i + 1; row < m; ++row) {
+        const R vr = *a.Re(row, i), vi = *a.Im(row, i);
+        *q.Re(row, i) = -(tr * vr - ti * vi);
+        *q.Im(row, i) = -(tr * vi + ti * vr);
+      }
+      *q.Im(i, i) = -ti;
+    } else {
+      for (int64_t row = i + 1; row < m; ++row) *q.Re(row, i) = -tr * *a.Re(row, i);
+    }
+    *q.Re(i, i) = R(1) - tr;
+  }
+}
+
 #undef BATCHPART_INLINE
 #undef BATCHPART_LANES
 
@@ -291,7 +400,18 @@ void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r) {
   QrLanes<T>(a.rows(), a.cols(), planes(a), planes(q), r.rows(), planes(r));
 }
 
-#define BATCHPART_INSTANTIATE(T) template void QrGroup<T>(Group<T>&, Group<T>&, Group<T>&);
+template <typename T>
+void QrOne(Group<T, 1>& a, Group<T, 1>& q, Group<T, 1>& r, std::vector<Real<T>>& scratch) {
+  const auto planes = [](Group<T, 1>& g) {
+    return Planes<T, 1>{g.re(0, 0), kIsComplex<T> ? g.im(0, 0) : nullptr, g.cols()};
+  };
+  scratch.resize(2 * std::min(a.rows(), a.cols()) + 2 * std::max(a.cols(), q.cols()));
+  QrOneLanes<T>(a.rows(), a.cols(), planes(a), planes(q), r.rows(), planes(r), scratch.data());
+}
+
+#define BATCHPART_INSTANTIATE(T)                             \
+  template void QrGroup<T>(Group<T>&, Group<T>&, Group<T>&); \
+  template void QrOne<T>(Group<T, 1>&, Group<T, 1>&, Group<T, 1>&, std::vector<Real<T>>&);
 BATCHPART_INSTANTIATE(float)
 BATCHPART_INSTANTIATE(double)
 BATCHPART_INSTANTIATE(std::complex<float>)

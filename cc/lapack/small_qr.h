@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "lapack/interleaved.h"
 
@@ -46,10 +47,22 @@ namespace batchpart::lapack::interleaved {
 // over the interleaved one: c128 1.6x at 48 and 56, 0.6x at 64; c64 2.6x at
 // 56, 0.95-1.24x at 64. So the same column-major sizes as the real types,
 // and row-major up to 56.
+//
+// A lone matrix runs QrOne, whose sums follow the group's order, one chain
+// per column, where the row-major per-matrix path (RowMajorHouseholderQr)
+// sums each column in two halves with fused multiply-adds. Through
+// bp.linalg.qr, a batch of one, per-matrix path -> QrOne, us:
+//          n=16       24         32         40         48
+//   f32  11.5->11.2 13.2->15.6 15.8->21.1 19.0->26.3 23.5->36.8
+//   f64  11.7->12.2 13.5->15.8 17.3->21.2      -     34.9->43.6
+// (complex: QrOne 0.71-0.87x LAPACK's LQ time at 32 and 48). So the real
+// types run row-major interleaved up to 24, where a lone matrix stays
+// within 1.2x; LAPACK's column-major geqrf + orgqr, 2-3x slower per matrix,
+// keeps its sizes.
 template <typename T>
 inline constexpr SizeRange kQrColumnMajorSizes = {1, kSingle<T> ? 64 : 56};
 template <typename T>
-inline constexpr SizeRange kQrRowMajorSizes = {1, kIsComplex<T> ? 56 : 48};
+inline constexpr SizeRange kQrRowMajorSizes = {1, kIsComplex<T> ? 56 : 24};
 
 // Writes the QR of the kLanes<T> m x n matrices of `a` (destroyed: it holds
 // the reflectors afterwards) to `q` (m x q_cols, q_cols <= m, the first
@@ -58,11 +71,20 @@ inline constexpr SizeRange kQrRowMajorSizes = {1, kIsComplex<T> ? 56 : 48};
 template <typename T>
 void QrGroup(Group<T>& a, Group<T>& q, Group<T>& r);
 
-// Whether a batch of m x n matrices takes the interleaved QR, as
-// GetSmallPath(SmallKernel::kQr) has it (sizes: a k*Sizes range above).
-inline bool UseSmallQr(SizeRange sizes, int64_t m, int64_t n, int64_t batch) {
-  return m >= 1 && n >= 1 && batch >= 1 &&
-         UseSmallPath(SmallKernel::kQr, batch >= 2 && sizes.contains(std::max(m, n)));
+// The one-matrix twin of QrGroup, for a group too small to repay its
+// padding: the same bits, on one row-major matrix (a's element (i, j) is
+// the group's). `scratch` is resized to what it needs.
+template <typename T>
+void QrOne(Group<T, 1>& a, Group<T, 1>& q, Group<T, 1>& r, std::vector<Real<T>>& scratch);
+
+// A group of fewer matrices factors them one by one (QrOne).
+inline constexpr int64_t kSmallQrMinGroup = 2;
+
+// Whether m x n matrices take the interleaved QR, as
+// GetSmallPath(SmallKernel::kQr) has it (sizes: a k*Sizes range above): by
+// size alone, so that a matrix gets the same bits in any batch.
+inline bool UseSmallQr(SizeRange sizes, int64_t m, int64_t n) {
+  return m >= 1 && n >= 1 && UseSmallPath(SmallKernel::kQr, sizes.contains(std::max(m, n)));
 }
 
 }  // namespace batchpart::lapack::interleaved

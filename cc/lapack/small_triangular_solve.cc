@@ -21,6 +21,7 @@ namespace {
 using interleaved::Group;
 using interleaved::kLanes;
 using interleaved::Strides;
+using interleaved::Transposed;
 
 // The largest triangle solved by the interleaved kernel. Measured single-
 // threaded on one CPU device (benchmarks/small_trsm.py: 1024 left, lower
@@ -40,12 +41,12 @@ using interleaved::Strides;
 // it was written for.
 template <typename T>
 constexpr int64_t kMaxSize = std::is_same_v<T, std::complex<double>> ? 12 : 32;
-// Below half a group the padding lanes' work and the packing outweigh one
-// BLAS call per matrix (n = 16 and 24: the kernel was 8-19% slower for a
-// single matrix, even at a quarter group of f64, faster from 8 f32 or 4 f64
-// matrices on; at that size a call is mostly jax's dispatch, ~8 us).
+// A group of fewer systems solves them one by one (SubstituteGroup with
+// W = 1): below half a group the padding lanes' work and the packing
+// outweighed one call per matrix (n = 16 and 24: a group was 8-19% slower
+// for a single matrix, faster from 8 f32 or 4 f64 matrices on).
 template <typename T>
-constexpr int64_t kMinBatch = kLanes<T> / 2;
+constexpr int64_t kMinGroup = kLanes<T> / 2;
 
 // The reciprocals of one diagonal element of M across the lanes: 1 / d, as
 // OpenBLAS's trsm does (it stores the diagonal's reciprocals), so that a
@@ -124,19 +125,19 @@ template <typename R, int W, int NB, bool kComplex, bool kConjugate>
   }
 }
 
-// Solves M X = B in place in the interleaved p x k group x (real planes
-// x_re, x_im; x_im null for real types), M the p x p group m, conj(M) with
-// `kConjugate`, lower or upper triangular: forward or back substitution, a
-// row of X at a time. Reads only M's triangle, and its diagonal only when
-// not unit. Compiled per instruction set (the wheel targets baseline
+// Solves M X = B in place in the interleaved p x k group x of W lanes
+// (real planes x_re, x_im; x_im null for real types), M the p x p group m,
+// conj(M) with `kConjugate`, lower or upper triangular: forward or back
+// substitution, a row of X at a time. Reads only M's triangle, and its
+// diagonal only when not unit. W = 1 solves one matrix with each lane's
+// arithmetic. Compiled per instruction set (the wheel targets baseline
 // x86-64; AVX-512 holds one lane loop in a register).
-template <typename R, bool kComplex, bool kConjugate>
+template <typename R, int W, bool kComplex, bool kConjugate>
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void SubstituteGroup(int64_t p, int64_t k, bool lower, bool unit_diagonal, const R* m_re,
                      const R* m_im, R* x_re, R* x_im) {
-  constexpr int W = static_cast<int>(64 / sizeof(R));
   alignas(64) R inv_re[W], inv_im[W];
   for (int64_t step = 0; step < p; ++step) {
     const int64_t i = lower ? step : p - 1 - step;
@@ -171,29 +172,59 @@ void SubstituteGroup(int64_t p, int64_t k, bool lower, bool unit_diagonal, const
   }
 }
 
-template <typename T>
-void Substitute(const Group<T>& m, Group<T>& x, bool lower, bool conjugate, bool unit_diagonal) {
+template <typename T, int W>
+void Substitute(const Group<T, W>& m, Group<T, W>& x, bool lower, bool conjugate,
+                bool unit_diagonal) {
   using R = Real<T>;
   const int64_t p = m.rows(), k = x.cols();
   if constexpr (kIsComplex<T>) {
-    const auto solve = conjugate ? SubstituteGroup<R, true, true> : SubstituteGroup<R, true, false>;
+    const auto solve =
+        conjugate ? SubstituteGroup<R, W, true, true> : SubstituteGroup<R, W, true, false>;
     solve(p, k, lower, unit_diagonal, m.re(0, 0), m.im(0, 0), x.re(0, 0), x.im(0, 0));
   } else {
-    SubstituteGroup<R, false, false>(p, k, lower, unit_diagonal, m.re(0, 0), nullptr, x.re(0, 0),
-                                     nullptr);
+    SubstituteGroup<R, W, false, false>(p, k, lower, unit_diagonal, m.re(0, 0), nullptr, x.re(0, 0),
+                                        nullptr);
   }
 }
 
-Strides Transposed(Strides s) { return {s.col_stride, s.row_stride}; }
+// Every solve as a left one, M X' = B': the right side X op(A) = B is
+// op(A)^T X^T = B^T. M is op(A) (op(A)^T) up to conjugation, a transpose of
+// A exactly when transpose_a (!transpose_a); a group holds it by reading A
+// with its strides swapped, and X^T likewise, so one kernel serves every
+// side, transpose and layout.
+struct LeftSystem {
+  LeftSystem(const TrsmShape& shape, const TrsmOptions& options, bool row_major, bool complex)
+      : k(options.left_side ? shape.cols : shape.rows),
+        lower(options.lower != (options.transpose_a == options.left_side)),
+        conjugate(complex && options.conjugate_a),
+        unit_diagonal(options.unit_diagonal) {
+    const bool left = options.left_side;
+    a = row_major ? interleaved::RowMajor(shape.p) : interleaved::ColumnMajor(shape.p);
+    if (options.transpose_a == left) a = Transposed(a);
+    x = row_major ? interleaved::RowMajor(shape.cols) : interleaved::ColumnMajor(shape.rows);
+    if (!left) x = Transposed(x);
+  }
+  int64_t k;       // columns of X'
+  bool lower;      // M's triangle
+  bool conjugate;  // M is conj of what A's strides read
+  bool unit_diagonal;
+  Strides a, x;  // how M and X' are read from A and X
+};
+
+// M (p x p) and X' (p x k) of W matrices: a group, or one matrix (W = 1).
+template <typename T, int W>
+struct SystemPlanes {
+  SystemPlanes(int64_t p, int64_t k) : m(p, p), x(p, k) {}
+  Group<T, W> m, x;
+};
 
 }  // namespace
 
 template <typename T>
 bool UsesSmallTrsm(const TrsmShape& shape) {
   if (shape.p == 0 || shape.rows * shape.cols == 0) return false;
-  return interleaved::UseSmallPath(
-      interleaved::SmallKernel::kTriangularSolve,
-      shape.p <= kMaxSize<T> && Product(shape.x_batch) >= kMinBatch<T>);
+  return interleaved::UseSmallPath(interleaved::SmallKernel::kTriangularSolve,
+                                   shape.p <= kMaxSize<T>);
 }
 
 template <typename T>
@@ -202,41 +233,20 @@ ffi::Error SmallTrsm(ffi::ThreadPool& pool, const TrsmShape& shape, const TrsmOp
   constexpr int W = kLanes<T>;
   const int64_t p = shape.p, batch = Product(shape.x_batch);
   const int64_t a_size = p * p, x_size = shape.rows * shape.cols;
-  // Every solve as a left one, M X' = B': the right side X op(A) = B is
-  // op(A)^T X^T = B^T. M is op(A) (op(A)^T) up to conjugation, a transpose
-  // of A exactly when transpose_a (!transpose_a); the group holds it by
-  // reading A with its strides swapped, and X^T likewise, so one kernel
-  // serves every side, transpose and layout.
-  const bool left = options.left_side;
-  const bool transpose_m = options.transpose_a == left;
-  const bool lower_m = options.lower != transpose_m;
-  const bool conjugate = kIsComplex<T> && options.conjugate_a;
-  const int64_t k = left ? shape.cols : shape.rows;
-  Strides a_strides = row_major ? interleaved::RowMajor(p) : interleaved::ColumnMajor(p);
-  if (transpose_m) a_strides = Transposed(a_strides);
-  Strides x_strides =
-      row_major ? interleaved::RowMajor(shape.cols) : interleaved::ColumnMajor(shape.rows);
-  if (!left) x_strides = Transposed(x_strides);
-
+  const LeftSystem system(shape, options, row_major, kIsComplex<T>);
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
-  struct Scratch {
-    Group<T> m, x;
+  // A group's systems (SystemPlanes<T, W>) or one system (W = 1), alike.
+  const auto solve = [&](auto& s, interleaved::Lanes lanes) {
+    interleaved::PackTriangleLanes(s.m, a, a_index, a_size, lanes, system.a, system.lower);
+    interleaved::PackLanes(s.x, b, b_index, x_size, lanes, system.x);
+    Substitute(s.m, s.x, system.lower, system.conjugate, system.unit_diagonal);
+    interleaved::UnpackLanes(s.x, x, x_size, lanes, system.x);
   };
-  return interleaved::ForEachGroup<T>(
-      pool, batch, kFlopScale<T> * p * shape.rows * shape.cols,
-      [&] { return Scratch{Group<T>(p, p), Group<T>(p, k)}; },
-      [&](Scratch& s, interleaved::Lanes lanes) {
-        const T* src[W];
-        T* dst[W];
-        interleaved::LanePointers(a, a_index, a_size, lanes, src);
-        s.m.PackTriangle(src, lanes.count, a_strides, lower_m);
-        interleaved::LanePointers(b, b_index, x_size, lanes, src);
-        s.x.Pack(src, lanes.count, x_strides);
-        Substitute(s.m, s.x, lower_m, conjugate, options.unit_diagonal);
-        interleaved::LanePointers(x, interleaved::Itself, x_size, lanes, dst);
-        s.x.Unpack(dst, lanes.count, x_strides);
-      });
+  return interleaved::ForEachGroupOrOne<T>(
+      pool, batch, kFlopScale<T> * p * shape.rows * shape.cols, kMinGroup<T>,
+      [&] { return SystemPlanes<T, W>(p, system.k); }, solve,
+      [&] { return SystemPlanes<T, 1>(p, system.k); }, solve);
 }
 
 template <typename T>

@@ -13,14 +13,16 @@
 
 namespace batchpart::lapack {
 
-// Whether the interleaved kernel takes a solve of this shape (its switch
-// point was measured per type).
+// Whether the interleaved kernel takes a solve of this shape: by the
+// triangle's size and the type alone (the switch point was measured per
+// type), so that a system gets the same bits in any batch.
 template <typename T>
 bool UsesSmallTrsm(const TrsmShape& shape);
 
 // Solves every batch element of op(A) X = B (or X op(A) = B) into x, as
 // BLAS trsm would, with A and B broadcast over the batch; `row_major` says
-// how A, B and X are laid out. B and x may be the same buffer.
+// how A, B and X are laid out. B and x may be the same buffer. Groups of a
+// few systems are solved one by one, with the same bits.
 template <typename T>
 xla::ffi::Error SmallTrsm(xla::ffi::ThreadPool& pool, const TrsmShape& shape,
                           const TrsmOptions& options, bool row_major, const T* a, const T* b,

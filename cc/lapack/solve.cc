@@ -24,7 +24,7 @@ namespace {
 template <typename T>
 struct LuCache {
   explicit LuCache(int64_t n) : lu(n * n), pivots(std::max<int64_t>(1, n)) {}
-  std::vector<T> lu, scratch;
+  AlignedVector<T> lu, scratch;
   std::vector<int32_t> pivots;  // as the order's Factor writes them
   int64_t a_index = -1;         // which batch element of A `lu` holds
   int32_t info = 0;
@@ -37,7 +37,7 @@ struct ColumnMajor {
     return interleaved::ColumnMajor(rows);
   }
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvColumnMajorSizes<T>;
-  static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, std::vector<T>&) {
+  static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, AlignedVector<T>&) {
     static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
     lapack_int n = static_cast<lapack_int>(n_), lda = LeadingDim(n_), info = 0;
     Lapack<T>::getrf(&n, &n, lu, &lda, pivots, &info);
@@ -57,7 +57,7 @@ template <typename T>
 struct RowMajor {
   static interleaved::Strides Layout(int64_t, int64_t cols) { return interleaved::RowMajor(cols); }
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvRowMajorSizes<T>;
-  static int32_t Factor(int64_t n, T* lu, int32_t* pivots, std::vector<T>& scratch) {
+  static int32_t Factor(int64_t n, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
     return FactorRowMajor(n, n, lu, pivots, scratch);
   }
   static void Substitute(const GesvShape& shape, const T* lu, const int32_t* pivots, T* x) {
@@ -88,14 +88,14 @@ void SolveCached(const GesvShape& shape, const LuCache<T>& cache, T* x, int32_t*
 
 // Whether the batch goes through the interleaved kernels (small_lu.h).
 template <typename T, template <typename> class Order>
-bool SolveInterleaved(const GesvShape& shape, int64_t batch) {
-  return interleaved::UseSmallLu(Order<T>::kInterleaved, shape.n, batch,
-                                 interleaved::kSmallLuMinBatch<T>);
+bool SolveInterleaved(const GesvShape& shape) {
+  return interleaved::UseSmallLu(Order<T>::kInterleaved, shape.n);
 }
 
 // The batch in groups of kLanes<T> elements: each lane's A (broadcast or
 // not) and B packed, A factored and the system solved interleaved, X
-// unpacked; a lane whose A is exactly singular gets an all-NaN X.
+// unpacked, and a group of a single element by the one-matrix twins (the
+// same bits); an element whose A is exactly singular gets an all-NaN X.
 template <typename T, template <typename> class Order>
 ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t batch,
                        const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, ffi::AnyBuffer& x,
@@ -114,28 +114,42 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
     il::Group<T> lu, rhs;
     std::vector<int32_t> pivots;
   };
-  return il::ForEachGroup<T>(
+  struct OneScratch {
+    il::Group<T, 1> lu, rhs;
+    std::vector<int32_t> pivots;
+  };
+  return il::ForEachGroupOrOne<T>(
       pool, batch, kFlopScale<T> * (2.0 * n * n * n / 3.0 + 2.0 * n * n * r),
+      il::kSmallLuMinGroup<T>,
       [&] {
         return Scratch{il::Group<T>(n, n), il::Group<T>(n, r),
                        std::vector<int32_t>(std::max<int64_t>(1, n) * W)};
       },
       [&](Scratch& s, il::Lanes lanes) {
         int32_t group_info[W];
-        const T* src[W];
-        T* dst[W];
-        il::LanePointers(a_data, a_index, a_size, lanes, src);
-        s.lu.Pack(src, lanes.count, a_layout);
+        il::PackLanes(s.lu, a_data, a_index, a_size, lanes, a_layout);
         il::FactorGroup(s.lu, il::RowSwaps::kFromBlock, s.pivots.data(), group_info);
-        il::LanePointers(b_data, b_index, x_size, lanes, src);
-        s.rhs.Pack(src, lanes.count, x_layout);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lanes, x_layout);
         il::SolveGroup(s.lu, s.pivots.data(), s.rhs);
-        il::LanePointers(x_data, il::Itself, x_size, lanes, dst);
-        s.rhs.Unpack(dst, lanes.count, x_layout);
+        il::UnpackLanes(s.rhs, x_data, x_size, lanes, x_layout);
         for (int64_t l = 0; l < lanes.count; ++l) {
-          info_data[lanes.first + l] = group_info[l];
-          if (group_info[l] != 0) FillNaN(dst[l], x_size);
+          const int64_t i = lanes.first + l;
+          info_data[i] = group_info[l];
+          if (group_info[l] != 0) FillNaN(x_data + i * x_size, x_size);
         }
+      },
+      [&] {
+        return OneScratch{il::Group<T, 1>(n, n), il::Group<T, 1>(n, r),
+                          std::vector<int32_t>(std::max<int64_t>(1, n))};
+      },
+      [&](OneScratch& s, il::Lanes lane) {
+        const int64_t i = lane.first;
+        il::PackLanes(s.lu, a_data, a_index, a_size, lane, a_layout);
+        info_data[i] = il::FactorOne(s.lu, s.pivots.data());
+        if (info_data[i] != 0) return FillNaN(x_data + i * x_size, x_size);
+        il::PackLanes(s.rhs, b_data, b_index, x_size, lane, x_layout);
+        il::SolveOne(s.lu, s.pivots.data(), s.rhs);
+        il::UnpackLanes(s.rhs, x_data, x_size, lane, x_layout);
       });
 }
 
@@ -143,7 +157,7 @@ template <typename T, template <typename> class Order>
 ffi::Error Solve(ffi::ThreadPool& pool, const GesvShape& shape, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, ffi::AnyBuffer& x, ffi::AnyBuffer& info) {
   const int64_t batch = Product(shape.x_batch);
-  if (SolveInterleaved<T, Order>(shape, batch)) {
+  if (batch >= 1 && SolveInterleaved<T, Order>(shape)) {
     return SolveGroups<T, Order>(pool, shape, batch, a, b, x, info);
   }
   const int64_t n = shape.n;

@@ -54,9 +54,9 @@ struct SvdScratch {
     return CallGesdd<T>(shape, a.data(), s, u, vt, work.data(),
                         static_cast<lapack_int>(work.size()), rwork.data(), iwork.data());
   }
-  std::vector<T> a;  // gesdd destroys its input
-  std::vector<T> work;
-  std::vector<Real<T>> rwork;
+  AlignedVector<T> a;  // gesdd destroys its input
+  AlignedVector<T> work;
+  AlignedVector<Real<T>> rwork;
   std::vector<lapack_int> iwork;
   T unused_uv{};  // stands in for U and Vt when jobz = 'N' (never read)
 };
