@@ -26,7 +26,7 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   its block vector, filled in per partition (``batchpart/_vocab/blocks``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
   combines the results over its parts (``sum``, ``max``, ``min`` or a named
-  combiner: ``argmax``, ``argmin``, ``logsumexp``), and its core axis in each
+  combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``), and its core axis in each
   operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
