@@ -115,7 +115,7 @@ def test_io_callback_refuses_reduce():
 
 
 def test_reduce_needs_a_named_operand_dim():
-  with pytest.raises(ValueError, match=r"pure_callback\(.*'k', which appears in a result"):
+  with pytest.raises(ValueError, match=r"pure_callback\(.*'k', which result\(s\) 0 keep"):
     bp.pure_callback(lambda x: x.sum(0), S((3,), np.float32), np.zeros((4, 3), np.float32),
                      signature="(n,k)->(k)", reduce={"k": "sum"})
 

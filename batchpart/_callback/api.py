@@ -29,7 +29,12 @@ from batchpart._frontend.signature import check_vmap_method, declared_spec, pars
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
-from batchpart._vocab.dims.reduced import Reduction, check_results
+from batchpart._vocab.dims.reduced import (
+  CALLBACK_KEEPS,
+  Reduction,
+  check_results,
+  refuse_kept_results,
+)
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -166,6 +171,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  refuse_kept_results(owner, reductions, CALLBACK_KEEPS)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
@@ -235,8 +241,10 @@ def _reduction_params(spec: BatchSpec) -> dict:
   if not spec.reductions:
     return {}
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
+  res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
+  trailing = lambda where, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in where)
   return {"reductions": tuple(
-      Reduction(r.name, r.op, tuple((k, a - cores[k] if a >= 0 else a) for k, a in r.dims))
+      Reduction(r.name, r.op, trailing(r.dims, cores), trailing(r.results, res_cores))
       for r in spec.reductions)}
 
 

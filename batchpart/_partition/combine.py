@@ -8,6 +8,7 @@ moves.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ from batchpart import _compat as compat, _core
 from batchpart._partition import emit
 from batchpart._vocab.dims.combined import ARG_COMBINERS, INDEX_COMBINERS
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.reduced import combining_op
+from batchpart._vocab.dims.reduced import combining_op, kept_results
 
 ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
@@ -25,7 +26,15 @@ _Kind = _core.Sharding.Kind
 def combine(reductions, results, groups, part_offsets=None) -> list:
   """``results`` (this device's) combined over each device group in
   ``groups`` by the reductions' op; ``part_offsets[partition]`` is the
-  global start of that partition's part (the combiners with an index)."""
+  global start of that partition's part (the combiners with an index).
+  Results that keep a reduced dim are each device's own part: they pass
+  through."""
+  kept = kept_results(reductions)
+  if kept:
+    combining = iter(combine([dataclasses.replace(r, results=()) for r in reductions],
+                             [r for i, r in enumerate(results) if i not in kept],
+                             groups, part_offsets) if len(kept) < len(results) else [])
+    return [r if i in kept else next(combining) for i, r in enumerate(results)]
   op = combining_op(reductions)
   if op in INDEX_COMBINERS:
     assert part_offsets is not None, "an index combines with the parts' offsets"

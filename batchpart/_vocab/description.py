@@ -85,6 +85,11 @@ class CallDescription:
         if (k, axis) in reduced_axes:
           raise ValueError(f"{self.target}: operand {k} core axis {axis} is in two reductions")
         reduced_axes.add((k, axis))
+      if len({k for k, _ in r.results}) != len(r.results):
+        raise ValueError(f"{self.target}: reduction {r} names one result twice")
+      for k, axis in r.results:
+        self._check_core_axis("result", k, axis, self.result_batch_ranks,
+                              self.result_leads, self.result_ranks)
     if len({n.name for n in self.dim_names}) != len(self.dim_names):
       raise ValueError(f"{self.target}: dim names {self.dim_names} name a dim twice")
     for n in self.dim_names:

@@ -1,12 +1,14 @@
 """Reduced core dims: ``reduce={"n": "sum"}``.
 
-A reduced dim is a core dim of the operands that no result has, over which
-every result *combines*: each result equals the reduction (sum, max or min),
+A reduced dim is a core dim of the operands over which every result that
+does not have it *combines*: each result equals the reduction (sum, max or min),
 over any split of that dim into parts, of the results computed on the parts
 (a dot over its contraction dim, a NUFFT type 1 over its points, a
 log-likelihood over its data). Where that dim is sharded, each device runs
 the call on its own part and one all-reduce combines the results. A named
-combiner (``combined``) reads the results together instead.
+combiner (``combined``) reads the results together instead. A result that
+has the dim keeps it: it is split along it like the operands (each device
+writes its own part) and is not combined.
 
 A reduction names its dim by its core axis in each operand that has it
 (``core``).
@@ -33,23 +35,51 @@ ALL_OPS = OPS + COMBINERS
 
 @dataclasses.dataclass(frozen=True)
 class Reduction:
-  """One reduced dim: its signature name, the op, and where each operand
-  that has it holds it, as ``(operand, core axis)`` pairs."""
+  """One reduced dim: its signature name, the op, where each operand that
+  has it holds it, as ``(operand, core axis)`` pairs, and where each result
+  that keeps it does, as ``(result, core axis)`` pairs."""
   name: str
   op: str
   dims: tuple[tuple[int, int], ...]
+  results: tuple[tuple[int, int], ...] = ()
 
 
-def reduced_dims_table(reductions, operand_ranks) -> list[list[int]]:
-  """Per operand, per dim: the index of the reduction that dim belongs to,
-  or -1 (the planner's ``operand_reduced_dims``); ``[]`` without any."""
-  if not reductions:
+def reduced_dims_table(reductions, operand_ranks, *, results: bool = False
+                       ) -> list[list[int]]:
+  """Per operand (or, with ``results``, per result), per dim: the index of
+  the reduction that dim belongs to, or -1 (the planner's
+  ``operand_reduced_dims`` / ``result_reduced_dims``); ``[]`` where none has
+  one."""
+  places = [(i, r.results if results else r.dims) for i, r in enumerate(reductions)]
+  if not any(where for _, where in places):
     return []
   table = [[-1] * int(r) for r in operand_ranks]
-  for i, reduction in enumerate(reductions):
-    for k, axis in reduction.dims:
+  for i, where in places:
+    for k, axis in where:
       table[k][absolute_dim(axis, len(table[k]))] = i
   return table
+
+
+def kept_results(reductions) -> frozenset[int]:
+  """The results that keep a reduced dim (split, never combined)."""
+  return frozenset(k for r in reductions for k, _ in r.results)
+
+
+# Why a host callback cannot keep a reduced dim in a result: its blocks cut
+# the batch only, and each result's core dims are whole.
+CALLBACK_KEEPS = "a host callback's results are cut along the batch only"
+
+
+def refuse_kept_results(owner: str, reductions, why: str) -> None:
+  """Raises naming ``owner`` where a result keeps a reduced dim, which this
+  entry point cannot split (``why``)."""
+  for r in reductions:
+    if r.results:
+      raise ValueError(
+          f"{owner}: reduce names the dim '{r.name}', which result(s) "
+          f"{', '.join(str(k) for k, _ in r.results)} keep; {why}. Declare a call whose "
+          "results keep a reduced dim with batchpart.ffi_call, partition_ffi_target, "
+          "partition_primitive or ffi_lowering.")
 
 
 def combining_op(reductions) -> str | None:
@@ -82,10 +112,14 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
 
 def check_results(owner: str, reductions, shapes, dtypes) -> None:
   """Refuses results the combining op is not defined on (their dtypes, and
-  for a combiner their number and shapes)."""
+  for a combiner their number and shapes); results that keep a reduced dim
+  do not combine and are not checked."""
   op = combining_op(reductions)
   if op is None:
     return
+  kept = kept_results(reductions)
+  shapes = [s for i, s in enumerate(shapes) if i not in kept]
+  dtypes = [t for i, t in enumerate(dtypes) if i not in kept]
   names = ", ".join(r.name for r in reductions)
   if is_combiner(op):
     check_combining_results(owner, op, names, shapes, dtypes)
