@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from batchpart import _compat as compat, _core
-from batchpart._partition import emit
+from batchpart._partition import emit, merge
 from batchpart._vocab.dims.combined import ARG_COMBINERS, INDEX_COMBINERS
+from batchpart._vocab.dims.combiner import is_user_combiner, registered
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.reduced import combining_op, kept_results
 
@@ -23,7 +24,7 @@ ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
 
 
-def combine(reductions, results, groups, part_offsets=None) -> list:
+def combine(reductions, results, groups, part_offsets=None, target: str = "") -> list:
   """``results`` (this device's) combined over each device group in
   ``groups`` by the reductions' op; ``part_offsets[partition]`` is the
   global start of that partition's part (the combiners with an index).
@@ -33,17 +34,24 @@ def combine(reductions, results, groups, part_offsets=None) -> list:
   if kept:
     combining = iter(combine([dataclasses.replace(r, results=()) for r in reductions],
                              [r for i, r in enumerate(results) if i not in kept],
-                             groups, part_offsets) if len(kept) < len(results) else [])
+                             groups, part_offsets, target) if len(kept) < len(results)
+                     else [])
     return [r if i in kept else next(combining) for i, r in enumerate(results)]
   op = combining_op(reductions)
+  if is_user_combiner(op):
+    assert part_offsets is not None, "a Combiner merges its parts in order"
+    reg = registered(str(op), target)
+    results = [_global(r, part_offsets) if i in reg.combiner.index_results else r
+               for i, r in enumerate(results)]
+    return merge.fold(reg, results, groups, merge.part_order(groups, part_offsets))
   if op in INDEX_COMBINERS:
     assert part_offsets is not None, "an index combines with the parts' offsets"
-    merge = _arg_extreme if op in ARG_COMBINERS else _top_k
-    return merge(op, list(results), groups, part_offsets)
+    by_index = _arg_extreme if op in ARG_COMBINERS else _top_k
+    return by_index(op, list(results), groups, part_offsets)
   if op == "logsumexp":
     return _logsumexp(list(results), groups)
   assert op is not None, "reduce groups come only with reductions"
-  return [emit.all_reduce(r, op, groups) for r in results]
+  return [emit.all_reduce(r, str(op), groups) for r in results]
 
 
 def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndarray | None:
@@ -52,7 +60,8 @@ def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndar
   planner sharding of the first operand that has the dim; None otherwise.
   The plan splits a reduced dim only evenly, so a part starts at its tile
   coordinate times the local size."""
-  if combining_op(reductions) not in INDEX_COMBINERS:
+  op = combining_op(reductions)
+  if op not in INDEX_COMBINERS and not is_user_combiner(op):
     return None
   k, axis = reductions[0].dims[0]
   sharding, local = operand_shardings[k], operand_local_shapes[k]
@@ -106,10 +115,10 @@ def _top_k(op: str, results, groups, part_offsets) -> list:
   # Gathered along a new leading dim, then moved next to k: (..., parts * k).
   # (A variadic all-gather along the minor dim mixed rows on XLA's CPU runtime.)
   cands = []
-  for c in emit.all_gather([_reshaped(v, [1, *shape]) for v in
+  for c in emit.all_gather([emit.reshaped(v, [1, *shape]) for v in
                             (values, _global(index, part_offsets))], 0, groups):
     moved = hlo.transpose(c, ir.DenseI64ArrayAttr.get([*range(1, last + 1), 0, last + 1]))
-    cands.append(_reshaped(moved, [*shape[:-1], parts * shape[-1]]))
+    cands.append(emit.reshaped(moved, [*shape[:-1], parts * shape[-1]]))
   sort = hlo.SortOp([c.type for c in cands], cands, dimension=last, is_stable=False)
   scalars = [ir.RankedTensorType.get([], _element(c)) for c in cands]
   block = sort.regions[0].blocks.append(scalars[0], scalars[0], scalars[1], scalars[1])
@@ -179,10 +188,6 @@ def _broadcast(value, to: ir.Type):
   """``value`` (of a leading part of ``to``'s dims) along ``to``'s trailing ones."""
   rank = len(ir.RankedTensorType(value.type).shape)
   return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(list(range(rank))))
-
-
-def _reshaped(value, shape):
-  return hlo.reshape(ir.RankedTensorType.get(list(shape), _element(value)), value)
 
 
 def _scalar(vector):

@@ -69,6 +69,12 @@ def all_gather(values, dim: int, groups) -> list:
   return list(op_.results)
 
 
+def reshaped(value, shape) -> ir.Value:
+  """``value`` reshaped to ``shape``."""
+  kind = ir.RankedTensorType(value.type).element_type
+  return hlo.reshape(ir.RankedTensorType.get(list(shape), kind), value)
+
+
 def table_row(table) -> ir.Value:
   """``table[partition_id]`` for an int64 table of shape (partitions, n)."""
   table = np.ascontiguousarray(table, dtype=np.int64)

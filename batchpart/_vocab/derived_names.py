@@ -26,7 +26,8 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   its block vector, filled in per partition (``batchpart/_vocab/blocks``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
   combines the results over its parts (``sum``, ``max``, ``min`` or a named
-  combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``), and its core axis in each
+  combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``, or
+  ``merge_<digest>`` for a ``bp.Combiner``), and its core axis in each
   operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim;
   then ``:r<result>.<axis>,...`` where results keep the dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
@@ -44,6 +45,7 @@ from __future__ import annotations
 import re
 
 from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.combiner import is_user_combiner
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
@@ -152,7 +154,8 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
-    elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in ALL_OPS:
+    elif tag == "x" and (x := _REDUCTION.match(value)) and (
+        x.group(2) in ALL_OPS or is_user_combiner(x.group(2))):
       reductions.append(Reduction(x.group(1), x.group(2), _pairs(x.group(3)),
                                   _pairs(x.group(4) or "")))
     elif tag == "k" and (k := _DIM_NAME.match(value)):

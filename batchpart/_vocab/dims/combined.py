@@ -26,6 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from batchpart._vocab.dims.combiner import (
+  OP_PREFIX,
+  Combiner,
+  check_index_results,
+  is_user_combiner,
+)
+
 ARG_COMBINERS = ("argmax", "argmin")
 TOP_K_COMBINERS = ("max_k", "min_k")
 # The combiners with an index result, which counts along one dim.
@@ -45,31 +52,40 @@ _MERGES = {
 }
 
 
-def is_combiner(op: str | None) -> bool:
+def is_combiner(op) -> bool:
   """Whether ``op`` reads the results together (not one all-reduce each)."""
-  return op in COMBINERS
+  return op in COMBINERS or is_user_combiner(op)
 
 
 def merge_text(op: str) -> str:
   """How the parts of a combiner's results merge, in words."""
+  if is_user_combiner(op):
+    return (f"an all-gather of each part's combining results, then the Combiner's merge "
+            f"({op.removeprefix(OP_PREFIX)}) over the parts in order")
   return _MERGES[op]
 
 
 def check_combiner_dims(owner: str, op: str, names) -> None:
   """An index result (argmax, argmin, max_k, min_k) counts along one dim:
   refuses several."""
+  if isinstance(op, Combiner) and len(names) > 1:
+    raise ValueError(f"{owner}: reduce {op!r} over the dims {', '.join(names)}: a Combiner "
+                     "merges the parts of one dim in order; declare it on one dim only.")
   if op in INDEX_COMBINERS and len(names) > 1:
     raise ValueError(f"{owner}: reduce '{op}' over the dims {', '.join(names)}: an index "
                      f"result counts along one dim; declare '{op}' on one dim only.")
 
 
-def check_combining_results(owner: str, op: str, dims: str, shapes, dtypes) -> None:
+def check_combining_results(owner: str, op: str | Combiner, dims: str, shapes,
+                            dtypes) -> None:
   """Refuses results that do not fit combiner ``op`` over the dim(s) ``dims``:
   their number, dtypes and shapes."""
   shapes = [tuple(int(v) for v in s) for s in shapes]
   dtypes = [np.dtype(t) for t in dtypes]
-  where = f"{owner}: reduce '{op}' over the dim(s) {dims}"
-  if op in INDEX_COMBINERS:
+  where = f"{owner}: reduce {op if isinstance(op, Combiner) else repr(op)} over the dim(s) {dims}"
+  if isinstance(op, Combiner):
+    check_index_results(where, op, dtypes)
+  elif op in INDEX_COMBINERS:
     _check_index_results(where, op, shapes, dtypes)
   else:
     _check_logsumexp_results(where, shapes, dtypes)
@@ -94,7 +110,7 @@ def _check_index_results(where: str, op: str, shapes, dtypes) -> None:
                      "in k >= 1, the candidates kept.")
 
 
-def min_part(op: str | None, result_shapes) -> int:
+def min_part(op: str | Combiner | None, result_shapes) -> int:
   """The smallest part of the reduced dim a device may see: k for max_k and
   min_k (each part must give k candidates), 1 otherwise."""
   if op in TOP_K_COMBINERS and result_shapes and len(result_shapes[0]):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from batchpart import _compat as compat
@@ -27,6 +28,7 @@ from batchpart._vocab.dims.combined import (
   check_combining_results,
   is_combiner,
 )
+from batchpart._vocab.dims.combiner import Combiner, lowered_name
 from batchpart._vocab.dims.core import absolute_dim
 
 OPS = ("sum", "max", "min")      # each result combined on its own
@@ -39,7 +41,7 @@ class Reduction:
   has it holds it, as ``(operand, core axis)`` pairs, and where each result
   that keeps it does, as ``(result, core axis)`` pairs."""
   name: str
-  op: str
+  op: str | Combiner
   dims: tuple[tuple[int, int], ...]
   results: tuple[tuple[int, int], ...] = ()
 
@@ -82,7 +84,7 @@ def refuse_kept_results(owner: str, reductions, why: str) -> None:
           "partition_primitive or ffi_lowering.")
 
 
-def combining_op(reductions) -> str | None:
+def combining_op(reductions) -> str | Combiner | None:
   """The op that combines the results (every reduction has the same one)."""
   return reductions[0].op if reductions else None
 
@@ -94,9 +96,10 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
                     f"({', '.join(map(repr, ALL_OPS))}), e.g. reduce={{'n': 'sum'}}; got "
                     f"{reduce!r}.")
   for name, op in reduce.items():
-    if op not in ALL_OPS:
+    if op not in ALL_OPS and not isinstance(op, Combiner):
       raise ValueError(f"{owner}: reduce={{{name!r}: {op!r}}}: the reduced dim '{name}' "
-                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, ALL_OPS))}.")
+                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, ALL_OPS))} "
+                       "or a batchpart.Combiner.")
   ops = set(reduce.values())
   if len(ops) > 1:
     combiner = next((op for op in ops if is_combiner(op)), None)
@@ -130,6 +133,26 @@ def check_results(owner: str, reductions, shapes, dtypes) -> None:
       raise ValueError(
           f"{owner}: result {i} has dtype {dtype.name}, which reduce '{op}' over the "
           f"dim(s) {names} cannot combine.")
+
+
+def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
+                    result_leads, result_dtypes) -> tuple:
+  """``reductions`` with a ``Combiner`` op replaced by its lowered name
+  (``combiner.lowered_name``, on one batch element's combining results):
+  what a description, and so a derived name, carries."""
+  out = []
+  for r in reductions:
+    if isinstance(r.op, Combiner):
+      kept = kept_results(reductions)
+      types = [jax.ShapeDtypeStruct(
+          tuple(s[:lead]) + tuple(s[len(s) - core:] if core else ()), t)
+          for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
+                                                     result_leads, result_dtypes))
+          if i not in kept]
+      r = dataclasses.replace(r, op=lowered_name(
+          f"'{target}': reduce {r.op!r} over the dim {r.name}", r.op, types))
+    out.append(r)
+  return tuple(out)
 
 
 def splits_reductions(ctx) -> bool:
