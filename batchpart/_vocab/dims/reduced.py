@@ -144,6 +144,10 @@ def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
   for r in reductions:
     if isinstance(r.op, Combiner):
       kept = kept_results(reductions)
+      if any(lead for i, lead in enumerate(result_leads) if i not in kept):
+        raise ValueError(f"'{target}': reduce {r.op!r} over the dim {r.name}: a Combiner "
+                         "needs its combining results' batch dims in front (no core dims "
+                         "before the signature's '...').")
       types = [jax.ShapeDtypeStruct(
           tuple(s[:lead]) + tuple(s[len(s) - core:] if core else ()), t)
           for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
