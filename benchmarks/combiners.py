@@ -53,8 +53,9 @@ def main(quick: bool) -> None:
 
 
 def _attention(jax, np, _timing, mesh, repeats, quick):
-  import batchpart as bp
   from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
   nq, nk, d, e = (32, 2048, 32, 32) if quick else (64, 16384, 64, 64)
   rng = np.random.default_rng(0)
   q = rng.standard_normal((nq, d)).astype(np.float32) / np.sqrt(d)
@@ -99,8 +100,9 @@ def kernels_reference(q, k, v, bias):
 
 def _knn(jax, np, _timing, mesh, repeats, quick):
   import faiss
-  import batchpart as bp
   from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
   faiss.omp_set_num_threads(1)
   nq, nb, d, kk = (64, 8192, 32, 10) if quick else (256, 65536, 64, 10)
   rng = np.random.default_rng(1)
