@@ -56,12 +56,18 @@ def test_an_uneven_dim_is_whole_in_both_results(partitioner, mesh2x4):
   assert_weigh_close(jax.jit(f)(put(x, mesh2x4, P("a")), put(w, mesh2x4, P("a"))), x, w)
 
 
-def test_explicit_mode_values(partitioner):
+def test_explicit_mode_types_the_kept_result_split(partitioner):
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
   x, w = data(seed=1)
+  xs, ws = put(x, mesh, P("a", "b")), put(w, mesh, P("a", "b"))
   with jax.set_mesh(mesh):
-    out = jax.jit(kernels.weigh_rows)(put(x, mesh, P("a", "b")), put(w, mesh, P("a", "b")))
+    f = jax.jit(kernels.weigh_rows)
+    out = f(xs, ws)
+    assert jax.typeof(out[1]).sharding.spec == P("a", "b")   # split like the operands
+    assert jax.typeof(out[0]).sharding.spec == P("a", None)
+    text = f.lower(xs, ws).compile().as_text()
   assert_weigh_close(out, x, w)
+  assert {c.opcode for c in _hlo.collectives(text)} == {"all-reduce"}
 
 
 def test_callbacks_refuse_a_kept_reduced_dim():
