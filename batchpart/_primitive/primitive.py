@@ -148,7 +148,7 @@ def _kept_entries(avals_in, result_avals, reductions, entries) -> dict:
     k, axis = r.dims[0]
     sharding = getattr(avals_in[k], "sharding", None)
     spec = getattr(sharding, "spec", None)
-    if spec is None or sharding.mesh.empty:
+    if spec is None or sharding is None or sharding.mesh.empty:
       continue
     rank = len(avals_in[k].shape)
     axes = tuple(a for a in _axes(_partitions(spec, rank)[absolute_dim(axis, rank)])
