@@ -19,6 +19,7 @@ import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
 from helpers import (
+  auto_mesh,
   collective_kinds,
   divides,
   local_shapes,
@@ -31,10 +32,7 @@ from helpers import (
 TOP_K = "batchpart_test_top_k_rows"
 
 
-@pytest.fixture(autouse=True)
-def _x64():
-  with jax.enable_x64(True):
-    yield
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 def boundary_rows(dtype, batch=4, n=64, parts=4, seed=0):
@@ -134,23 +132,13 @@ def test_pure_callback_max_k(partitioner, mesh2x4):
   assert collective_kinds(f.lower(xs).compile().as_text()) <= {"all-gather"}
 
 
-_meshes: dict = {}
-
-
-def _mesh(shape):
-  if shape not in _meshes:
-    _meshes[shape] = jax.make_mesh(shape, ("a", "b")[:len(shape)],
-                                   axis_types=(AxisType.Auto,) * len(shape))
-  return _meshes[shape]
-
-
 @pytest.mark.timeout(600)
 @property_settings(25)
 @given(data=st.data())
 def test_drawn_meshes_shardings_sizes_and_k(partitioner, data):
   """Values equal the stable NumPy sort on drawn meshes, shardings, sizes
   (uneven ones too) and k (up to the whole dim, near the part size)."""
-  mesh = _mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2)]), label="mesh"))
+  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2), (2, 2, 2)]), label="mesh"))
   B = data.draw(st.sampled_from([1, 2, 3, 4]), label="B")
   n = data.draw(st.sampled_from([3, 8, 10, 16, 24]), label="n")
   k = data.draw(st.integers(1, n), label="k")
@@ -166,3 +154,11 @@ def test_drawn_meshes_shardings_sizes_and_k(partitioner, data):
 
   xs = put(x, mesh, spec if divides(mesh, spec, x.shape) else P())
   assert_top_k_equal(jax.jit(f)(xs), x, k, op)
+
+
+def test_vmap_keeps_the_merge(partitioner, mesh2x4):
+  x = boundary_rows(np.float32, seed=5)
+  stacked = put(x.reshape(2, 2, 64), mesh2x4, P(None, "a", "b"))
+  values, index = jax.jit(jax.vmap(lambda x: kernels.top_k_rows(x, 4)))(stacked)
+  assert_top_k_equal((np.asarray(values).reshape(4, 4), np.asarray(index).reshape(4, 4)),
+                     x, 4, "max_k")

@@ -19,15 +19,20 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import divides, local_shapes, property_settings, put, random_spec, the_custom_call
+from helpers import (
+  auto_mesh,
+  divides,
+  local_shapes,
+  property_settings,
+  put,
+  random_spec,
+  the_custom_call,
+)
 
 ARG = "batchpart_test_arg_rows"
 
 
-@pytest.fixture(autouse=True)
-def _x64():
-  with jax.enable_x64(True):
-    yield
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 def first_max(a, b):
@@ -138,21 +143,11 @@ def test_attention_merged_by_a_user_combiner(partitioner, mesh2x4):
   np.testing.assert_allclose(np.asarray(lse), lse_ref, rtol=1e-12)
 
 
-_meshes: dict = {}
-
-
-def _mesh(shape):
-  if shape not in _meshes:
-    _meshes[shape] = jax.make_mesh(shape, ("a", "b")[:len(shape)],
-                                   axis_types=(AxisType.Auto,) * len(shape))
-  return _meshes[shape]
-
-
 @pytest.mark.timeout(600)
 @property_settings(15)
 @given(data=st.data())
 def test_drawn_meshes_shardings_sizes_and_merges(partitioner, data):
-  mesh = _mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2)]), label="mesh"))
+  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2), (2, 2, 2)]), label="mesh"))
   B = data.draw(st.sampled_from([1, 2, 4]), label="B")
   n = data.draw(st.sampled_from([4, 8, 10, 16]), label="n")
   smallest = data.draw(st.booleans(), label="argmin (else argmax)")
@@ -170,3 +165,32 @@ def test_drawn_meshes_shardings_sizes_and_merges(partitioner, data):
   value, index = jax.jit(f)(xs)
   np.testing.assert_array_equal(np.asarray(index), np.argmax(sign * x, -1))
   np.testing.assert_array_equal(np.asarray(value), (sign * x).max(-1))
+
+
+def test_export_vmap_explain_and_explicit(partitioner, mesh2x4):
+  """An exported program carries the merge's digest in its derived name;
+  vmap adds a batch dim the merge is mapped over; bp.explain names the merge
+  and its all-gather; Explicit mode types the combined results unsharded
+  over the dim."""
+  from jax import export
+  x = ties(batch=4, seed=4)
+  xs = put(x, mesh2x4, P("a", "b"))
+  exported = export.export(jax.jit(user_argmax), disabled_checks=[
+      export.DisabledSafetyCheck.custom_call(ARG)])(xs)
+  assert "$x:n=merge_" in exported.mlir_module()
+
+  stacked = put(x.reshape(2, 2, 64), mesh2x4, P(None, "a", "b"))
+  _, index = jax.jit(jax.vmap(user_argmax))(stacked)
+  np.testing.assert_array_equal(np.asarray(index).reshape(-1), np.argmax(x, -1))
+
+  report = bp.explain(user_argmax, xs)
+  assert "one per device of each all-gather group, merged by an all-gather of each part's" \
+      in str(report)
+  assert [(c.kind, c.declared_reduction) for c in report.calls[0].collectives_after] == [
+      ("all-gather", True)]
+
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+  with jax.set_mesh(mesh):
+    value, index = jax.jit(user_argmax)(put(x, mesh, P("a", "b")))
+    assert jax.typeof(index).sharding.spec == P("a")
+  np.testing.assert_array_equal(np.asarray(index), np.argmax(x, -1))

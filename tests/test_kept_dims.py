@@ -60,3 +60,12 @@ def test_the_decorator_refuses_a_kept_reduced_dim():
                                        "results cannot be followed"):
     bp.batch_partitionable(signature="(n,k),(n)->(k),(n)", reduce={"n": "sum"})(
         lambda x, w: (x, w))
+
+
+def test_the_shardy_rule_shares_the_factor_with_the_kept_result():
+  from batchpart._partition import sharding_rule
+  r = Reduction("n", "sum", ((0, -2), (1, -1)), ((1, -1),))
+  lhs, rhs, replicated, reduction = sharding_rule.factors(
+      [(4, 64, 3), (4, 64)], [2, 1], [(4, 3), (4, 64)], [1, 1], (4,), reductions=(r,))
+  assert sharding_rule.text(lhs, rhs) == "b0 x0 o0_2, b0 x0 -> b0 r0_1, b0 x0"
+  assert reduction == () and "x0" not in replicated

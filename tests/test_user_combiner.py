@@ -95,3 +95,11 @@ def test_bad_arguments():
     bp.Combiner(3)
   with pytest.raises(ValueError, match="distinct non-negative"):
     bp.Combiner(first_max, index_results=(1, 1))
+
+
+def test_a_merge_this_process_never_lowered_is_named():
+  from batchpart._vocab.dims.combiner import registered
+  with pytest.raises(ValueError, match="the call to 't' merges its parts with the Combiner "
+                                       "'merge_0000000000000000', which this process has "
+                                       "not declared"):
+    registered("merge_0000000000000000", "t")

@@ -23,8 +23,7 @@ from batchpart._explain.lowered import (
 )
 from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._vocab.dims.combined import TOP_K_COMBINERS
-from batchpart._vocab.dims.combiner import is_user_combiner
+from batchpart._vocab.dims.combined import gathers
 from batchpart._vocab.dims.core import absolute_dim
 
 
@@ -111,9 +110,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
   leads = leading_core_dims(derived, hidden)
   reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
-    op = reduced[0].op
-    after = _mark_declared(module, inst, after,
-                           gathers=op in TOP_K_COMBINERS or is_user_combiner(op))
+    after = _mark_declared(module, inst, after, gathers=gathers(reduced[0].op))
   if one_device is not None:
     shared_by = 1   # one device computes everything, so nothing twice
   elif low is not None and inst is not None and not low.in_shard_map:

@@ -57,6 +57,12 @@ def is_combiner(op) -> bool:
   return op in COMBINERS or is_user_combiner(op)
 
 
+def gathers(op) -> bool:
+  """Whether ``op``'s merge starts with an all-gather of the parts' results
+  (max_k, min_k, a Combiner) rather than all-reduces."""
+  return op in TOP_K_COMBINERS or is_user_combiner(op)
+
+
 def merge_text(op: str) -> str:
   """How the parts of a combiner's results merge, in words."""
   if is_user_combiner(op):
