@@ -53,3 +53,26 @@ def test_a_callback_sees_the_global_positions_of_its_part(partitioner, mesh2x4):
     text = jax.jit(f).lower(xs).compile().as_text()
   np.testing.assert_allclose(np.asarray(out), (x * np.arange(64)).sum(-1), rtol=1e-12)
   assert "all-gather" not in {c.opcode for c in _hlo.collectives(text)}
+
+
+def test_with_index_gives_a_callback_its_part_of_the_reduced_dim(partitioner, mesh2x4):
+  """``index`` holds the batch block's slices, then the part of each reduced
+  dim: the global positions of the callback's elements."""
+  seen = []
+
+  def weighted(x, *, index):
+    seen.append(tuple((s.start, s.stop) for s in index))
+    return (x * np.arange(index[-1].start, index[-1].stop)).sum(-1).astype(x.dtype)
+
+  x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+  f = jax.jit(lambda x: bp.pure_callback(weighted, jax.ShapeDtypeStruct((4,), np.float32), x,
+                                         signature="(n)->()", reduce={"n": "sum"},
+                                         with_index=True))
+  out = f(put(x, mesh2x4, P("a", "b")))
+  np.testing.assert_allclose(np.asarray(out), (x * np.arange(64)).sum(-1), rtol=1e-5,
+                             atol=1e-4)
+  assert sorted(set(seen)) == [((b, b + 2), (n, n + 16)) for b in (0, 2)
+                               for n in (0, 16, 32, 48)]
+  seen.clear()
+  f(x)   # one device holds everything: the whole dim
+  assert seen == [((0, 4), (0, 64))] or all(s[1] == (0, 64) for s in seen)

@@ -34,7 +34,7 @@ from batchpart import _compat as compat
 from batchpart._callback.agreement import Agreement, together
 from batchpart._callback.errors import CallbackError, callback_name, fmt_index, raised_on_block
 from batchpart._vocab.batch_spec import fmt
-from batchpart._vocab.blocks import block_extent
+from batchpart._vocab.blocks import block_extent, reduced_parts
 from batchpart._vocab.dims.batch import batch_first, inverse
 
 
@@ -267,7 +267,7 @@ class HostCall:
     if all(c is None for c in out.cuts):
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
-    out.index = index[1:] if self.unit else index
+    out.index = (*(index[1:] if self.unit else index), *reduced_parts(self.batch, block))
     wants = [tuple(valid) + s[rank:] for s in self.result_shapes]
     out.wants = [w[1:] for w in wants] if self.unit else wants
     out.reshapes = wants if self.unit else [None] * len(wants)

@@ -37,6 +37,7 @@ from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.blocks import whole_block
 from batchpart._vocab.description import describe
+from batchpart._vocab.dims.core import absolute_dim
 
 ir = compat.ir
 hlo = compat.hlo
@@ -114,8 +115,10 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
                    agreement=_agreement(platforms[0], partitions, partitioned, reductions))
   index = compat.add_host_callback(ctx, host)
-  block = compat.ir_constant(whole_block(batch))
-  block_shape = (2 * rank,)
+  reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
+                   for k, axis in (r.dims[0] for r in reductions)]
+  block = compat.ir_constant(whole_block(batch, reduced_sizes))
+  block_shape = (2 * rank + 2 * len(reduced_sizes),)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)
@@ -136,7 +139,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   result_types = [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_out]
   if partitioned:
     name = targets.ensure_derived(d, platforms, caller=callback.owner)
-    operand_types = [ir.RankedTensorType.get([2 * rank], ir.IntegerType.get_signless(64))]
+    operand_types = [ir.RankedTensorType.get(list(block_shape),
+                                             ir.IntegerType.get_signless(64))]
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,

@@ -143,9 +143,13 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
     for k, axis in r.dims:
       reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
           first_reduced + i)
-  table = blocks.block_table(grid, batch, partitions, d.target)
   ops = [_sharding(grid, rank, n_manual, s, b, batch, reduced_axes.get(k))
          for k, (s, b) in enumerate(zip(operand_shapes, d.operand_batch_ranks))]
+  parts = []
+  for i, r in enumerate(d.reductions):
+    k, axis = r.dims[0]
+    parts.append((first_reduced + i, ops[k][1][absolute_dim(axis, len(operand_shapes[k]))]))
+  table = blocks.block_table(grid, batch, partitions, d.target, parts)
   res = [_sharding(grid, rank, n_manual, s, b, batch)
          for s, b in zip(result_shapes, d.result_batch_ranks)]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
