@@ -70,11 +70,24 @@ def test_explicit_mode_types_the_kept_result_split(partitioner):
   assert {c.opcode for c in _hlo.collectives(text)} == {"all-reduce"}
 
 
-def test_callbacks_refuse_a_kept_reduced_dim():
-  x, w = data()
-  with pytest.raises(ValueError, match=r"batchpart\.pure_callback\(.*\): reduce names the "
-                                       r"dim 'n', which result\(s\) 1 keep; a host "
-                                       "callback's results are cut along the batch only"):
-    bp.pure_callback(lambda x, w: (x, w), (jax.ShapeDtypeStruct((4, 3), np.float32),
-                                           jax.ShapeDtypeStruct((4, 64), np.float32)),
-                     x, w, signature="(n,k),(n)->(k),(n)", reduce={"n": "sum"})
+def _np_weigh(x, w):
+  return np.einsum("...n,...nk->...k", w, x).astype(x.dtype), (w * x.sum(-1)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("n, spec", [(64, P("a", "b")), (10, P("a", "b")), (64, P())])
+def test_a_callback_writes_its_part_of_the_kept_result(partitioner, mesh2x4, n, spec):
+  """Each device's callback returns its rows of the (n) result, which stays
+  split (n = 10 does not split over 4: whole; P(): one call, whole)."""
+  x, w = data(n=n)
+  out = (jax.ShapeDtypeStruct((4, 3), np.float32), jax.ShapeDtypeStruct((4, n), np.float32))
+  f = jax.jit(lambda x, w: bp.pure_callback(_np_weigh, out, x, w,
+                                            signature="(n,k),(n)->(k),(n)",
+                                            reduce={"n": "sum"}))
+  xs = put(x, mesh2x4, spec if n % 4 == 0 else P("a"))
+  ws = put(w, mesh2x4, spec if n % 4 == 0 else P("a"))
+  total, row = f(xs, ws)
+  assert_weigh_close((total, row), x, w)
+  if n % 4 == 0 and spec != P():
+    assert row.sharding.spec == P("a", "b")
+    assert "all-gather" not in {c.opcode for c in _hlo.collectives(
+        f.lower(xs, ws).compile().as_text())}

@@ -36,7 +36,6 @@ from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, declared_spec, parse_declaration
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
-from batchpart._vocab.dims.reduced import CALLBACK_KEEPS, refuse_kept_results
 
 # jax's vmap methods after which the callback gets every vmapped dim at once.
 _VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
@@ -351,8 +350,7 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
     raise TypeError(f"batchpart.partition_callback: callback must be callable, got "
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  refuse_kept_results(owner, reductions, CALLBACK_KEEPS)
+  parsed, _ = parse_declaration(owner, num_batch_dims, signature, reduce)
   check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)

@@ -29,12 +29,7 @@ from batchpart._frontend.signature import check_vmap_method, declared_spec, pars
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
-from batchpart._vocab.dims.reduced import (
-  CALLBACK_KEEPS,
-  Reduction,
-  check_results,
-  refuse_kept_results,
-)
+from batchpart._vocab.dims.reduced import Reduction, check_results
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -171,7 +166,6 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  refuse_kept_results(owner, reductions, CALLBACK_KEEPS)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]

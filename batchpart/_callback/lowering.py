@@ -110,10 +110,13 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
+  kept = [(j, absolute_dim(at, len(result_shapes[j])), i)
+          for i, r in enumerate(reductions) for j, at in r.results]
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
-                   agreement=_agreement(platforms[0], partitions, partitioned, reductions))
+                   agreement=_agreement(platforms[0], partitions, partitioned, reductions),
+                   **({"kept": kept} if kept else {}))
   index = compat.add_host_callback(ctx, host)
   reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
                    for k, axis in (r.dims[0] for r in reductions)]

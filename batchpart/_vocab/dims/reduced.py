@@ -67,11 +67,6 @@ def kept_results(reductions) -> frozenset[int]:
   return frozenset(k for r in reductions for k, _ in r.results)
 
 
-# Why a host callback cannot keep a reduced dim in a result: its blocks cut
-# the batch only, and each result's core dims are whole.
-CALLBACK_KEEPS = "a host callback's results are cut along the batch only"
-
-
 def refuse_kept_results(owner: str, reductions, why: str) -> None:
   """Raises naming ``owner`` where a result keeps a reduced dim, which this
   entry point cannot split (``why``)."""
@@ -81,7 +76,7 @@ def refuse_kept_results(owner: str, reductions, why: str) -> None:
           f"{owner}: reduce names the dim '{r.name}', which result(s) "
           f"{', '.join(str(k) for k, _ in r.results)} keep; {why}. Declare a call whose "
           "results keep a reduced dim with batchpart.ffi_call, partition_ffi_target, "
-          "partition_primitive or ffi_lowering.")
+          "partition_primitive, ffi_lowering, pure_callback or partition_callback.")
 
 
 def combining_op(reductions) -> str | Combiner | None:
