@@ -1,9 +1,11 @@
 """Combining each device's results over the parts of its reduced dims.
 
 ``sum``, ``max`` and ``min`` all-reduce each result on its own. A named
-combiner (``_vocab/dims/combined``) reads its results together, in
-elementwise ops around all-reduces of result-sized arrays; no operand ever
-moves.
+combiner (``_vocab/dims/combined``) reads its results together: argmax,
+argmin and logsumexp in elementwise ops around all-reduces of result-sized
+arrays, max_k and min_k by one all-gather of k candidates and a sort, a
+``bp.Combiner`` by one all-gather and the user's merge (``merge``). Results
+that keep a reduced dim pass through; no operand ever moves.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def combine(reductions, results, groups, part_offsets=None, target: str = "") ->
 
 
 def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndarray | None:
-  """For a combiner with an index: each partition's global start of its part
-  of the reduced dim (an int64 vector indexed by partition id), read off the
-  planner sharding of the first operand that has the dim; None otherwise.
+  """For a combiner with an index, or a Combiner (which merges the parts in
+  order): each partition's global start of its part of the reduced dim (an
+  int64 vector indexed by partition id), read off the planner sharding of
+  the first operand that has the dim; None otherwise.
   The plan splits a reduced dim only evenly, so a part starts at its tile
   coordinate times the local size."""
   op = combining_op(reductions)
