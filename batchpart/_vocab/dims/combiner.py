@@ -69,6 +69,9 @@ class Registered:
 
 _lock = threading.Lock()
 _registry: dict[str, Registered] = {}
+# Each call lowered describes its combiner again: the name of a combiner
+# already lowered on these types (and x64 setting) is looked up, not traced.
+_lowered: dict[tuple, str] = {}
 
 
 def is_user_combiner(op) -> bool:
@@ -96,6 +99,11 @@ def lowered_name(where: str, combiner: Combiner, element_types) -> str:
       fails to trace or returns another tree, shape or dtype.
   """
   types = tuple(jax.ShapeDtypeStruct(t.shape, t.dtype) for t in element_types)
+  x64 = bool(jax.config.read("jax_enable_x64"))
+  key = (combiner, tuple((t.shape, np.dtype(t.dtype).str) for t in types), x64)
+  with _lock:
+    if key in _lowered:
+      return _lowered[key]
   try:
     out = jax.eval_shape(combiner.merge, types, types)
   except Exception as e:
@@ -114,7 +122,8 @@ def lowered_name(where: str, combiner: Combiner, element_types) -> str:
   text = jax.jit(merge).lower(types, types).as_text()
   name = OP_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
   with _lock:
-    _registry.setdefault(name, Registered(combiner, types, bool(jax.config.read("jax_enable_x64"))))
+    _registry.setdefault(name, Registered(combiner, types, x64))
+    _lowered[key] = name
   return name
 
 
