@@ -91,3 +91,18 @@ def test_a_callback_writes_its_part_of_the_kept_result(partitioner, mesh2x4, n, 
     assert row.sharding.spec == P("a", "b")
     assert "all-gather" not in {c.opcode for c in _hlo.collectives(
         f.lower(xs, ws).compile().as_text())}
+
+
+def test_a_combiner_merges_the_others_while_the_kept_result_stays_split(partitioner,
+                                                                         mesh2x4):
+  x, w = data(seed=2)
+  out = (jax.ShapeDtypeStruct((4, 3), np.float32), jax.ShapeDtypeStruct((4, 64), np.float32))
+  add = bp.Combiner(lambda a, b: (a[0] + b[0],))
+  f = jax.jit(bp.ffi_call(WEIGH, out, signature="(n,k),(n)->(k),(n)", reduce={"n": add}))
+  xs, ws = put(x, mesh2x4, P("a", "b")), put(w, mesh2x4, P("a", "b"))
+  total, row = f(xs, ws)
+  assert_weigh_close((total, row), x, w)
+  assert row.sharding.spec == P("a", "b")
+  (gather,) = _hlo.collectives(f.lower(xs, ws).compile().as_text())
+  assert gather.opcode == "all-gather" and [t.shape for t in gather.result_types] == [
+      (4, 2, 3)]
