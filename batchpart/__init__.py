@@ -30,10 +30,12 @@ from batchpart._frontend.registry import (
     register_ffi_target,
 )
 from batchpart._partition import export as _export
+from batchpart._vocab.dims.combiner import Combiner
 
 _export.install()
 
 __all__ = [
+    "Combiner",
     "batch_partitionable",
     "buffer_callback",
     "explain",

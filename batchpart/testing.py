@@ -39,6 +39,14 @@ TARGETS = {
     # (bias -inf masks a key; every key masked: o = 0, lse = -inf); f32, f64.
     # Combines over n by logsumexp.
     "batchpart_test_attention": "attention",
+    # (n) -> (k), (k): the k largest (attr op 0) or smallest (op 1) values of
+    # n and their indices, NaNs first, ties to the lower index; f32, f64, s32
+    # values, int32 indices. Combines by max_k (min_k).
+    "batchpart_test_top_k_rows": "top_k_rows",
+    # (n,k),(n) -> (k),(n): total[j] = sum_i w[i] x[i,j] and row[i] =
+    # w[i] sum_j x[i,j]; f32. With reduce={"n": "sum"} total combines and
+    # row keeps n, split like the operands.
+    "batchpart_test_weigh_rows": "weigh_rows",
 }
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
@@ -132,6 +140,40 @@ def arg_rows(x, op: str = "argmax", *, reduce: bool = True):
   return batchpart.ffi_call("batchpart_test_arg_rows", out, signature="(n)->(),()",
                             reduce={"n": op} if reduce else None)(
       x, op=np.int64(("argmax", "argmin").index(op)))
+
+
+def top_k_rows(x, k: int, op: str = "max_k", *, reduce: bool = True):
+  """(values, indices) of the ``k`` best of x's last dim through
+  ``batchpart_test_top_k_rows``, with that dim combined by ``op``
+  ("max_k", "min_k")."""
+  out = (jax.ShapeDtypeStruct((*x.shape[:-1], k), x.dtype),
+         jax.ShapeDtypeStruct((*x.shape[:-1], k), np.int32))
+  return batchpart.ffi_call("batchpart_test_top_k_rows", out, signature="(n)->(k),(k)",
+                            reduce={"n": op} if reduce else None)(
+      x, op=np.int64(("max_k", "min_k").index(op)))
+
+
+def top_k_reference(x, k: int, op: str = "max_k"):
+  """NumPy's (values, indices) for ``top_k_rows``: a stable sort of the last
+  dim by (NaN first, value descending for max_k, ascending for min_k)."""
+  x = np.asarray(x)
+  key = -x if op == "max_k" else x
+  if x.dtype.kind == "f":
+    # NaNs first (lexsort's last key leads), then by value; lexsort is stable.
+    order = np.lexsort((np.where(np.isnan(x), 0, key), ~np.isnan(x)), axis=-1)
+  else:
+    order = np.argsort(key, axis=-1, kind="stable")
+  index = order[..., :k]
+  return np.take_along_axis(x, index, -1), index
+
+
+def weigh_rows(x, w):
+  """(total, row) of ``batchpart_test_weigh_rows``: n reduced by a sum in
+  total and kept in row."""
+  out = (jax.ShapeDtypeStruct((*x.shape[:-2], x.shape[-1]), x.dtype),
+         jax.ShapeDtypeStruct(x.shape[:-1], x.dtype))
+  return batchpart.ffi_call("batchpart_test_weigh_rows", out, signature="(n,k),(n)->(k),(n)",
+                            reduce={"n": "sum"})(x, w)
 
 
 def attention(q, k, v, bias, *, reduce: bool = True):

@@ -44,7 +44,9 @@ void BindPlanner(nb::module_& m) {
       .def_rw("result_shardings", &bp::Problem::result_shardings)
       .def_rw("rebatch", &bp::Problem::rebatch)
       .def_rw("split_axes", &bp::Problem::split_axes)
-      .def_rw("operand_reduced_dims", &bp::Problem::operand_reduced_dims);
+      .def_rw("operand_reduced_dims", &bp::Problem::operand_reduced_dims)
+      .def_rw("result_reduced_dims", &bp::Problem::result_reduced_dims)
+      .def_rw("reduced_min_parts", &bp::Problem::reduced_min_parts);
 
   nb::class_<bp::Plan>(m, "Plan")
       .def_ro("operand_shardings", &bp::Plan::operand_shardings)

@@ -32,6 +32,14 @@ def partitioner(request):
 
 
 @pytest.fixture
+def x64():
+  """float64 and int64 arrays stay what they are (``pytestmark =
+  pytest.mark.usefixtures("x64")`` for a whole module)."""
+  with jax.enable_x64(True):
+    yield
+
+
+@pytest.fixture
 def mesh8():
   return jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
 

@@ -1,5 +1,6 @@
 """Compile-and-inspect helpers for the multi-device tests."""
 
+import functools
 import math
 import os
 import re
@@ -108,6 +109,14 @@ def known_bug_report(suite: str, examples: int, hits):
     yield
     print(f"\n{suite}: {examples} examples; worked around: {dict(hits) or 'nothing'}")
   return report
+
+
+@functools.cache
+def auto_mesh(shape: tuple[int, ...]):
+  """An Auto-mode mesh of ``shape``, its axes named a, b, c; one per shape
+  (a drawn test compiles against the same mesh object each time)."""
+  return jax.make_mesh(shape, ("a", "b", "c")[:len(shape)],
+                       axis_types=(AxisType.Auto,) * len(shape))
 
 
 def draw_auto_mesh(data, shapes, names=("a", "b", "c")):

@@ -7,7 +7,8 @@ reductions_multiprocess_worker.py PORT ID OUT``. Each process builds the
 global operands from its own rows of n only (the rows it is asked for are
 recorded), runs ``reduce_rows`` with n reduced on two meshes, and writes, to
 OUT.<ID>.npz, the result as its own devices hold it (no gather), the rows it
-supplied, the rows its kernels processed and the compiled program.
+supplied, the rows its kernels processed and the compiled program; then a
+max_k over n split across the processes, and the result it holds.
 """
 
 import os
@@ -72,5 +73,12 @@ for name, mesh, spec in (("flat", flat, P(None, "x")), ("grid", grid, P("d", "p"
     results[f"{name}_{op}_spec"] = np.array(str(y.sharding.spec))
     results[f"{name}_hlo"] = np.array(compiled.as_text())
   results[f"{name}_supplied"] = np.array(sorted(supplied))
+# max_k with n split across the processes: the all-gather of candidates
+# crosses them; each process saves the whole (replicated) result it holds.
+scores = rng.integers(-9, 9, (B, N)).astype(np.float32)
+values, index = jax.jit(lambda x: kernels.top_k_rows(x, 5))(
+    global_array(scores, NamedSharding(flat, P(None, "x")), set()))
+results["top_k_values"] = np.asarray(values.addressable_shards[0].data)
+results["top_k_index"] = np.asarray(index.addressable_shards[0].data)
 np.savez(f"{out}.{process_id}.npz", **results)
 jax.distributed.shutdown()

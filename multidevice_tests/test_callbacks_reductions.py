@@ -48,8 +48,9 @@ def test_2x4_batch_on_one_axis_reduced_dim_on_the_other(partitioner, mesh2x4):
   xs = put(x, mesh2x4, P("a", "b", None))
   text = compiled_text(f, xs)
   (call,) = _hlo.custom_calls(text, CPU_CALLBACK)
-  # The block vector, then the local block: half the batch, a quarter of n.
-  assert local_shapes(call) == [(2,), (2, 16, 3)]
+  # The block vector (batch offset and size, n's part start and size), then
+  # the local block: half the batch, a quarter of n.
+  assert local_shapes(call) == [(4,), (2, 16, 3)]
   (reduce,) = [c for c in _hlo.collectives(text)]
   assert reduce.opcode == "all-reduce"
   assert "{{0,1,2,3},{4,5,6,7}}" in text
@@ -115,9 +116,9 @@ def test_io_callback_refuses_reduce():
 
 
 def test_reduce_needs_a_named_operand_dim():
-  with pytest.raises(ValueError, match=r"pure_callback\(.*'k', which appears in a result"):
+  with pytest.raises(ValueError, match=r"pure_callback\(.*'3', which is not a named core dim"):
     bp.pure_callback(lambda x: x.sum(0), S((3,), np.float32), np.zeros((4, 3), np.float32),
-                     signature="(n,k)->(k)", reduce={"k": "sum"})
+                     signature="(n,3)->(3)", reduce={"3": "sum"})
 
 
 @st.composite

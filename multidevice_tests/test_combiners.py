@@ -25,6 +25,7 @@ import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
 from helpers import (
+  auto_mesh,
   collective_kinds,
   divides,
   local_shapes,
@@ -38,11 +39,7 @@ ARG = "batchpart_test_arg_rows"
 ATTENTION = "batchpart_test_attention"
 
 
-@pytest.fixture(autouse=True)
-def _x64():
-  """float64 and int64 arrays stay what they are."""
-  with jax.enable_x64(True):
-    yield
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 def numpy_arg(x, op):
@@ -230,16 +227,6 @@ def test_pure_callback_argmin_and_logsumexp(partitioner, mesh2x4):
 
 # ---- property test ---------------------------------------------------------------------
 
-_meshes: dict = {}
-
-
-def _mesh(shape):
-  if shape not in _meshes:
-    _meshes[shape] = jax.make_mesh(shape, ("a", "b")[:len(shape)],
-                                   axis_types=(AxisType.Auto,) * len(shape))
-  return _meshes[shape]
-
-
 @pytest.mark.timeout(600)
 @property_settings(40)
 @given(data=st.data())
@@ -248,7 +235,7 @@ def test_drawn_meshes_shardings_and_sizes(partitioner, data):
   logsumexp) on drawn 1-D and 2-D meshes, shardings and sizes (uneven ones
   included), and no collective but all-reduces runs after a call whose n
   splits evenly."""
-  mesh = _mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2)]), label="mesh"))
+  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2)]), label="mesh"))
   B = data.draw(st.sampled_from([1, 2, 3, 4, 8]), label="B")
   n = data.draw(st.sampled_from([1, 3, 4, 8, 10, 16, 24]), label="n")
   op = data.draw(st.sampled_from(["argmax", "argmin", "logsumexp"]), label="op")

@@ -445,8 +445,10 @@ def test_batchpart_callback_shows_the_users_operands_and_declaration(partitioner
   assert call.global_operand_shapes == ((64, 16), (64, 3))[:n]
   assert call.device_operand_shapes == ((8, 16), (8, 3))[:n]
   # the compiled call has one operand more: the block vector, batchpart's own
+  # (the batch block's offset and size, then each reduced dim's part)
   hlo_call = the_custom_call(report.hlo_text, "xla_ffi_python_cpu_callback")
-  assert local_shapes(hlo_call) == [(2,), *call.device_operand_shapes]
+  block = (4,) if "reduce=" in declared else (2,)
+  assert local_shapes(hlo_call) == [block, *call.device_operand_shapes]
   assert call.single_device is None and call.replication == 1
   assert call.collectives_before == () and _hlo_kinds(report.hlo_text, "all-gather") == []
   text = str(report)

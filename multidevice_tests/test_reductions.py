@@ -35,6 +35,7 @@ import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
 from helpers import (
+  auto_mesh,
   collective_kinds,
   divides,
   local_shapes,
@@ -546,16 +547,6 @@ def test_export_round_trip(partitioner, mesh2x4, sharded_export):
 MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
 BATCH_SIZES = [1, 2, 3, 4, 6, 8, 16]
 N_SIZES = [1, 2, 3, 4, 5, 8, 10, 12, 16, 32]
-_meshes: dict = {}
-
-
-def _mesh(shape):
-  if shape not in _meshes:
-    _meshes[shape] = jax.make_mesh(shape, ("a", "b", "c")[:len(shape)],
-                                   axis_types=(AxisType.Auto,) * len(shape))
-  return _meshes[shape]
-
-
 @pytest.mark.timeout(600)
 @settings(max_examples=40, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
@@ -566,7 +557,7 @@ def test_drawn_meshes_shardings_and_sizes(partitioner, data):
   combines the parts and, where the batch splits evenly too, each row is
   computed once per device that replicates it; where n is whole or split
   unevenly, there is no all-reduce."""
-  mesh = _mesh(data.draw(st.sampled_from(MESHES), label="mesh"))
+  mesh = auto_mesh(data.draw(st.sampled_from(MESHES), label="mesh"))
   B = data.draw(st.sampled_from(BATCH_SIZES), label="B")
   n = data.draw(st.sampled_from(N_SIZES), label="n")
   k = data.draw(st.sampled_from([1, 3]), label="k")

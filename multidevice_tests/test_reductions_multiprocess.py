@@ -32,8 +32,12 @@ def test_each_process_reduces_its_own_rows_and_both_get_the_result(tmp_path):
   rng = np.random.default_rng(0)
   x = rng.standard_normal((B, N, K)).astype(np.float32)
   w = rng.standard_normal((B, N)).astype(np.float32)
+  scores = rng.integers(-9, 9, (B, N)).astype(np.float32)
   r = [np.load(f"{out}.{i}.npz") for i in range(2)]
+  top_values, top_index = kernels.top_k_reference(scores, 5)
   for i in range(2):
+    np.testing.assert_array_equal(r[i]["top_k_index"], top_index)
+    np.testing.assert_array_equal(r[i]["top_k_values"], top_values)
     mine = list(range(N // 2 * i, N // 2 * (i + 1)))
     for mesh in ("flat", "grid"):
       assert list(r[i][f"{mesh}_supplied"]) == mine

@@ -1,4 +1,5 @@
-"""Named combiners on one device: ``reduce={"n": "argmax" | "argmin" | "logsumexp"}``.
+"""Named combiners on one device: ``reduce={"n": "argmax" | "argmin" | "max_k" | "min_k"
+| "logsumexp"}``.
 
 A combiner reads its results together, so their number, dtypes and shapes
 are part of the declaration: each mismatch is refused where the call is
@@ -45,6 +46,14 @@ def _declare(results, reduce, signature="(n)->(),()"):
      r"result 0 \(the value\) has dtype complex64"),
     ((S((4,), np.float32), S((2, 2), np.int32)), {"n": "argmax"},
      r"result 0 \(the value\) has shape \(4,\) and result 1 \(the index\) \(2, 2\)"),
+    ((S((4, 3), np.float32),), {"n": "max_k"},
+     r"'max_k' over the dim\(s\) n needs exactly two results, \(values, indices\)"),
+    ((S((4, 3), np.float32), S((4, 3), np.float32)), {"n": "min_k"},
+     r"'min_k' over the dim\(s\) n: result 1 \(the indices\) has dtype float32"),
+    ((S((4, 3), np.float32), S((4, 2), np.int32)), {"n": "max_k"},
+     r"result 0 \(the values\) has shape \(4, 3\) and result 1 \(the indices\) \(4, 2\)"),
+    ((S((4, 0), np.float32), S((4, 0), np.int32)), {"n": "max_k"},
+     r"result 0 \(the values\) has shape \(4, 0\); it must end in k >= 1"),
     ((), {"n": "logsumexp"}, r"'logsumexp' over the dim\(s\) n needs at least one result"),
     ((S((4, 3), np.float32), S((4,), np.int32)), {"n": "logsumexp"},
      r"result 1 \(the lse\) has dtype int32"),
@@ -54,7 +63,8 @@ def _declare(results, reduce, signature="(n)->(),()"):
      r"result 0 has dtype int32; a weighted average"),
 ])
 def test_results_that_do_not_fit_the_combiner_are_refused(results, reduce, message):
-  signature = "(n)->" + ",".join("()" for _ in results) if results else "(n)->"
+  signature = "(n)->" + ",".join("(" + ",".join("k" * (len(r.shape) - 1)) + ")"
+                                 for r in results)
   with pytest.raises(ValueError, match=OWNER + ".*" + message):
     _declare(list(results), reduce, signature)
 
@@ -81,7 +91,7 @@ def test_logsumexp_over_two_dims_is_accepted():
 
 def test_an_unknown_op_lists_the_combiners():
   with pytest.raises(ValueError, match="use one of 'sum', 'max', 'min', 'argmax', 'argmin', "
-                                       "'logsumexp'"):
+                                       "'max_k', 'min_k', 'logsumexp'"):
     _declare([S((4,), np.float32), S((4,), np.int32)], {"n": "top_k"})
 
 
@@ -101,7 +111,24 @@ def test_lowered_call_names_its_combiner():
   assert "$x:n=argmin:0.-1" in text
 
 
-@pytest.mark.parametrize("op", ["argmax", "argmin", "logsumexp"])
+@pytest.mark.parametrize("op", ["max_k", "min_k"])
+def test_one_device_top_k_is_the_kernels(op):
+  x = np.array([[3, 1, 3, np.nan, 2, 7], [0, -1, 5, 5, -1, 5]], np.float32)
+  values, index = jax.jit(lambda x: kernels.top_k_rows(x, 4, op))(x)
+  expected_values, expected_index = kernels.top_k_reference(x, 4, op)
+  np.testing.assert_array_equal(np.asarray(index), expected_index)
+  np.testing.assert_array_equal(np.asarray(values), expected_values)
+  assert list(expected_index[1]) == ([2, 3, 5, 0] if op == "max_k" else [1, 4, 0, 2])
+
+
+def test_top_k_over_two_dims_is_refused():
+  with pytest.raises(ValueError, match=OWNER + r".*reduce 'max_k' over the dims n, m: an "
+                                       "index result counts along one dim"):
+    bp.ffi_call(ARG, [S((4, 2), np.float32), S((4, 2), np.int32)],
+                signature="(n,m)->(k),(k)", reduce={"n": "max_k", "m": "max_k"})
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin", "max_k", "min_k", "logsumexp"])
 def test_derived_names_carry_the_combiner_and_read_back(op):
   d = CallDescription("k", (1, 1), (1, 1), ((1, 0), (1, 0)), ((0,), (0,)),
                       reductions=(Reduction("n", op, ((0, -1), (1, -1))),))

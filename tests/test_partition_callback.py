@@ -85,7 +85,7 @@ def test_results_as_any_pytree_of_leaves(declare):
     ({"num_batch_dims": 1, "signature": "()->()"}, "exactly one"),
     ({"num_batch_dims": -1}, "num_batch_dims"),
     ({"signature": "(n)->(n", }, "signature"),
-    ({"signature": "(n)->(n)", "reduce": {"n": "sum"}}, "appears in a result"),
+    ({"signature": "(n)->(m)", "reduce": {"m": "sum"}}, "not a core dim of any operand"),
 ])
 def test_bad_declarations_name_the_entry_point(kwargs, match):
   with pytest.raises(ValueError, match=match) as e:

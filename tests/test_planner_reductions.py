@@ -61,6 +61,29 @@ def test_uneven_reduced_split_is_not_kept():
   assert plan.operand_local_shapes[0][1] == 10
 
 
+@pytest.mark.parametrize("min_part, kept", [(16, True), (17, False)])
+def test_parts_smaller_than_the_minimum_are_not_kept(min_part, kept):
+  """A top-k needs k candidates from each part: a finer split keeps the dim
+  as any core dim."""
+  p = reduced_problem([((4, 64), 1, tiled([2, 4]))], [((4, 6), 1)], [[-1, 0]])
+  p.reduced_min_parts = [min_part]
+  plan = _core.make_plan(p)
+  assert plan.reduce_tiles == (4 if kept else 1)
+  assert list(plan.uneven_reductions) == ([] if kept else [0])
+  assert plan.operand_local_shapes[0][1] == (16 if kept else 64)
+
+
+def test_a_result_that_keeps_the_reduced_dim_is_split_along_it():
+  """(n,k),(n) -> (k),(n): the (k) result is replicated over n's axis, the
+  (n) result tiled along it like the operand."""
+  p = reduced_problem([((4, 64, 3), 1, tiled([2, 4, 1]))], [((4, 3), 1), ((4, 64), 1)],
+                      [[-1, 0, -1]])
+  p.result_reduced_dims = [[], [-1, 0]]
+  plan = _core.make_plan(p)
+  assert plan.result_local_shapes == [[2, 3], [2, 16]]
+  assert repr(plan.result_shardings[1]) == "{devices=[2,4]0,1,2,3,4,5,6,7}"
+
+
 def test_unsharded_reduced_dim_changes_nothing():
   plan = _core.make_plan(reduced_problem(
       [((8, 16), 1, tiled([8, 1]))], [((8,), 1)], [[-1, 0]]))

@@ -70,7 +70,8 @@ def _derived_name(text: str) -> str:
 
 BAD_REDUCE = [
     # (signature, reduce, exception, message pattern)
-    (SIG, {"k": "sum"}, ValueError, "dim 'k', which appears in a result"),
+    ("(n,k),(n)->(k),(n,n)", {"n": "sum"}, ValueError,
+     "dim 'n', which appears twice in one result"),
     (SIG, {"m": "sum"}, ValueError, "dim 'm', which is not a core dim of any operand"),
     ("(n,n),(n)->(k)", {"n": "sum"}, ValueError, "dim 'n', which appears twice in one operand"),
     ("(n,3),(n)->(3)", {"3": "sum"}, ValueError, "dim '3', which is not a named core dim"),

@@ -235,8 +235,10 @@ def _reduction_params(spec: BatchSpec) -> dict:
   if not spec.reductions:
     return {}
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
+  res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
+  trailing = lambda where, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in where)
   return {"reductions": tuple(
-      Reduction(r.name, r.op, tuple((k, a - cores[k] if a >= 0 else a) for k, a in r.dims))
+      Reduction(r.name, r.op, trailing(r.dims, cores), trailing(r.results, res_cores))
       for r in spec.reductions)}
 
 

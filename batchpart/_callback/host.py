@@ -34,7 +34,7 @@ from batchpart import _compat as compat
 from batchpart._callback.agreement import Agreement, together
 from batchpart._callback.errors import CallbackError, callback_name, fmt_index, raised_on_block
 from batchpart._vocab.batch_spec import fmt
-from batchpart._vocab.blocks import block_extent
+from batchpart._vocab.blocks import block_extent, reduced_parts
 from batchpart._vocab.dims.batch import batch_first, inverse
 
 
@@ -219,15 +219,17 @@ class HostCall:
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
                "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
-               "_agreement", "__weakref__")
+               "_agreement", "_kept", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
   # caller that invents block vectors.
   _MAX_BLOCKS = 1 << 16
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None):
+               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None,
+               kept=()):
     self.flat = flat
+    self._kept = tuple(kept)
     self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
@@ -257,7 +259,8 @@ class HostCall:
   def _make_block(self, block) -> _Block:
     rank = len(self.batch)
     offsets, local, valid = block_extent(self.batch, block)
-    local_results = [tuple(local) + s[rank:] for s in self.result_shapes]
+    cores = self._part_cores(block)
+    local_results = [tuple(local) + c for c in cores]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
     out.zeros = (tuple(_frozen_zeros(s, t) for s, t in zip(local_results, self.result_dtypes))
@@ -267,12 +270,22 @@ class HostCall:
     if all(c is None for c in out.cuts):
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
-    out.index = index[1:] if self.unit else index
-    wants = [tuple(valid) + s[rank:] for s in self.result_shapes]
+    out.index = (*(index[1:] if self.unit else index), *reduced_parts(self.batch, block))
+    wants = [tuple(valid) + c for c in cores]
     out.wants = [w[1:] for w in wants] if self.unit else wants
     out.reshapes = wants if self.unit else [None] * len(wants)
     out.pads = [None if w == full else full for w, full in zip(wants, local_results)]
     return out
+
+  def _part_cores(self, block) -> list[tuple[int, ...]]:
+    """Each result's core shape for this block: a dim that keeps a reduced
+    dim (``kept``: result, dim, reduction) has the size of the part."""
+    rank = len(self.batch)
+    cores = [list(s[rank:]) for s in self.result_shapes]
+    parts = reduced_parts(self.batch, block)
+    for i, dim, r in self._kept:
+      cores[i][dim - rank] = parts[r].stop - parts[r].start
+    return [tuple(c) for c in cores]
 
   def __call__(self, block, *args):
     b = self._block(block)

@@ -37,6 +37,7 @@ from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.blocks import whole_block
 from batchpart._vocab.description import describe
+from batchpart._vocab.dims.core import absolute_dim
 
 ir = compat.ir
 hlo = compat.hlo
@@ -109,13 +110,18 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
+  kept = [(j, absolute_dim(at, len(result_shapes[j])), i)
+          for i, r in enumerate(reductions) for j, at in r.results]
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
-                   agreement=_agreement(platforms[0], partitions, partitioned, reductions))
+                   agreement=_agreement(platforms[0], partitions, partitioned, reductions),
+                   **({"kept": kept} if kept else {}))
   index = compat.add_host_callback(ctx, host)
-  block = compat.ir_constant(whole_block(batch))
-  block_shape = (2 * rank,)
+  reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
+                   for k, axis in (r.dims[0] for r in reductions)]
+  block = compat.ir_constant(whole_block(batch, reduced_sizes))
+  block_shape = (2 * rank + 2 * len(reduced_sizes),)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)
@@ -126,7 +132,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
-               input_output_aliases=aliases, has_side_effect=io, reductions=reductions)
+               input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
+               result_dtypes=[a.dtype for a in avals_out])
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:
@@ -135,7 +142,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   result_types = [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_out]
   if partitioned:
     name = targets.ensure_derived(d, platforms, caller=callback.owner)
-    operand_types = [ir.RankedTensorType.get([2 * rank], ir.IntegerType.get_signless(64))]
+    operand_types = [ir.RankedTensorType.get(list(block_shape),
+                                             ir.IntegerType.get_signless(64))]
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,

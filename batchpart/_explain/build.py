@@ -23,6 +23,7 @@ from batchpart._explain.lowered import (
 )
 from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
+from batchpart._vocab.dims.combined import gathers
 from batchpart._vocab.dims.core import absolute_dim
 
 
@@ -109,7 +110,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
   leads = leading_core_dims(derived, hidden)
   reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
-    after = _mark_declared(module, inst, after)
+    after = _mark_declared(module, inst, after, gathers=gathers(reduced[0].op))
   if one_device is not None:
     shared_by = 1   # one device computes everything, so nothing twice
   elif low is not None and inst is not None and not low.in_shard_map:
@@ -209,12 +210,13 @@ def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDi
   return tuple(out)
 
 
-def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after):
-  """``after`` with batchpart's own all-reduces, which combine the parts of
-  the call's reduced dims, marked: those that take the call's results
-  directly, and those a named combiner's merge reaches from them through
-  instructions that carry the call's op name (the merge is inlined from the
-  call's per-device module; another call or the user's ops end the walk)."""
+def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after, *, gathers: bool):
+  """``after`` with batchpart's own all-reduces (and, with ``gathers``, a
+  top-k merge's all-gather), which combine the parts of the call's reduced
+  dims, marked: those that take the call's results directly, and those a
+  named combiner's merge reaches from them through instructions that carry
+  the call's op name (the merge is inlined from the call's per-device
+  module; another call or the user's ops end the walk)."""
   direct, seen = set(), set()
   todo = [(inst, True) for inst in module.users_of(call)]
   while todo:
@@ -227,7 +229,8 @@ def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after):
       continue
     if not (adjacent or (call.op_name and inst.op_name == call.op_name)):
       continue
-    if _hlo.collective_kind(inst) == "all-reduce":
+    if _hlo.collective_kind(inst) == "all-reduce" or (
+        gathers and _hlo.collective_kind(inst) == "all-gather"):
       direct.add(inst.name)
     todo.extend((user, False) for user in module.users_of(inst))
   return tuple(dataclasses.replace(c, declared_reduction=True) if c.name in direct else c

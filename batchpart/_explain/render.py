@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchpart import _dtypes
-from batchpart._vocab.dims.combined import is_combiner, merge_text
+from batchpart._vocab.dims.combined import gathers, is_combiner, merge_text
 
 Shape = tuple[int, ...]
 
@@ -153,7 +153,8 @@ def _reduced_text(call: Any) -> str:
     if r.parts is None:
       where = "split unknown"
     elif r.parts > 1:
-      where = f"in {r.parts} parts, one per device of each all-reduce group"
+      group = "all-gather" if gathers(r.op) else "all-reduce"
+      where = f"in {r.parts} parts, one per device of each {group} group"
       if is_combiner(r.op):
         where += f", merged by {merge_text(r.op)}"
     elif call.collectives_before:

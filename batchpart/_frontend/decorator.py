@@ -27,6 +27,7 @@ from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.reduced import refuse_kept_results
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
@@ -92,6 +93,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
                     f"{type(fn).__name__} ({name}).")
   owner = f"batchpart.batch_partitionable({name})"
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  refuse_kept_results(owner, reductions, "a wrapper's results cannot be followed to "
+                      "the call's")
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):

@@ -58,8 +58,8 @@ class Signature:
 
   def reductions(self, reduce, *, owner: str) -> tuple[Reduction, ...]:
     """The checked ``reduce={name: op}`` of a call with this signature: each
-    name a core dim of at least one operand, at most once per operand, and of
-    no result."""
+    name a core dim of at least one operand, at most once per operand or
+    result; a result that has it keeps it (``Reduction.results``)."""
     if reduce is None:
       return ()
     reduce = check_reduce_mapping(owner, reduce)
@@ -67,19 +67,21 @@ class Signature:
     for name, op in reduce.items():
       where = [(i, axis) for i, group in enumerate(self.inputs)
                for n, axis in _core_axes(group) if n == name]
+      kept = [(i, axis) for i, group in enumerate(self.outputs)
+              for n, axis in _core_axes(group) if n == name]
       problem = None
       if name.isdigit() or name == ELLIPSIS:
         problem = "is not a named core dim"
-      elif any(n == name for group in self.outputs for n, _ in _core_axes(group)):
-        problem = "appears in a result; a reduced dim is combined away, so no result has it"
       elif not where:
         problem = "is not a core dim of any operand"
       elif len({i for i, _ in where}) != len(where):
         problem = "appears twice in one operand"
+      elif len({i for i, _ in kept}) != len(kept):
+        problem = "appears twice in one result"
       if problem:
         raise ValueError(f"{owner}: reduce names the dim '{name}', which {problem} "
                          f"(signature '{self}').")
-      out.append(Reduction(name, op, tuple(where)))
+      out.append(Reduction(name, op, tuple(where), tuple(kept)))
     return tuple(out)
 
   def __str__(self):

@@ -139,14 +139,22 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   grid = blocks.fold(grid, rank, batch)
   first_reduced = rank + 1 + n_manual
   reduced_axes: dict[int, dict[int, int]] = {}   # operand -> {dim: grid axis}
+  kept_axes: dict[int, dict[int, int]] = {}      # result -> {dim: grid axis}
   for i, r in enumerate(d.reductions):
     for k, axis in r.dims:
       reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
           first_reduced + i)
-  table = blocks.block_table(grid, batch, partitions, d.target)
+    for k, axis in r.results:
+      kept_axes.setdefault(k, {})[absolute_dim(axis, len(result_shapes[k]))] = (
+          first_reduced + i)
   ops = [_sharding(grid, rank, n_manual, s, b, batch, reduced_axes.get(k))
          for k, (s, b) in enumerate(zip(operand_shapes, d.operand_batch_ranks))]
-  res = [_sharding(grid, rank, n_manual, s, b, batch)
-         for s, b in zip(result_shapes, d.result_batch_ranks)]
+  parts = []
+  for i, r in enumerate(d.reductions):
+    k, axis = r.dims[0]
+    parts.append((first_reduced + i, ops[k][1][absolute_dim(axis, len(operand_shapes[k]))]))
+  table = blocks.block_table(grid, batch, partitions, d.target, parts)
+  res = [_sharding(grid, rank, n_manual, s, b, batch, kept_axes.get(k))
+         for k, (s, b) in enumerate(zip(result_shapes, d.result_batch_ranks))]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
                 [r[1] for r in res], table, blocks.reduce_groups(grid, first_reduced))

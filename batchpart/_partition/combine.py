@@ -1,48 +1,70 @@
 """Combining each device's results over the parts of its reduced dims.
 
 ``sum``, ``max`` and ``min`` all-reduce each result on its own. A named
-combiner (``_vocab/dims/combined``) reads its results together, in
-elementwise ops around all-reduces of result-sized arrays; no operand ever
-moves.
+combiner (``_vocab/dims/combined``) reads its results together: argmax,
+argmin and logsumexp in elementwise ops around all-reduces of result-sized
+arrays, max_k and min_k by one all-gather of k candidates and a sort, a
+``bp.Combiner`` by one all-gather and the user's merge (``merge``). Results
+that keep a reduced dim pass through; no operand ever moves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from batchpart import _compat as compat, _core
-from batchpart._partition import emit
-from batchpart._vocab.dims.combined import ARG_COMBINERS
+from batchpart._partition import emit, merge
+from batchpart._vocab.dims.combined import ARG_COMBINERS, INDEX_COMBINERS
+from batchpart._vocab.dims.combiner import is_user_combiner, registered
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.reduced import combining_op
+from batchpart._vocab.dims.reduced import combining_op, kept_results
 
 ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
 
 
-def combine(reductions, results, groups, part_offsets=None) -> list:
+def combine(reductions, results, groups, part_offsets=None, target: str = "") -> list:
   """``results`` (this device's) combined over each device group in
   ``groups`` by the reductions' op; ``part_offsets[partition]`` is the
-  global start of that partition's part (argmax and argmin only)."""
+  global start of that partition's part (the combiners with an index).
+  Results that keep a reduced dim are each device's own part: they pass
+  through."""
+  kept = kept_results(reductions)
+  if kept:
+    combining = iter(combine([dataclasses.replace(r, results=()) for r in reductions],
+                             [r for i, r in enumerate(results) if i not in kept],
+                             groups, part_offsets, target) if len(kept) < len(results)
+                     else [])
+    return [r if i in kept else next(combining) for i, r in enumerate(results)]
   op = combining_op(reductions)
-  if op in ARG_COMBINERS:
+  if is_user_combiner(op):
+    assert part_offsets is not None, "a Combiner merges its parts in order"
+    reg = registered(str(op), target)
+    results = [_global(r, part_offsets) if i in reg.combiner.index_results else r
+               for i, r in enumerate(results)]
+    return merge.fold(reg, results, groups, merge.part_order(groups, part_offsets))
+  if op in INDEX_COMBINERS:
     assert part_offsets is not None, "an index combines with the parts' offsets"
-    return _arg_extreme(op, list(results), groups, part_offsets)
+    by_index = _arg_extreme if op in ARG_COMBINERS else _top_k
+    return by_index(op, list(results), groups, part_offsets)
   if op == "logsumexp":
     return _logsumexp(list(results), groups)
   assert op is not None, "reduce groups come only with reductions"
-  return [emit.all_reduce(r, op, groups) for r in results]
+  return [emit.all_reduce(r, str(op), groups) for r in results]
 
 
 def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndarray | None:
-  """For an argmax or argmin: each partition's global start of its part of
-  the reduced dim (an int64 vector indexed by partition id), read off the
-  planner sharding of the first operand that has the dim; None otherwise.
+  """For a combiner with an index, or a Combiner (which merges the parts in
+  order): each partition's global start of its part of the reduced dim (an
+  int64 vector indexed by partition id), read off the planner sharding of
+  the first operand that has the dim; None otherwise.
   The plan splits a reduced dim only evenly, so a part starts at its tile
   coordinate times the local size."""
-  if combining_op(reductions) not in ARG_COMBINERS:
+  op = combining_op(reductions)
+  if op not in INDEX_COMBINERS and not is_user_combiner(op):
     return None
   k, axis = reductions[0].dims[0]
   sharding, local = operand_shardings[k], operand_local_shapes[k]
@@ -71,12 +93,55 @@ def _arg_extreme(op: str, results, groups, part_offsets) -> list:
     any_nan = _compare(emit.all_reduce(flag, "max", groups), _splat(0, flag.type), "NE")
     hit = hlo.select(any_nan, is_nan, hit)
     best = hlo.select(any_nan, _splat(math.nan, value.type), best)
+  never = _splat(_integer_max(_element(index)), index.type)
+  candidate = hlo.select(hit, _global(index, part_offsets), never)
+  return [best, emit.all_reduce(candidate, "min", groups)]
+
+
+def _global(index, part_offsets):
+  """A part-local ``index`` plus this device's part offset."""
   offset = _broadcast(hlo.convert(ir.RankedTensorType.get([], _element(index)),
                                   _scalar(emit.table_row(part_offsets.reshape(-1, 1)))),
                       index.type)
-  never = _splat(_integer_max(_element(index)), index.type)
-  candidate = hlo.select(hit, hlo.add(index, offset), never)
-  return [best, emit.all_reduce(candidate, "min", groups)]
+  return hlo.add(index, offset)
+
+
+def _top_k(op: str, results, groups, part_offsets) -> list:
+  """The k best of every part's k candidates: each part's indices made
+  global, one all-gather of values and indices along k, then a sort by
+  (NaN first, value, global index) along the gathered candidates, keeping
+  the first k. The index breaks every tie, so the order is the stable sort
+  of the whole dim whatever the order the devices are gathered in."""
+  values, index = results
+  shape = list(ir.RankedTensorType(values.type).shape)
+  last, parts = len(shape) - 1, len(groups[0])
+  # Gathered along a new leading dim, then moved next to k: (..., parts * k).
+  # (A variadic all-gather along the minor dim mixed rows on XLA's CPU runtime.)
+  cands = []
+  for c in emit.all_gather([emit.reshaped(v, [1, *shape]) for v in
+                            (values, _global(index, part_offsets))], 0, groups):
+    moved = hlo.transpose(c, ir.DenseI64ArrayAttr.get([*range(1, last + 1), 0, last + 1]))
+    cands.append(emit.reshaped(moved, [*shape[:-1], parts * shape[-1]]))
+  sort = hlo.SortOp([c.type for c in cands], cands, dimension=last, is_stable=False)
+  scalars = [ir.RankedTensorType.get([], _element(c)) for c in cands]
+  block = sort.regions[0].blocks.append(scalars[0], scalars[0], scalars[1], scalars[1])
+  with ir.InsertionPoint(block):
+    a, b, ia, ib = block.arguments
+    hlo.return_([_ranks_before(a, b, ia, ib, op == "max_k")])
+  start, stride = [0] * len(shape), [1] * len(shape)
+  return [hlo.slice(r, start, shape, stride) for r in sort.results]
+
+
+def _ranks_before(a, b, ia, ib, descending: bool):
+  """Whether candidate (a, ia) comes before (b, ib): a NaN before any
+  number, then the better value, then the lower index."""
+  by_index = _compare(ia, ib, "LT")
+  by_value = _compare(a, b, "GT" if descending else "LT")
+  if not isinstance(ir.RankedTensorType(a.type).element_type, ir.FloatType):
+    return hlo.select(_compare(a, b, "EQ"), by_index, by_value)
+  nan_a, nan_b = _compare(a, a, "NE"), _compare(b, b, "NE")
+  tie = hlo.or_(_compare(a, b, "EQ"), hlo.and_(nan_a, nan_b))
+  return hlo.select(_compare(nan_a, nan_b, "NE"), nan_a, hlo.select(tie, by_index, by_value))
 
 
 def _logsumexp(results, groups) -> list:

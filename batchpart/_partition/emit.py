@@ -49,6 +49,32 @@ def all_reduce(value, op: str, groups) -> ir.Value:
   return op_.result
 
 
+def all_gather(values, dim: int, groups) -> list:
+  """``values`` (of one shape) each concatenated along ``dim`` over each
+  group of devices, in the group's order, in one collective (the form of
+  ``all_reduce``)."""
+  n = len(groups[0])
+  types = []
+  for v in values:
+    t = ir.RankedTensorType(v.type)
+    shape = list(t.shape)
+    shape[dim] *= n
+    types.append(ir.RankedTensorType.get(shape, t.element_type))
+  op_ = hlo.AllGatherOp(
+      types, values, dim,
+      ir.DenseIntElementsAttr.get(np.asarray(groups, dtype=np.int64)),  # type: ignore[call-overload]  # stubs: arrays
+      channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
+                                           compat.DEVICE_TO_DEVICE_TYPE),
+      use_global_device_ids=True)
+  return list(op_.results)
+
+
+def reshaped(value, shape) -> ir.Value:
+  """``value`` reshaped to ``shape``."""
+  kind = ir.RankedTensorType(value.type).element_type
+  return hlo.reshape(ir.RankedTensorType.get(list(shape), kind), value)
+
+
 def table_row(table) -> ir.Value:
   """``table[partition_id]`` for an int64 table of shape (partitions, n)."""
   table = np.ascontiguousarray(table, dtype=np.int64)

@@ -18,7 +18,8 @@ from batchpart import _core
 from batchpart._partition import shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.batch import batch_first, inverse
-from batchpart._vocab.dims.reduced import reduced_dims_table
+from batchpart._vocab.dims.combined import min_part
+from batchpart._vocab.dims.reduced import combining_op, kept_results, reduced_dims_table
 
 _Kind = _core.Sharding.Kind
 
@@ -64,6 +65,12 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
   problem.split_axes = split_axes
   table = reduced_dims_table(d.reductions, [len(s) for s in operand_shapes])
   problem.operand_reduced_dims = [_take(row, p) for row, p in zip(table, operand_perms)]
+  if d.reductions:
+    kept = kept_results(d.reductions)
+    problem.reduced_min_parts = [min_part(combining_op(d.reductions), [
+        s for i, s in enumerate(result_shapes) if i not in kept])] * len(d.reductions)
+    table = reduced_dims_table(d.reductions, [len(s) for s in result_shapes], results=True)
+    problem.result_reduced_dims = [_take(row, p) for row, p in zip(table, result_perms)]
   plan = _core.make_plan(problem)
   if not (d.operand_lead_ranks or d.result_lead_ranks):
     return plan

@@ -46,6 +46,7 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           operands[0] = emit.table_row(block_table)
         results = emit.custom_call(d.target, d, operands, res_types, config)
         if len(reduce_groups):
-          results = combine.combine(d.reductions, results, reduce_groups, part_offsets)
+          results = combine.combine(d.reductions, results, reduce_groups, part_offsets,
+                                    d.target)
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)

@@ -10,7 +10,10 @@ kernel on batch shards. Every other core dim, and every broadcast size-1
 batch dim, is a factor of its own that needs replication, so Shardy never
 pushes a sharding onto it. A reduced core dim (``reduce=``) is one factor
 shared by every operand that has it, a reduction factor: Shardy keeps it
-sharded, no result has it, and batchpart's partitioner adds the all-reduce.
+sharded and batchpart's partitioner adds the all-reduce. Where a result
+keeps that dim, the result shares the factor too (it is then no reduction
+factor, which Shardy allows only in operands), so the result stays split
+along it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
   replicated: list[str] = []
   reduced = {(k, absolute_dim(axis, len(operand_shapes[k]))): f"x{i}"
              for i, r in enumerate(reductions) for k, axis in r.dims}
+  kept = {(k, absolute_dim(axis, len(result_shapes[k]))): f"x{i}"
+          for i, r in enumerate(reductions) for k, axis in r.results}
   operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
@@ -54,8 +59,11 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
 
   def result(k, shape, lead, core_rank):
     names, core_dims = batch_names("r", k, shape, lead, core_rank)
-    cores = []
+    cores: list[str] = []
     for j, dim in enumerate(core_dims):
+      if (k, dim) in kept:
+        cores.append(kept[k, dim])
+        continue
       size = shape[dim]
       shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
       if shared is None or shared in cores or shared in reduced.values():
@@ -72,8 +80,9 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
   replicated += [n for cores, _ in operand_cores for n in cores
                  if n not in shared_names and n not in reduced.values()]
   order = list(dict.fromkeys(n for names in lhs + rhs for n in names))
+  reduction_factors = set(reduced.values()) - set(kept.values())
   return (lhs, rhs, tuple(sorted(set(replicated), key=order.index)),
-          tuple(sorted(set(reduced.values()), key=order.index)))
+          tuple(sorted(reduction_factors, key=order.index)))
 
 
 def text(lhs, rhs) -> str:

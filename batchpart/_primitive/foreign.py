@@ -94,8 +94,9 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   spec = declaration.spec(target, operand_shapes, result_shapes)
   caller = f"{declaration.owner} (its call to '{target}')"
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
-  check_results(caller, spec.reductions, result_shapes, [
-      _dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type)) for r in op.results])
+  result_dtypes = [_dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type))
+                   for r in op.results]
+  check_results(caller, spec.reductions, result_shapes, result_dtypes)
   rule = declaration.attribute_rule
   description = describe(
       target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
@@ -106,7 +107,7 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
       attribute_rule=rule.digest if rule is not None else "",
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=spec.reductions, dim_names=spec.dim_names)
+      reductions=spec.reductions, dim_names=spec.dim_names, result_dtypes=result_dtypes)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],

@@ -87,7 +87,8 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
       input_layouts=input_layouts, output_layouts=output_layouts,
       input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=spec.reductions, dim_names=spec.dim_names)
+      reductions=spec.reductions, dim_names=spec.dim_names,
+      result_dtypes=[a.dtype for a in avals_out])
   result_types = _ir_types(ctx, avals_out)
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

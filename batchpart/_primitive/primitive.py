@@ -26,6 +26,7 @@ from typing import Any
 
 from batchpart import _compat as compat
 from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_shapes
+from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.reduced import reduced_dims_table
 
 
@@ -126,9 +127,35 @@ def explicit_result_types(avals_in, result_avals, spec: BatchSpec, batch_shape
   if mesh is None or all(e is None for e in entries):
     return None
   from jax.sharding import NamedSharding, PartitionSpec
-  return tuple(r.update(sharding=NamedSharding(
-      mesh, PartitionSpec(*([None] * lead), *entries, *([None] * c))))
-      for r, c, lead in zip(result_avals, spec.result_core_ranks, spec.result_leads))
+  kept = _kept_entries(avals_in, result_avals, spec.reductions, entries)
+  out = []
+  for k, (r, c, lead) in enumerate(zip(result_avals, spec.result_core_ranks,
+                                       spec.result_leads)):
+    parts = [None] * lead + list(entries) + [None] * c
+    for dim, entry in kept.get(k, {}).items():
+      parts[dim] = entry
+    out.append(r.update(sharding=NamedSharding(mesh, PartitionSpec(*parts))))
+  return tuple(out)
+
+
+def _kept_entries(avals_in, result_avals, reductions, entries) -> dict:
+  """Per result that keeps a reduced dim, that dim's mesh axes (as the first
+  operand with the dim has them, less any the batch took): the result stays
+  split along it like the operands."""
+  taken = {a for e in entries for a in _axes(e)}
+  out: dict[int, dict[int, object]] = {}
+  for r in reductions:
+    k, axis = r.dims[0]
+    sharding = getattr(avals_in[k], "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None or sharding is None or sharding.mesh.empty:
+      continue
+    rank = len(avals_in[k].shape)
+    axes = tuple(a for a in _axes(_partitions(spec, rank)[absolute_dim(axis, rank)])
+                 if a not in taken)
+    for j, at in r.results:
+      out.setdefault(j, {})[absolute_dim(at, len(result_avals[j].shape))] = _entry(axes)
+  return out
 
 
 def result_types(avals_in, result_avals, spec: BatchSpec, batch_shape) -> tuple:

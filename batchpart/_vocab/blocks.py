@@ -11,7 +11,8 @@ sharding), with two differences that make its contract hold:
   most elements per block, so each device gets its own block (padding
   allowed); XLA gathers the results where a consumer needs them replicated.
 - **The block vector.** Operand 0 of a callback is an int64 vector: the
-  block's offsets in the global batch, then the local (padded) batch shape.
+  block's offsets in the global batch, then the local (padded) batch shape,
+  then, with reduced dims, each one's part start and part size.
   The per-device module replaces it by the row of a constant table for its
   ``partition_id``, so the host side knows where its block lies and how
   much of it is padding; an all-padding block is never passed to the user.
@@ -35,10 +36,12 @@ import numpy as np
 from batchpart._vocab.description import CallDescription
 
 
-def whole_block(batch) -> np.ndarray:
-  """The block vector of the whole batch: offsets zero, no padding (where XLA
-  does not partition the call)."""
-  return np.asarray([0] * len(batch) + list(batch), np.int64)
+def whole_block(batch, reduced=()) -> np.ndarray:
+  """The block vector of the whole batch: offsets zero, no padding, and each
+  reduced dim (of sizes ``reduced``) whole (where XLA does not partition the
+  call)."""
+  return np.asarray([0] * len(batch) + list(batch) + [0] * len(reduced) + list(reduced),
+                    np.int64)
 
 
 def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
@@ -49,6 +52,14 @@ def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
   values = [int(v) for v in np.asarray(block).reshape(-1)]
   offsets, local = values[:rank], values[rank:2 * rank]
   return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
+
+
+def reduced_parts(batch, block) -> tuple[slice, ...]:
+  """What a block vector says about the reduced dims: each one's part, as a
+  slice of the whole dim."""
+  values = [int(v) for v in np.asarray(block).reshape(-1)][2 * len(batch):]
+  r = len(values) // 2
+  return tuple(slice(s, s + n) for s, n in zip(values[:r], values[r:]))
 
 
 def batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int, ...]:
@@ -107,22 +118,26 @@ def fold(grid, rank, batch):
   return folded.reshape(shape)
 
 
-def block_table(grid, batch, partitions: int, target: str) -> np.ndarray:
-  """The (partitions, 2 * batch rank) table of block vectors on the folded
-  ``grid``: each device's block offsets, then the local batch shape; a
-  device outside the grid gets all padding."""
-  rank = len(batch)
+def block_table(grid, batch, partitions: int, target: str, reduced=()) -> np.ndarray:
+  """The table of block vectors on the folded ``grid``, one row per
+  partition: each device's block offsets, then the local batch shape, then
+  each reduced dim's part start and size; ``reduced`` gives each reduced
+  dim's (grid axis, part size). A device outside the grid gets all
+  padding."""
+  rank, r = len(batch), len(reduced)
   tiles = grid.shape[:rank]
   local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
-  table = np.zeros((partitions, 2 * rank), np.int64)
+  table = np.zeros((partitions, 2 * rank + 2 * r), np.int64)
   table[:, :rank] = batch          # a device outside the grid: all padding
-  table[:, rank:] = local_batch
+  table[:, rank:2 * rank] = local_batch
+  table[:, 2 * rank + r:] = [n for _, n in reduced]
   for coord in np.ndindex(*grid.shape):
     device = int(grid[coord])
     if not 0 <= device < partitions:
       raise ValueError(f"device {device} outside the {partitions} partitions "
                        f"of '{target}'")
     table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
+    table[device, 2 * rank:2 * rank + r] = [coord[axis] * n for axis, n in reduced]
   return table
 
 

@@ -26,8 +26,10 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   its block vector, filled in per partition (``batchpart/_vocab/blocks``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
   combines the results over its parts (``sum``, ``max``, ``min`` or a named
-  combiner: ``argmax``, ``argmin``, ``logsumexp``), and its core axis in each
-  operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
+  combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``, or
+  ``merge_<digest>`` for a ``bp.Combiner``), and its core axis in each
+  operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim;
+  then ``:r<result>.<axis>,...`` where results keep the dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
@@ -43,6 +45,7 @@ from __future__ import annotations
 import re
 
 from batchpart._vocab.description import CallDescription, default_layout
+from batchpart._vocab.dims.combiner import is_user_combiner
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
@@ -50,7 +53,8 @@ MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"
 _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-_REDUCTION = re.compile(r"^:(\w+)=(\w+):(-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*)$")
+_PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
+_REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 
@@ -74,7 +78,9 @@ def encode(d: CallDescription) -> str:
   if d.result_lead_ranks:
     fields.append(f"$pr{_ints(d.result_lead_ranks)}")
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
-  fields += [f"$x:{r.name}={r.op}:" + ",".join(f"{k}.{axis}" for k, axis in r.dims)
+  pairs = lambda where: ",".join(f"{k}.{axis}" for k, axis in where)
+  fields += [f"$x:{r.name}={r.op}:{pairs(r.dims)}" + (f":r{pairs(r.results)}" if r.results
+                                                      else "")
              for r in d.reductions]
   fields += [f"$k:{n.name}={n.kind}{n.index}.{n.axis}" for n in d.dim_names]
   if d.has_side_effect:
@@ -118,6 +124,11 @@ def _parse_ints(text: str, sep=",") -> tuple[int, ...]:
   return tuple(int(v) for v in text.split(sep)) if text else ()
 
 
+def _pairs(text: str) -> tuple[tuple[int, int], ...]:
+  """``k.axis,...`` as pairs."""
+  return tuple((int(a), int(b)) for a, b in (p.split(".") for p in text.split(",") if p))
+
+
 def _decode_fields(target: str, body: str) -> CallDescription:
   if "".join(m.group(0) for m in _FIELD.finditer(body)) != body:
     raise ValueError("malformed fields")
@@ -143,9 +154,10 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       callback_partitions = int(value)
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
-    elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in ALL_OPS:
-      dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in x.group(3).split(","))
-      reductions.append(Reduction(x.group(1), x.group(2), dims))
+    elif tag == "x" and (x := _REDUCTION.match(value)) and (
+        x.group(2) in ALL_OPS or is_user_combiner(x.group(2))):
+      reductions.append(Reduction(x.group(1), x.group(2), _pairs(x.group(3)),
+                                  _pairs(x.group(4) or "")))
     elif tag == "k" and (k := _DIM_NAME.match(value)):
       dim_names.append(DimName(k.group(1), k.group(2), int(k.group(3)), int(k.group(4))))
     else:

@@ -12,7 +12,7 @@ import dataclasses
 
 from batchpart._vocab.dims.batch import normalize_lead_fields
 from batchpart._vocab.dims.core import DimName
-from batchpart._vocab.dims.reduced import Reduction
+from batchpart._vocab.dims.reduced import Reduction, lower_combiners
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
@@ -85,6 +85,11 @@ class CallDescription:
         if (k, axis) in reduced_axes:
           raise ValueError(f"{self.target}: operand {k} core axis {axis} is in two reductions")
         reduced_axes.add((k, axis))
+      if len({k for k, _ in r.results}) != len(r.results):
+        raise ValueError(f"{self.target}: reduction {r} names one result twice")
+      for k, axis in r.results:
+        self._check_core_axis("result", k, axis, self.result_batch_ranks,
+                              self.result_leads, self.result_ranks)
     if len({n.name for n in self.dim_names}) != len(self.dim_names):
       raise ValueError(f"{self.target}: dim names {self.dim_names} name a dim twice")
     for n in self.dim_names:
@@ -128,11 +133,15 @@ class CallDescription:
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
              has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
-             result_lead_ranks=(), reductions=(), dim_names=()) -> CallDescription:
+             result_lead_ranks=(), reductions=(), dim_names=(),
+             result_dtypes=()) -> CallDescription:
   """The description of a call with these shapes and (trailing, leading)
-  core ranks."""
+  core ranks; a ``Combiner`` among the reductions is lowered on the results'
+  ``result_dtypes``."""
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
+  reductions = lower_combiners(target_name, reductions, result_shapes, result_core_ranks,
+                               result_leads, result_dtypes)
   return CallDescription(
       target=target_name,
       operand_batch_ranks=tuple(len(s) - c - lead for s, c, lead in

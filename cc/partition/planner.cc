@@ -73,33 +73,42 @@ void ValidateArrays(const std::vector<Shape>& shapes, const std::vector<int>& ba
   }
 }
 
-// The reduced-dim table of one operand (empty: none), checked against its
-// shape: one entry per dim, -1 on batch dims.
-const std::vector<int>& ReducedDims(const Problem& problem, size_t k) {
+// The reduced-dim table of one operand or result (empty: none), checked
+// against its shape: one entry per dim, -1 on batch dims.
+const std::vector<int>& ReducedDims(const std::vector<std::vector<int>>& table, size_t k) {
   static const std::vector<int> kNone;
-  if (problem.operand_reduced_dims.empty() || problem.operand_reduced_dims[k].empty()) {
-    return kNone;
-  }
-  return problem.operand_reduced_dims[k];
+  if (table.empty() || table[k].empty()) return kNone;
+  return table[k];
 }
 
-void ValidateReducedDims(const Problem& problem) {
-  const auto& table = problem.operand_reduced_dims;
+void ValidateReducedTable(const std::vector<std::vector<int>>& table,
+                          const std::vector<Shape>& shapes, const std::vector<int>& batch_ranks,
+                          const std::string& what) {
   if (table.empty()) return;
-  if (table.size() != problem.operand_shapes.size()) {
-    throw std::invalid_argument("one reduced-dim list per operand is required");
+  if (table.size() != shapes.size()) {
+    throw std::invalid_argument("one reduced-dim list per " + what + " is required");
   }
   for (size_t k = 0; k < table.size(); ++k) {
     if (table[k].empty()) continue;
-    if (table[k].size() != problem.operand_shapes[k].size()) {
-      Invalid("operand", k, "reduced-dim list does not have one entry per dim");
+    if (table[k].size() != shapes[k].size()) {
+      Invalid(what, k, "reduced-dim list does not have one entry per dim");
     }
     for (size_t d = 0; d < table[k].size(); ++d) {
-      const bool batch = static_cast<int>(d) < problem.operand_batch_ranks[k];
+      const bool batch = static_cast<int>(d) < batch_ranks[k];
       if (table[k][d] < -1 || (batch && table[k][d] != -1)) {
-        Invalid("operand", k, "dim " + std::to_string(d) + " cannot be a reduced dim");
+        Invalid(what, k, "dim " + std::to_string(d) + " cannot be a reduced dim");
       }
     }
+  }
+}
+
+void ValidateReducedDims(const Problem& problem) {
+  ValidateReducedTable(problem.operand_reduced_dims, problem.operand_shapes,
+                       problem.operand_batch_ranks, "operand");
+  ValidateReducedTable(problem.result_reduced_dims, problem.result_shapes,
+                       problem.result_batch_ranks, "result");
+  for (int64_t m : problem.reduced_min_parts) {
+    if (m < 1) throw std::invalid_argument("a reduced dim's smallest part must be positive");
   }
 }
 
@@ -174,17 +183,19 @@ void Rebatch(DeviceAxes& axes, const Shape& shape, int batch_rank, const Shape& 
 }
 
 // Tags the axes that tile a reduced core dim of this array as that
-// reduction's, where the dim splits evenly (padding would be summed in);
-// returns the reductions left out for an uneven split.
+// reduction's, where the dim splits evenly (padding would be summed in) into
+// parts of at least `min_parts[r]`; returns the reductions left out.
 std::vector<int> KeepReducedAxes(DeviceAxes& axes, const Shape& shape, int batch_rank,
-                                 const std::vector<int>& reduced) {
+                                 const std::vector<int>& reduced,
+                                 const std::vector<int64_t>& min_parts) {
   std::vector<int> uneven;
   if (reduced.empty()) return uneven;
   for (int j = 0; j + batch_rank < static_cast<int>(shape.size()); ++j) {
     const int r = reduced[batch_rank + j];
     const int64_t tiles = axes.TagProduct(Tag::kCore, j);
     if (r < 0 || tiles == 1) continue;
-    if (shape[batch_rank + j] % tiles != 0) {
+    const int64_t min_part = r < static_cast<int>(min_parts.size()) ? min_parts[r] : 1;
+    if (shape[batch_rank + j] % tiles != 0 || shape[batch_rank + j] / tiles < min_part) {
       uneven.push_back(r);
       continue;
     }
@@ -199,11 +210,13 @@ std::vector<int> KeepReducedAxes(DeviceAxes& axes, const Shape& shape, int batch
 
 std::optional<Candidate> CandidateFrom(const Sharding& sharding, const Shape& shape, int batch_rank,
                                        const Shape& batch_shape, const std::vector<int>& reduced,
-                                       bool rebatch, bool split_axes) {
+                                       const std::vector<int64_t>& min_parts, bool rebatch,
+                                       bool split_axes) {
   if (sharding.kind != Sharding::Kind::kTiled) return std::nullopt;
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
   Candidate candidate{DeviceAxes::FromSharding(sharding, batch_rank, offset)};
-  candidate.uneven_reductions = KeepReducedAxes(candidate.axes, shape, batch_rank, reduced);
+  candidate.uneven_reductions =
+      KeepReducedAxes(candidate.axes, shape, batch_rank, reduced, min_parts);
   Rebatch(candidate.axes, shape, batch_rank, batch_shape, rebatch, split_axes);
   for (const Axis& axis : candidate.axes.axes()) {
     if (axis.tag == Tag::kBatch) candidate.batch_tiles *= axis.size;
@@ -218,8 +231,9 @@ int64_t Parallelism(const Candidate& candidate) {
 }
 
 // The plan's sharding for one array, read off the chosen batch sharding.
-// An array without reduced dims (a result) is replicated over the reduction's
-// axes: the all-reduce leaves every device of a group the whole result.
+// An array without reduced dims (a combined result) is replicated over the
+// reduction's axes: the combine leaves every device of a group the whole
+// result.
 Sharding ShardingFor(const DeviceAxes& plan, const Shape& shape, int batch_rank,
                      const Shape& batch_shape, const std::vector<int>& reduced) {
   const int offset = static_cast<int>(batch_shape.size()) - batch_rank;
@@ -361,7 +375,6 @@ Plan MakePlan(const Problem& problem) {
   // Operands first, so that a tie keeps the operands where they are.
   std::optional<Candidate> best;
   int64_t num_devices = -1;
-  static const std::vector<int> kNoReducedDims;
   auto consider = [&](const Sharding& sharding, const Shape& shape, int batch_rank,
                       const std::vector<int>& reduced) {
     if (sharding.kind == Sharding::Kind::kTiled) {
@@ -373,18 +386,19 @@ Plan MakePlan(const Problem& problem) {
       num_devices = sharding.NumTiles();
     }
     auto candidate = CandidateFrom(sharding, shape, batch_rank, batch_shape, reduced,
-                                   problem.rebatch, problem.split_axes);
+                                   problem.reduced_min_parts, problem.rebatch,
+                                   problem.split_axes);
     if (candidate && (!best || Parallelism(*candidate) > Parallelism(*best))) {
       best = std::move(candidate);
     }
   };
   for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
     consider(problem.operand_shardings[k], problem.operand_shapes[k],
-             problem.operand_batch_ranks[k], ReducedDims(problem, k));
+             problem.operand_batch_ranks[k], ReducedDims(problem.operand_reduced_dims, k));
   }
   for (size_t r = 0; r < problem.result_shardings.size(); ++r) {
     consider(problem.result_shardings[r], problem.result_shapes[r], problem.result_batch_ranks[r],
-             kNoReducedDims);
+             ReducedDims(problem.result_reduced_dims, r));
   }
 
   Plan plan;
@@ -413,12 +427,14 @@ Plan MakePlan(const Problem& problem) {
     local_shapes.push_back(LocalShape(shape, shardings.back()));
   };
   for (size_t k = 0; k < problem.operand_shapes.size(); ++k) {
-    shard(problem.operand_shapes[k], problem.operand_batch_ranks[k], ReducedDims(problem, k),
-          plan.operand_shardings, plan.operand_local_shapes);
+    shard(problem.operand_shapes[k], problem.operand_batch_ranks[k],
+          ReducedDims(problem.operand_reduced_dims, k), plan.operand_shardings,
+          plan.operand_local_shapes);
   }
   for (size_t r = 0; r < problem.result_shapes.size(); ++r) {
-    shard(problem.result_shapes[r], problem.result_batch_ranks[r], kNoReducedDims,
-          plan.result_shardings, plan.result_local_shapes);
+    shard(problem.result_shapes[r], problem.result_batch_ranks[r],
+          ReducedDims(problem.result_reduced_dims, r), plan.result_shardings,
+          plan.result_local_shapes);
   }
   return plan;
 }

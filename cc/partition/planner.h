@@ -56,6 +56,14 @@ struct Problem {
   // stays there: each device computes a partial result over its part and
   // the results are combined over `Plan::reduce_groups`.
   std::vector<std::vector<int>> operand_reduced_dims;
+  // The same table for the results: a result that keeps a reduced dim is
+  // split along it like the operands (each device writes its own part) and
+  // is not combined. Empty: no result has one.
+  std::vector<std::vector<int>> result_reduced_dims;
+  // Per reduction: the smallest part a device may hold (a top-k needs k
+  // candidates from each part); a finer split keeps the dim as any core dim.
+  // Empty: 1 for each.
+  std::vector<int64_t> reduced_min_parts;
 };
 
 struct Plan {
@@ -75,9 +83,9 @@ struct Plan {
   std::vector<std::vector<int64_t>> reduce_groups;
   // Parts each reduced dim's devices split it into (product over reductions).
   int64_t reduce_tiles = 1;
-  // Reductions whose dim was sharded unevenly in the chosen sharding: padding
-  // would enter the result, so that dim is handled as any core dim instead
-  // (re-batched or gathered).
+  // Reductions whose dim was sharded unevenly (or into parts smaller than
+  // their minimum) in the chosen sharding: padding would enter the result,
+  // so that dim is handled as any core dim instead (re-batched or gathered).
   std::vector<int> uneven_reductions;
 };
 

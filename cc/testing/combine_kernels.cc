@@ -1,10 +1,14 @@
 // Test kernels whose results combine over a sharded dim by a named combiner
-// (reduce={"n": "argmax" | "argmin" | "logsumexp"}).
+// (reduce={"n": "argmax" | "argmin" | "max_k" | "min_k" | "logsumexp"}), and
+// one whose results partly keep the reduced dim.
 //
 // Both take equal batch dims on every operand and result (no broadcasting),
 // check their buffers' shapes and return an FFI error, never abort.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <vector>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -84,6 +88,102 @@ ffi::Error ArgRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> value,
       break;
     default:
       return KernelError("arg_rows", "x must be float32, float64 or int32");
+  }
+  return ffi::Error::Success();
+}
+
+// ---- top_k_rows: (n) -> (k), (k) : the k largest / smallest and their indices --
+// Attribute `op`: 0 max_k (descending), 1 min_k (ascending). NaNs rank first
+// (as they win NumPy's argmax and argmin), ties go to the lower index.
+
+template <typename T>
+void TopKRows(const T* x, T* values, int32_t* indices, int64_t batch, int64_t n, int64_t k,
+              bool is_max) {
+  std::vector<int64_t> order(n);
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* row = x + b * n;
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+      if (IsNan(row[i]) || IsNan(row[j])) return IsNan(row[i]) && !IsNan(row[j]);
+      return is_max ? row[i] > row[j] : row[i] < row[j];
+    });
+    for (int64_t t = 0; t < k; ++t) {
+      values[b * k + t] = row[order[t]];
+      indices[b * k + t] = static_cast<int32_t>(order[t]);
+    }
+  }
+}
+
+ffi::Error TopKRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                        ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t op) {
+  const auto x_dims = x.dimensions(), v_dims = values->dimensions(),
+             i_dims = indices->dimensions();
+  const size_t rank = x_dims.size();
+  if (rank < 1 || v_dims.size() != rank || i_dims.size() != rank ||
+      Product(x_dims, 0, rank - 1) != Product(v_dims, 0, rank - 1) ||
+      Product(i_dims, 0, rank) != Product(v_dims, 0, rank) || v_dims.back() > x_dims.back()) {
+    return KernelError("top_k_rows", "shapes must be x (...,n), values (...,k), indices "
+                                     "(...,k) with k <= n; got " + DimsToString(x_dims) + ", " +
+                                         DimsToString(v_dims) + ", " + DimsToString(i_dims));
+  }
+  if (op != 0 && op != 1) return KernelError("top_k_rows", "op must be 0 (max_k) or 1 (min_k)");
+  if (values->element_type() != x.element_type()) {
+    return KernelError("top_k_rows", "values must have x's dtype");
+  }
+  const int64_t batch = Product(x_dims, 0, rank - 1), n = x_dims.back(), k = v_dims.back();
+  int32_t* out = indices->typed_data();
+  switch (x.element_type()) {
+    case ffi::F32:
+      TopKRows(x.typed_data<float>(), values->typed_data<float>(), out, batch, n, k, op == 0);
+      break;
+    case ffi::F64:
+      TopKRows(x.typed_data<double>(), values->typed_data<double>(), out, batch, n, k, op == 0);
+      break;
+    case ffi::S32:
+      TopKRows(x.typed_data<int32_t>(), values->typed_data<int32_t>(), out, batch, n, k,
+               op == 0);
+      break;
+    default:
+      return KernelError("top_k_rows", "x must be float32, float64 or int32");
+  }
+  return ffi::Error::Success();
+}
+
+// ---- weigh_rows: (n,k),(n) -> (k),(n) : column sums and row sums, weighted --
+// total[j] = sum_i w[i] x[i,j] (combines over n by a sum) and row[i] =
+// w[i] sum_j x[i,j] (keeps n: each part writes its own rows). float32.
+
+ffi::Error WeighRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                         ffi::Result<ffi::Buffer<ffi::F32>> total,
+                         ffi::Result<ffi::Buffer<ffi::F32>> row) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), td = total->dimensions(),
+             rd = row->dimensions();
+  const size_t r = xd.size();
+  if (r < 2 || wd.size() != r - 1 || td.size() != r - 1 || rd.size() != r - 1 ||
+      wd.back() != xd[r - 2] || td.back() != xd[r - 1] || rd.back() != xd[r - 2] ||
+      Product(xd, 0, r - 2) != Product(wd, 0, r - 2) ||
+      Product(xd, 0, r - 2) != Product(td, 0, r - 2) ||
+      Product(xd, 0, r - 2) != Product(rd, 0, r - 2)) {
+    return KernelError("weigh_rows", "shapes must be x (...,n,k), w (...,n), total (...,k), row "
+                                     "(...,n); got " + DimsToString(xd) + ", " +
+                                         DimsToString(wd) + ", " + DimsToString(td) + ", " +
+                                         DimsToString(rd));
+  }
+  const int64_t batch = Product(xd, 0, r - 2), n = xd[r - 2], k = xd[r - 1];
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* xb = x.typed_data() + b * n * k;
+    const float* wb = w.typed_data() + b * n;
+    float* tb = total->typed_data() + b * k;
+    float* rb = row->typed_data() + b * n;
+    std::fill(tb, tb + k, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      float s = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        tb[j] += wb[i] * xb[i * k + j];
+        s += xb[i * k + j];
+      }
+      rb[i] = wb[i] * s;
+    }
   }
   return ffi::Error::Success();
 }
@@ -179,6 +279,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kArgRows, ArgRowsImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("op"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kTopKRows, TopKRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("op"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kWeighRows, WeighRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttention, AttentionImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -192,6 +306,8 @@ HandlerTable CombineHandlers() {
   return {
       {"arg_rows", reinterpret_cast<void*>(kArgRows)},
       {"attention", reinterpret_cast<void*>(kAttention)},
+      {"top_k_rows", reinterpret_cast<void*>(kTopKRows)},
+      {"weigh_rows", reinterpret_cast<void*>(kWeighRows)},
   };
 }
 

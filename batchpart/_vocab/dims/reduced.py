@@ -1,12 +1,14 @@
 """Reduced core dims: ``reduce={"n": "sum"}``.
 
-A reduced dim is a core dim of the operands that no result has, over which
-every result *combines*: each result equals the reduction (sum, max or min),
+A reduced dim is a core dim of the operands over which every result that
+does not have it *combines*: each result equals the reduction (sum, max or min),
 over any split of that dim into parts, of the results computed on the parts
 (a dot over its contraction dim, a NUFFT type 1 over its points, a
 log-likelihood over its data). Where that dim is sharded, each device runs
 the call on its own part and one all-reduce combines the results. A named
-combiner (``combined``) reads the results together instead.
+combiner (``combined``) reads the results together instead. A result that
+has the dim keeps it: it is split along it like the operands (each device
+writes its own part) and is not combined.
 
 A reduction names its dim by its core axis in each operand that has it
 (``core``).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from batchpart import _compat as compat
@@ -25,6 +28,7 @@ from batchpart._vocab.dims.combined import (
   check_combining_results,
   is_combiner,
 )
+from batchpart._vocab.dims.combiner import Combiner, lowered_name
 from batchpart._vocab.dims.core import absolute_dim
 
 OPS = ("sum", "max", "min")      # each result combined on its own
@@ -33,26 +37,49 @@ ALL_OPS = OPS + COMBINERS
 
 @dataclasses.dataclass(frozen=True)
 class Reduction:
-  """One reduced dim: its signature name, the op, and where each operand
-  that has it holds it, as ``(operand, core axis)`` pairs."""
+  """One reduced dim: its signature name, the op, where each operand that
+  has it holds it, as ``(operand, core axis)`` pairs, and where each result
+  that keeps it does, as ``(result, core axis)`` pairs."""
   name: str
-  op: str
+  op: str | Combiner
   dims: tuple[tuple[int, int], ...]
+  results: tuple[tuple[int, int], ...] = ()
 
 
-def reduced_dims_table(reductions, operand_ranks) -> list[list[int]]:
-  """Per operand, per dim: the index of the reduction that dim belongs to,
-  or -1 (the planner's ``operand_reduced_dims``); ``[]`` without any."""
-  if not reductions:
+def reduced_dims_table(reductions, operand_ranks, *, results: bool = False
+                       ) -> list[list[int]]:
+  """Per operand (or, with ``results``, per result), per dim: the index of
+  the reduction that dim belongs to, or -1 (the planner's
+  ``operand_reduced_dims`` / ``result_reduced_dims``); ``[]`` where none has
+  one."""
+  places = [(i, r.results if results else r.dims) for i, r in enumerate(reductions)]
+  if not any(where for _, where in places):
     return []
   table = [[-1] * int(r) for r in operand_ranks]
-  for i, reduction in enumerate(reductions):
-    for k, axis in reduction.dims:
+  for i, where in places:
+    for k, axis in where:
       table[k][absolute_dim(axis, len(table[k]))] = i
   return table
 
 
-def combining_op(reductions) -> str | None:
+def kept_results(reductions) -> frozenset[int]:
+  """The results that keep a reduced dim (split, never combined)."""
+  return frozenset(k for r in reductions for k, _ in r.results)
+
+
+def refuse_kept_results(owner: str, reductions, why: str) -> None:
+  """Raises naming ``owner`` where a result keeps a reduced dim, which this
+  entry point cannot split (``why``)."""
+  for r in reductions:
+    if r.results:
+      raise ValueError(
+          f"{owner}: reduce names the dim '{r.name}', which result(s) "
+          f"{', '.join(str(k) for k, _ in r.results)} keep; {why}. Declare a call whose "
+          "results keep a reduced dim with batchpart.ffi_call, partition_ffi_target, "
+          "partition_primitive, ffi_lowering, pure_callback or partition_callback.")
+
+
+def combining_op(reductions) -> str | Combiner | None:
   """The op that combines the results (every reduction has the same one)."""
   return reductions[0].op if reductions else None
 
@@ -64,9 +91,10 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
                     f"({', '.join(map(repr, ALL_OPS))}), e.g. reduce={{'n': 'sum'}}; got "
                     f"{reduce!r}.")
   for name, op in reduce.items():
-    if op not in ALL_OPS:
+    if op not in ALL_OPS and not isinstance(op, Combiner):
       raise ValueError(f"{owner}: reduce={{{name!r}: {op!r}}}: the reduced dim '{name}' "
-                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, ALL_OPS))}.")
+                       f"has the unknown op {op!r}; use one of {', '.join(map(repr, ALL_OPS))} "
+                       "or a batchpart.Combiner.")
   ops = set(reduce.values())
   if len(ops) > 1:
     combiner = next((op for op in ops if is_combiner(op)), None)
@@ -82,10 +110,14 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
 
 def check_results(owner: str, reductions, shapes, dtypes) -> None:
   """Refuses results the combining op is not defined on (their dtypes, and
-  for a combiner their number and shapes)."""
+  for a combiner their number and shapes); results that keep a reduced dim
+  do not combine and are not checked."""
   op = combining_op(reductions)
   if op is None:
     return
+  kept = kept_results(reductions)
+  shapes = [s for i, s in enumerate(shapes) if i not in kept]
+  dtypes = [t for i, t in enumerate(dtypes) if i not in kept]
   names = ", ".join(r.name for r in reductions)
   if is_combiner(op):
     check_combining_results(owner, op, names, shapes, dtypes)
@@ -96,6 +128,30 @@ def check_results(owner: str, reductions, shapes, dtypes) -> None:
       raise ValueError(
           f"{owner}: result {i} has dtype {dtype.name}, which reduce '{op}' over the "
           f"dim(s) {names} cannot combine.")
+
+
+def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
+                    result_leads, result_dtypes) -> tuple:
+  """``reductions`` with a ``Combiner`` op replaced by its lowered name
+  (``combiner.lowered_name``, on one batch element's combining results):
+  what a description, and so a derived name, carries."""
+  out = []
+  for r in reductions:
+    if isinstance(r.op, Combiner):
+      kept = kept_results(reductions)
+      if any(lead for i, lead in enumerate(result_leads) if i not in kept):
+        raise ValueError(f"'{target}': reduce {r.op!r} over the dim {r.name}: a Combiner "
+                         "needs its combining results' batch dims in front (no core dims "
+                         "before the signature's '...').")
+      types = [jax.ShapeDtypeStruct(
+          tuple(s[:lead]) + tuple(s[len(s) - core:] if core else ()), t)
+          for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
+                                                     result_leads, result_dtypes))
+          if i not in kept]
+      r = dataclasses.replace(r, op=lowered_name(
+          f"'{target}': reduce {r.op!r} over the dim {r.name}", r.op, types))
+    out.append(r)
+  return tuple(out)
 
 
 def splits_reductions(ctx) -> bool:
