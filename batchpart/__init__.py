@@ -30,6 +30,7 @@ from batchpart._frontend.registry import (
     register_ffi_target,
 )
 from batchpart._partition import export as _export
+from batchpart._vocab.dims.halo import Halo
 
 _export.install()
 
@@ -39,6 +40,7 @@ __all__ = [
     "explain",
     "ffi_call",
     "ffi_lowering",
+    "Halo",
     "io_callback",
     "is_batch_partitionable",
     "linalg",

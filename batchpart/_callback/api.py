@@ -25,7 +25,12 @@ from batchpart._callback.host import (
   check_arrays,
 )
 from batchpart._callback.primitive import bind
-from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
+from batchpart._frontend.signature import (
+  check_vmap_method,
+  declared_spec,
+  halos_for,
+  parse_declaration,
+)
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
@@ -35,6 +40,7 @@ from batchpart._vocab.dims.reduced import Reduction, check_results
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                   num_batch_dims: int | None = None, signature: str | None = None,
                   reduce: dict[str, str] | None = None,
+                  halo: dict[str, Any] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
                   arrays: str = DEFAULT_ARRAYS, **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
@@ -97,14 +103,14 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                     "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=False, reduce=reduce, arrays=arrays)
+               io=False, reduce=reduce, halo=halo, arrays=arrays)
 
 
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
                 reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
-                **kwargs: Any) -> Any:
+                halo: dict[str, Any] | None = None, **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -131,6 +137,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
       rows go, e.g. to write them to the right place.
     reduce: must be None: a callback with side effects would have them once
       per part, and a part's calls cannot be told from the whole's.
+    halo: must be None: overlapping windows would repeat the side effects.
     arrays: ``"numpy"`` or ``"jax"``, as for :func:`batchpart.pure_callback`.
     **kwargs: more operands (arrays), passed to ``callback`` by keyword.
 
@@ -147,6 +154,12 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "side effects would happen once per part of the reduced dim. Use "
         "batchpart.pure_callback(..., reduce=...) for a pure function, or reduce the "
         "io_callback's per-row results with jnp.sum.")
+  if halo is not None:
+    raise ValueError(
+        f"batchpart.io_callback({callback_name(callback)}): halo={halo!r} is not supported: "
+        "the windows of neighbouring parts overlap, so its side effects would happen "
+        "more than once for the halo elements. Use batchpart.pure_callback(..., halo=...) "
+        "for a pure function.")
   if ordered:
     raise ValueError(
         f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "
@@ -159,13 +172,14 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
 
 
 def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
-          signature, with_index, io, reduce=None, arrays=DEFAULT_ARRAYS):
+          signature, with_index, io, reduce=None, halo=None, arrays=DEFAULT_ARRAYS):
   owner = f"batchpart.{kind}({callback_name(callback)})"
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  halos_for(owner, parsed, halo, reductions)   # checked before anything is traced
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]

@@ -8,11 +8,12 @@ decision is a function of what XLA hands over for that one instruction
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import blocks, combine, shard_module, shardings as sh
+from batchpart._partition import blocks, combine, halo, shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
@@ -61,13 +62,16 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
   local_batch = (plan.result_local_shapes[0][
       d.result_leads[0]:d.result_leads[0] + d.result_batch_ranks[0]]
       if result_shapes else ())
+  exchanges = halo.exchanges(d, plan.result_shardings, getattr(plan, "halo_tiles", ()))
   module = _local_module(
       d, arg_shapes, result_shapes, backend_config, plan.operand_local_shapes,
       plan.result_local_shapes, batch_shape=local_batch, rule=rule,
       reduce_groups=plan.reduce_groups,
-      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes),
+      core_sizes=core_sizes(d, *halo.window_shapes(exchanges, plan.operand_local_shapes,
+                                                   plan.result_local_shapes)),
       part_offsets=combine.part_offsets(d.reductions, plan.operand_shardings,
-                                        plan.operand_local_shapes))
+                                        plan.operand_local_shapes),
+      exchanges=exchanges)
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
@@ -149,7 +153,8 @@ def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
       target=d.target, operand_batch_ranks=d.result_batch_ranks,
       result_batch_ranks=d.result_batch_ranks, operand_layouts=d.result_layouts,
       result_layouts=d.result_layouts, operand_lead_ranks=d.result_lead_ranks,
-      result_lead_ranks=d.result_lead_ranks)
+      result_lead_ranks=d.result_lead_ranks,
+      halos=tuple(dataclasses.replace(h, operand_dims=h.result_dims) for h in d.halos))
   plan = make_plan(as_operands, result_shapes,
                    sh.element_shardings(user_sharding, result_shape), result_shapes,
                    split_axes=False)

@@ -30,6 +30,9 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
+- ``$h:<name>=<lo>.<hi>[.p]:<operand>.<axis>,...:<result>.<axis>,...``: a
+  halo dim, its window (``.p``: periodic) and its core axis in each operand
+  and each result that has it, one field per dim
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
   (``rule_digest``): a changed rule gives a new name, hence a new partition
   cache entry and a new persistent-compilation-cache key
@@ -44,6 +47,7 @@ import re
 
 from batchpart._vocab.description import CallDescription, default_layout
 from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
 MARKER = "$bp1"
@@ -51,6 +55,8 @@ FRONTEND_ATTRIBUTE = "batchpart.derived_name"
 _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _REDUCTION = re.compile(r"^:(\w+)=(\w+):(-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*)$")
+_PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
+_HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 
@@ -76,6 +82,8 @@ def encode(d: CallDescription) -> str:
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
   fields += [f"$x:{r.name}={r.op}:" + ",".join(f"{k}.{axis}" for k, axis in r.dims)
              for r in d.reductions]
+  fields += [f"$h:{h.name}={h.lo}.{h.hi}{'.p' if h.periodic else ''}:{_pairs(h.operand_dims)}"
+             f":{_pairs(h.result_dims)}" for h in d.halos]
   fields += [f"$k:{n.name}={n.kind}{n.index}.{n.axis}" for n in d.dim_names]
   if d.has_side_effect:
     fields.append("$s")
@@ -84,6 +92,14 @@ def encode(d: CallDescription) -> str:
   if d.attribute_rule:
     fields.append(f"$f={d.attribute_rule}")
   return d.target + MARKER + "".join(fields)
+
+
+def _pairs(dims) -> str:
+  return ",".join(f"{k}.{axis}" for k, axis in dims)
+
+
+def _read_pairs(text: str) -> tuple[tuple[int, int], ...]:
+  return tuple((int(k), int(a)) for k, a in (pair.split(".") for pair in text.split(",")))
 
 
 def is_derived(name: str) -> bool:
@@ -124,7 +140,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   values: dict[str, str] = {}
   layouts: dict[str, dict[int, tuple[int, ...]]] = {"o": {}, "r": {}}
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
-  reductions, dim_names = [], []
+  reductions, dim_names, halos = [], [], []
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
     if tag in ("o", "r", "no", "nr", "po", "pr"):
@@ -146,6 +162,9 @@ def _decode_fields(target: str, body: str) -> CallDescription:
     elif tag == "x" and (x := _REDUCTION.match(value)) and x.group(2) in ALL_OPS:
       dims = tuple(tuple(int(v) for v in pair.split(".")) for pair in x.group(3).split(","))
       reductions.append(Reduction(x.group(1), x.group(2), dims))
+    elif tag == "h" and (h := _HALO.match(value)):
+      halos.append(HaloDim(h.group(1), int(h.group(2)), int(h.group(3)), bool(h.group(4)),
+                           _read_pairs(h.group(5)), _read_pairs(h.group(6))))
     elif tag == "k" and (k := _DIM_NAME.match(value)):
       dim_names.append(DimName(k.group(1), k.group(2), int(k.group(3)), int(k.group(4))))
     else:
@@ -189,4 +208,5 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       result_lead_ranks=result_leads,
       reductions=tuple(reductions),
       dim_names=tuple(dim_names),
+      halos=tuple(halos),
   )
