@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 import batchpart as bp
 from batchpart import testing as kernels
