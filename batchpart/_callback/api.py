@@ -10,6 +10,7 @@ then of ``kwargs``) and the flattened results.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -179,19 +180,20 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos_for(owner, parsed, halo, reductions)   # checked before anything is traced
+  halos = halos_for(owner, parsed, halo, reductions)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   check_results(owner, reductions, [a.shape for a in result_avals],
                 [a.dtype for a in result_avals])
-  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions)
+  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions,
+                     halos)
   outs = bind_batch_first(
       flat_args, result_avals, spec,
       lambda layouts: FlatCallback(callback, in_tree, out_tree, with_index=with_index,
                                    kind=kind, arrays=arrays, layouts=layouts),
       broadcast_batch=parsed is not None, io=io,
-      declaration=declaration_text(num_batch_dims, signature, reduce),
+      declaration=declaration_text(num_batch_dims, signature, reduce, halo),
       **_reduction_params(spec))
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -206,7 +208,7 @@ def result_aval(owner: str, i: int, r):
 
 
 def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
-             reductions=()) -> tuple[list, BatchSpec]:
+             reductions=(), halos=()) -> tuple[list, BatchSpec]:
   """The operands' checked avals and the batch spec a callback's declaration
   gives its flat operands and results."""
   in_avals = checked_operand_avals(owner, flat_args, result_avals)
@@ -214,7 +216,7 @@ def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")
   spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
-                       [tuple(a.shape) for a in result_avals], reductions)
+                       [tuple(a.shape) for a in result_avals], reductions, halos)
   return in_avals, spec
 
 
@@ -244,14 +246,22 @@ def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **
 
 
 def _reduction_params(spec: BatchSpec) -> dict:
-  """The primitive's ``reductions``: with batch dims moved in front, every
-  core dim trails, so each reduced dim is named by its trailing core axis."""
-  if not spec.reductions:
-    return {}
+  """The primitive's ``reductions`` and ``halos``: with batch dims moved in
+  front, every core dim trails, so each reduced or halo dim is named by its
+  trailing core axis."""
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
-  return {"reductions": tuple(
-      Reduction(r.name, r.op, tuple((k, a - cores[k] if a >= 0 else a) for k, a in r.dims))
-      for r in spec.reductions)}
+  res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
+  trailing = lambda dims, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in dims)
+  params: dict[str, Any] = {}
+  if spec.reductions:
+    params["reductions"] = tuple(Reduction(r.name, r.op, trailing(r.dims, cores))
+                                 for r in spec.reductions)
+  if spec.halos:
+    params["halos"] = tuple(
+        dataclasses.replace(h, operand_dims=trailing(h.operand_dims, cores),
+                            result_dims=trailing(h.result_dims, res_cores))
+        for h in spec.halos)
+  return params
 
 
 def _batch_first_order(rank: int, lead: int, core: int) -> list[int]:

@@ -25,4 +25,8 @@ def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
 
 
 def fmt_index(index) -> str:
-  return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
+  """A block's index as text; a halo dim's ``(window, kept)`` pair as
+  ``window->kept``."""
+  one = lambda s: (f"{s.start}:{s.stop}" if isinstance(s, slice) else
+                   f"{one(s[0])}->{one(s[1])}")
+  return "[" + ", ".join(one(s) for s in index) + "]"

@@ -215,19 +215,24 @@ class HostCall:
   was given a leading one of size 1 (so that a replicated call is still
   made once). ``agreement``: where XLA partitions the call, how its devices
   holding only padding learn that the others failed; None where each call
-  stands alone."""
+  stands alone. ``halos``: per halo dim, its dim in each result; the block
+  vector then ends with each one's window and kept part (``_vocab/blocks``),
+  the results are the window's, and ``index`` adds ``(window, kept)``
+  slices per halo dim."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
-               "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
-               "_agreement", "__weakref__")
+               "result_shapes", "result_dtypes", "unit", "halos", "_trimmed_dims",
+               "_blocks", "_agreement", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
   # caller that invents block vectors.
   _MAX_BLOCKS = 1 << 16
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
-               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None):
+               result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None,
+               halos=()):
     self.flat = flat
+    self.halos = tuple(tuple(int(d) for d in dims) for dims in halos)
     self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
@@ -257,7 +262,13 @@ class HostCall:
   def _make_block(self, block) -> _Block:
     rank = len(self.batch)
     offsets, local, valid = block_extent(self.batch, block)
-    local_results = [tuple(local) + s[rank:] for s in self.result_shapes]
+    extents = [int(v) for v in np.asarray(block).reshape(-1)[2 * rank:]]
+    windows = [tuple(extents[4 * i:4 * i + 4]) for i in range(len(self.halos))]
+    cores = [list(s[rank:]) for s in self.result_shapes]
+    for dims, (start, stop, _, _) in zip(self.halos, windows):
+      for k, dim in enumerate(dims):
+        cores[k][dim - rank] = stop - start
+    local_results = [tuple(local) + tuple(c) for c in cores]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
     out.zeros = (tuple(_frozen_zeros(s, t) for s, t in zip(local_results, self.result_dtypes))
@@ -267,8 +278,9 @@ class HostCall:
     if all(c is None for c in out.cuts):
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
-    out.index = index[1:] if self.unit else index
-    wants = [tuple(valid) + s[rank:] for s in self.result_shapes]
+    out.index = (index[1:] if self.unit else index) + tuple(
+        (slice(a, b), slice(c, e)) for a, b, c, e in windows)
+    wants = [tuple(valid) + tuple(c) for c in cores]
     out.wants = [w[1:] for w in wants] if self.unit else wants
     out.reshapes = wants if self.unit else [None] * len(wants)
     out.pads = [None if w == full else full for w, full in zip(wants, local_results)]

@@ -37,6 +37,7 @@ from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.blocks import whole_block
 from batchpart._vocab.description import describe
+from batchpart._vocab.dims.core import absolute_dim
 
 ir = compat.ir
 hlo = compat.hlo
@@ -59,6 +60,13 @@ def _with_unit_dim(values, avals, ctx):
           for v, a in zip(values, avals)]
 
 
+def halo_dims_of_results(halos, result_shapes) -> tuple:
+  """Per halo dim, its dim in each result (absolute, in the shapes the call
+  has here)."""
+  return tuple(tuple(absolute_dim(dict(h.result_dims)[k], len(s))
+                     for k, s in enumerate(result_shapes)) for h in halos)
+
+
 def _agreement(platform: str, partitions: int, partitioned: bool,
                reductions) -> Agreement | None:
   """How the devices of one execution of the lowered callback learn of each
@@ -74,7 +82,8 @@ def _agreement(platform: str, partitions: int, partitioned: bool,
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              reductions=(), declaration="", buffer=False, input_output_aliases=(), **_):
+              reductions=(), halos=(), declaration="", buffer=False, input_output_aliases=(),
+              **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
@@ -109,24 +118,30 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
+  halo_kw = {"halos": halo_dims_of_results(halos, result_shapes)} if halos else {}
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
-                   agreement=_agreement(platforms[0], partitions, partitioned, reductions))
+                   agreement=_agreement(platforms[0], partitions, partitioned, reductions),
+                   **halo_kw)
   index = compat.add_host_callback(ctx, host)
-  block = compat.ir_constant(whole_block(batch))
-  block_shape = (2 * rank,)
+  sizes = [result_shapes[0][dims[0]] for dims in halo_kw.get("halos", ())]
+  block = compat.ir_constant(whole_block(batch, halos, sizes))
+  block_shape = (2 * rank + 4 * len(halos),)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)
   reductions = tuple(dataclasses.replace(r, dims=tuple((k + 1, a) for k, a in r.dims))
                      for r in reductions)
+  halos = tuple(dataclasses.replace(h, operand_dims=tuple((k + 1, a) for k, a in h.operand_dims))
+                for h in halos)
   d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
                result_core_ranks,
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
-               input_output_aliases=aliases, has_side_effect=io, reductions=reductions)
+               input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
+               halos=halos)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:
@@ -135,11 +150,12 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   result_types = [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_out]
   if partitioned:
     name = targets.ensure_derived(d, platforms, caller=callback.owner)
-    operand_types = [ir.RankedTensorType.get([2 * rank], ir.IntegerType.get_signless(64))]
+    operand_types = [ir.RankedTensorType.get(list(block_shape),
+                                             ir.IntegerType.get_signless(64))]
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,
-        batch, operand_types, result_types, reductions=reductions)
+        batch, operand_types, result_types, reductions=reductions, halos=halos)
     if rule is not None:
       extra["sdy.sharding_rule"] = rule
   else:

@@ -99,17 +99,24 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
-  replicated one) and its block vector (``_vocab/blocks``)."""
+  replicated one) and its block vector (``_vocab/blocks``); with halo dims,
+  its windows (``halo``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
+  planner = lambda shardings, shapes: [sh.to_planner(h, len(s))
+                                       for h, s in zip(shardings, shapes)]
+  tiles = [int(sharding.tile_dims[dim]) if sharding.kind == blocks.TILED else 1
+           for sharding in planner(b.result_shardings[:1], b.result_local_shapes[:1])
+           for dim in blocks.result_halo_dims(d, 0, len(b.result_local_shapes[0]))]
   module = _local_module(d, arg_shapes, result_shapes, backend_config,
                          b.operand_local_shapes, b.result_local_shapes, batch_shape=(),
                          block_table=b.table, reduce_groups=b.reduce_groups,
                          part_offsets=combine.part_offsets(
                              d.reductions,
-                             [sh.to_planner(h, len(s)) for h, s in
-                              zip(b.operand_shardings, b.operand_local_shapes)],
-                             b.operand_local_shapes))
+                             planner(b.operand_shardings, b.operand_local_shapes),
+                             b.operand_local_shapes),
+                         exchanges=halo.exchanges(
+                             d, planner(b.result_shardings, b.result_local_shapes), tiles))
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 

@@ -18,7 +18,11 @@ sharding), with two differences that make its contract hold:
 
 A reduced dim (``reduce=``) the plan keeps sharded is one more axis of the
 device grid: the devices along it share a batch block, each gets its own part
-of that dim, and the groups along it are the all-reduce's.
+of that dim, and the groups along it are the all-reduce's. A halo dim
+(``halo=``) the plan splits is one too, before the reduced dims' axes; the
+block vector then ends with four entries per halo dim: where the device's
+window lies and where its kept part lies, in global positions
+(``dims/halo.part_extent``).
 
 The device grid is an int array of device ids with one axis per batch dim,
 one replicated axis and the manual axes (then one axis per reduced dim); the
@@ -33,12 +37,14 @@ import math
 import numpy as np
 
 from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.halo import part_extent, whole_extents
 
 
-def whole_block(batch) -> np.ndarray:
-  """The block vector of the whole batch: offsets zero, no padding (where XLA
-  does not partition the call)."""
-  return np.asarray([0] * len(batch) + list(batch), np.int64)
+def whole_block(batch, halos=(), halo_sizes=()) -> np.ndarray:
+  """The block vector of the whole batch: offsets zero, no padding, each
+  halo dim whole (where XLA does not partition the call)."""
+  return np.asarray([0] * len(batch) + list(batch) + whole_extents(halos, halo_sizes),
+                    np.int64)
 
 
 def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
@@ -107,22 +113,29 @@ def fold(grid, rank, batch):
   return folded.reshape(shape)
 
 
-def block_table(grid, batch, partitions: int, target: str) -> np.ndarray:
-  """The (partitions, 2 * batch rank) table of block vectors on the folded
-  ``grid``: each device's block offsets, then the local batch shape; a
-  device outside the grid gets all padding."""
+def block_table(grid, batch, partitions: int, target: str, halos=(), halo_axes=(),
+                halo_sizes=()) -> np.ndarray:
+  """The (partitions, 2 * batch rank + 4 * halo dims) table of block
+  vectors on the folded ``grid``: each device's block offsets, then the
+  local batch shape, then each halo dim's window and kept part (its parts
+  along grid axis ``halo_axes[i]``, of ``halo_sizes[i]`` elements); a device
+  outside the grid gets all padding."""
   rank = len(batch)
   tiles = grid.shape[:rank]
   local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
-  table = np.zeros((partitions, 2 * rank), np.int64)
+  table = np.zeros((partitions, 2 * rank + 4 * len(halos)), np.int64)
   table[:, :rank] = batch          # a device outside the grid: all padding
-  table[:, rank:] = local_batch
+  table[:, rank:2 * rank] = local_batch
+  table[:, 2 * rank:] = whole_extents(halos, halo_sizes)
   for coord in np.ndindex(*grid.shape):
     device = int(grid[coord])
     if not 0 <= device < partitions:
       raise ValueError(f"device {device} outside the {partitions} partitions "
                        f"of '{target}'")
     table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
+    table[device, 2 * rank:] = [
+        v for h, axis, n in zip(halos, halo_axes, halo_sizes)
+        for v in part_extent(h, int(n), grid.shape[axis], coord[axis])]
   return table
 
 

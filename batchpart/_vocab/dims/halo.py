@@ -127,3 +127,24 @@ def check_halo_sizes(owner: str, halos, operand_shapes, result_shapes) -> None:
         raise ValueError(f"{owner}: the halo dim '{h.name}' has size {size} in {where} and "
                          f"{sizes[0][1]} in {sizes[0][0]}; the operands and results must "
                          "have a halo dim with one size.")
+
+
+def part_extent(h, size: int, parts: int, c: int) -> tuple[int, int, int, int]:
+  """Where part ``c`` of ``parts`` of a halo dim of ``size`` elements has
+  its window and keeps its results, in global positions: ``(window start,
+  window stop, kept start, kept stop)``. A periodic window may start below 0
+  or stop past ``size``: its positions are taken modulo ``size``."""
+  if parts == 1:
+    return 0, size, 0, size
+  p = size // parts
+  start, stop = c * p - h.lo, (c + 1) * p + h.hi
+  if not h.periodic:
+    shift = max(0, -start) - max(0, stop - size)
+    start, stop = start + shift, stop + shift
+  return start, stop, c * p, (c + 1) * p
+
+
+def whole_extents(halos, sizes) -> list[int]:
+  """The halo columns of a block vector where nothing is split: each halo
+  dim's window and kept part are the whole dim."""
+  return [v for h, n in zip(halos, sizes) for v in part_extent(h, int(n), 1, 0)]
