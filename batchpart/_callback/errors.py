@@ -27,6 +27,10 @@ def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
 def fmt_index(index) -> str:
   """A block's index as text; a halo dim's ``(window, kept)`` pair as
   ``window->kept``."""
-  one = lambda s: (f"{s.start}:{s.stop}" if isinstance(s, slice) else
-                   f"{one(s[0])}->{one(s[1])}")
-  return "[" + ", ".join(one(s) for s in index) + "]"
+  return "[" + ", ".join(_fmt_entry(s) for s in index) + "]"
+
+
+def _fmt_entry(s) -> str:
+  if isinstance(s, slice):
+    return f"{s.start}:{s.stop}"
+  return f"{_fmt_entry(s[0])}->{_fmt_entry(s[1])}"
