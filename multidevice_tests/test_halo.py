@@ -166,3 +166,20 @@ def test_partition_ffi_target_gives_a_package_s_calls_the_halo(partitioner, mesh
     bp.unpartition(STENCIL)
   assert collective_kinds(text) == {"collective-permute"}
   assert local_shapes(the_custom_call(text, STENCIL)) == [(2, 8 + 3)]
+
+
+def test_the_decorator_follows_the_halo_dim_into_each_call(partitioner, mesh8):
+  @bp.batch_partitionable(signature="(n)->(n)", halo={"n": bp.Halo(2, 1)})
+  def twice(x):
+    # Two stencil calls, each local within the declared window, around jnp.
+    y = jax.ffi.ffi_call(STENCIL, S(x.shape, x.dtype))(x, **attrs(1, 1, "reflect"))
+    return jax.ffi.ffi_call(STENCIL, S(x.shape, x.dtype))(2 * y, **attrs(1, 0, "zero"))
+
+  x = rng(9).standard_normal((2, 64)).astype(np.float32)
+  xs = put(x, mesh8, P(None, "x"))
+  f = jax.jit(twice)
+  want = unsharded(2 * unsharded(x, 1, 1, "reflect"), 1, 0, "zero")
+  np.testing.assert_array_equal(np.asarray(f(xs)), want)
+  text = f.lower(xs).compile().as_text()
+  assert collective_kinds(text) == {"collective-permute"}
+  assert text.count(f'custom_call_target="{STENCIL}"') == 2
