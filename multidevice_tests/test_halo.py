@@ -183,3 +183,37 @@ def test_the_decorator_follows_the_halo_dim_into_each_call(partitioner, mesh8):
   text = f.lower(xs).compile().as_text()
   assert collective_kinds(text) == {"collective-permute"}
   assert text.count(f'custom_call_target="{STENCIL}"') == 2
+
+
+def test_vmap_adds_a_batch_dim_and_keeps_the_halo(partitioner, mesh2x4):
+  x = rng(10).standard_normal((4, 3, 64)).astype(np.float32)
+  xs = put(x, mesh2x4, P("a", None, "b"))
+  f = jax.jit(jax.vmap(lambda x: stencil(x, 1, 2, "reflect")))
+  np.testing.assert_array_equal(np.asarray(f(xs)), unsharded(x, 1, 2, "reflect"))
+  text = f.lower(xs).compile().as_text()
+  assert collective_kinds(text) == {"collective-permute"}
+  assert local_shapes(the_custom_call(text, STENCIL)) == [(2, 3, 16 + 3)]
+
+
+def test_export_round_trip_keeps_the_halo(partitioner, mesh2x4):
+  """Exported under each partitioner, called under Shardy (jax 0.10 cannot
+  call a GSPMD artifact under GSPMD): the call gets its Shardy rule, with
+  the halo factor, when it is called."""
+  x = rng(11).standard_normal((4, 64)).astype(np.float32)
+  spec = NamedSharding(mesh2x4, P("a", "b"))
+  exported = jax.export.export(
+      jax.jit(lambda x: stencil(x, 2, 1, "nearest")),
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(STENCIL)])(
+      S(x.shape, x.dtype, sharding=spec))
+  assert "$h:n=2.1:0.-1:0.-1" in exported.mlir_module()
+  restored = jax.export.deserialize(exported.serialize())
+  previous = jax.config.jax_use_shardy_partitioner
+  jax.config.update("jax_use_shardy_partitioner", True)
+  try:
+    f = jax.jit(restored.call)
+    xs = put(x, mesh2x4, P("a", "b"))
+    out, text = f(xs), f.lower(xs).compile().as_text()
+  finally:
+    jax.config.update("jax_use_shardy_partitioner", previous)
+  np.testing.assert_array_equal(np.asarray(out), unsharded(x, 2, 1, "nearest"))
+  assert collective_kinds(text) == {"collective-permute"}
