@@ -217,3 +217,19 @@ def test_export_round_trip_keeps_the_halo(partitioner, mesh2x4):
     jax.config.update("jax_use_shardy_partitioner", previous)
   np.testing.assert_array_equal(np.asarray(out), unsharded(x, 2, 1, "nearest"))
   assert collective_kinds(text) == {"collective-permute"}
+
+
+def test_explain_names_the_permutes_as_the_declared_halo(partitioner, mesh8):
+  x = rng(12).standard_normal((3, 64)).astype(np.float32)
+  xs = put(x, mesh8, P(None, "x"))
+  report = bp.explain(jax.jit(lambda x: stencil(x, 1, 2, "reflect")), xs)
+  (call,) = report.calls
+  assert [(h.name, h.size, h.parts) for h in call.halo_dims] == [("n", 64, 8)]
+  assert [c.kind for c in call.collectives_before if c.declared_halo] == [
+      "collective-permute"] * 2
+  assert call.replication == 1
+  text = str(report)
+  assert "collective-permute 36 B (the declared halo)" in text
+  assert "in 8 parts of 8, each device's window 11 elements" in text
+  whole = bp.explain(jax.jit(lambda x: stencil(x, 4, 5, "reflect")), xs)
+  assert "whole on every device (a halo dim stays split only where" in str(whole)
