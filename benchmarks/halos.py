@@ -136,10 +136,10 @@ def main(argv):
   jax = _setup()
   import numpy as np
   import scipy.ndimage as ndi
+  from _timing import fmt_time, interleaved
 
   import batchpart as bp
   import batchpart.testing
-  from _timing import fmt_time, interleaved
 
   batchpart.testing.register()
   n, steps = (1024, 10) if quick else (4096, 50)
