@@ -236,12 +236,9 @@ def reductions_for(owner: str, signature: Signature | None, reduce
   a signature declares."""
   if reduce is None:
     return ()
-  if signature is None:
-    raise ValueError(
-        f"{owner}: reduce={reduce!r} names core dims, which only a signature declares; "
-        "pass signature=... (e.g. signature='(n),(n)->()', reduce={'n': 'sum'}) instead "
-        "of num_batch_dims.")
-  return signature.reductions(reduce, owner=owner)
+  return _signature_of(owner, signature, f"reduce={reduce!r}",
+                       "signature='(n),(n)->()', reduce={'n': 'sum'}"
+                       ).reductions(reduce, owner=owner)
 
 
 def halos_for(owner: str, signature: Signature | None, halo,
@@ -250,12 +247,19 @@ def halos_for(owner: str, signature: Signature | None, halo,
   a signature declares."""
   if halo is None:
     return ()
+  return _signature_of(owner, signature, f"halo={halo!r}",
+                       "signature='(n)->(n)', halo={'n': 1}"
+                       ).halos(halo, reductions, owner=owner)
+
+
+def _signature_of(owner: str, signature: Signature | None, option: str, example: str
+                  ) -> Signature:
+  """``signature``, which an option that names core dims needs."""
   if signature is None:
     raise ValueError(
-        f"{owner}: halo={halo!r} names core dims, which only a signature declares; "
-        "pass signature=... (e.g. signature='(n)->(n)', halo={'n': 1}) instead of "
-        "num_batch_dims.")
-  return signature.halos(halo, reductions, owner=owner)
+        f"{owner}: {option} names core dims, which only a signature declares; pass "
+        f"signature=... (e.g. {example}) instead of num_batch_dims.")
+  return signature
 
 
 def spec_from_signature(owner: str, signature: Signature, operand_shapes,
