@@ -3,14 +3,17 @@
 For each halo dim the plan splits into ``t`` parts of ``p`` elements, every
 device sends the first and the last ``w = lo + hi`` elements of its part to
 its neighbours below and above (two collective-permutes per operand that has
-the dim), so that it holds ``[below, own, above]``, ``p + 2w`` elements, and
-cuts its window of ``p + w`` elements out of that:
+the dim), and joins its window of ``p + w`` elements:
 
-- an interior part: from ``hi`` (the ``lo`` elements below, the ``hi``
-  above);
-- the first part (not periodic): from ``w``, its own part and the ``w``
-  elements above, so the window starts at the array's start;
-- the last part (not periodic): from 0, so the window ends at the array's end.
+- an interior part: the last ``lo`` elements it received from below, its
+  part, the first ``hi`` from above;
+- the first part (not periodic): its part and the ``w`` elements from above,
+  so the window starts at the array's start;
+- the last part (not periodic): the ``w`` elements from below and its part,
+  so the window ends at the array's end.
+
+Each is one concatenate of static pieces, in a branch chosen by the part's
+kind (a copy of the part, as a hand-written exchange makes).
 
 With ``periodic`` every part is interior and the first and last parts are
 each other's neighbours. The plan cuts parts of ``p >= w`` only, so a slab
@@ -35,18 +38,19 @@ from batchpart._vocab.dims.halo import HaloDim
 
 ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
+FIRST, INTERIOR, LAST = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
 class Exchange:
   """One split halo dim: its window, the (source, target) device pairs that
   send to the part above and to the part below, and per partition id the
-  window's start in ``[below, own, above]`` and the kept part's start in the
-  window."""
+  part's kind (``FIRST``, ``INTERIOR``, ``LAST``) and the kept part's start
+  in the window."""
   halo: HaloDim
   up: np.ndarray
   down: np.ndarray
-  window_start: np.ndarray
+  kind: np.ndarray
   keep_start: np.ndarray
 
 
@@ -68,7 +72,7 @@ def _exchange(h: HaloDim, sharding, dim: int, rank: int) -> Exchange:
   devices = np.asarray(sharding.devices, np.int64).reshape(shape)
   t = shape[dim]
   size = int(devices.max()) + 1
-  window, keep = np.zeros(size, np.int64), np.zeros(size, np.int64)
+  kind, keep = np.full(size, INTERIOR, np.int64), np.zeros(size, np.int64)
   up, down = [], []
   for index, device in np.ndenumerate(devices):
     c = index[dim]
@@ -77,10 +81,10 @@ def _exchange(h: HaloDim, sharding, dim: int, rank: int) -> Exchange:
       up.append((int(device), _neighbour(devices, index, dim, 1)))
     if not first:
       down.append((int(device), _neighbour(devices, index, dim, -1)))
-    window[device] = h.width if first else 0 if last else h.hi
+    kind[device] = FIRST if first else LAST if last else INTERIOR
     keep[device] = 0 if first else h.width if last else h.lo
   return Exchange(h, np.asarray(up, np.int64).reshape(-1, 2),
-                  np.asarray(down, np.int64).reshape(-1, 2), window, keep)
+                  np.asarray(down, np.int64).reshape(-1, 2), kind, keep)
 
 
 def _neighbour(devices, index, dim: int, step: int) -> int:
@@ -138,16 +142,40 @@ def kept(value, dims, exchanges_):
 
 def _window(value, dim: int, x: Exchange):
   shape = list(ir.RankedTensorType(value.type).shape)
-  p, w = shape[dim], x.halo.width
-  top = _static_slice(value, dim, p - w, p)
-  bottom = _static_slice(value, dim, 0, w)
-  below = _permute(top, x.up)      # the part below's top edge
-  above = _permute(bottom, x.down)  # the part above's bottom edge
-  whole = hlo.concatenate([below, value, above], ir.IntegerAttr.get(
-      ir.IntegerType.get_signless(64), dim))
+  p, hi, w = shape[dim], x.halo.hi, x.halo.width
+  below = _permute(_static_slice(value, dim, p - w, p), x.up)   # the part below's top
+  above = _permute(_static_slice(value, dim, 0, w), x.down)     # the part above's bottom
+  joins = {
+      FIRST: lambda: [value, above],
+      INTERIOR: lambda: [_static_slice(below, dim, hi, w), value,
+                         _static_slice(above, dim, 0, hi)],
+      LAST: lambda: [below, value],
+  }
+  if x.halo.periodic:
+    return _concatenate(joins[INTERIOR](), dim)
   out = list(shape)
   out[dim] = p + w
-  return _slice_at(whole, dim, emit.table_row(x.window_start.reshape(-1, 1)), out)
+  i32 = ir.IntegerType.get_signless(32)
+  index = hlo.convert(ir.RankedTensorType.get([], i32),
+                      _scalar(emit.table_row(x.kind.reshape(-1, 1))))
+  element = ir.RankedTensorType(value.type).element_type
+  case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], index, 3)
+  for kind in (FIRST, INTERIOR, LAST):
+    with ir.InsertionPoint(case.regions[kind].blocks.append()):
+      hlo.return_([_concatenate(joins[kind](), dim)])
+  return case.result
+
+
+def _concatenate(pieces, dim: int):
+  pieces = [v for v in pieces if ir.RankedTensorType(v.type).shape[dim] > 0]
+  if len(pieces) == 1:
+    return pieces[0]
+  return hlo.concatenate(pieces, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim))
+
+
+def _scalar(vector):
+  """A one-element int64 vector as a scalar."""
+  return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(64)), vector)
 
 
 def _static_slice(value, dim: int, start: int, stop: int):
