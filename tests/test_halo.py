@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import batchpart as bp
-from batchpart import testing as kernels
+from batchpart import _compat as compat, testing as kernels
 from batchpart._partition import sharding_rule
+from batchpart._partition.plan import make_plan
 from batchpart._vocab import derived_names
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.halo import HaloDim, splits_into
@@ -133,3 +134,32 @@ def test_one_device_gives_the_kernels_values():
   plain = jax.ffi.ffi_call(STENCIL, S(x.shape, x.dtype))(x, **attrs)
   out = jax.jit(lambda x: stencil(x.shape, {"n": bp.Halo(1, 2)})(x, **attrs))(x)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(plain))
+
+
+def _plan(halo, shape, tiles, operands=1):
+  """The plan of a ``(b, n) -> (b, n)`` call (``operands`` copies of the
+  operand) whose operands are tiled by ``tiles``."""
+  d = CallDescription(
+      target="t", operand_batch_ranks=(1,) * operands, result_batch_ranks=(1,),
+      operand_layouts=((1, 0),) * operands, result_layouts=((1, 0),),
+      halos=(HaloDim("n", halo.lo, halo.hi, halo.periodic,
+                     tuple((k, -1) for k in range(operands)), ((0, -1),)),))
+  sharding = compat.HloSharding.iota_tile(list(tiles))
+  return make_plan(d, [list(shape)] * operands, [sharding] * operands, [list(shape)])
+
+
+def test_the_plan_keeps_a_halo_dim_split_where_the_window_takes_it():
+  plan = _plan(bp.Halo(1, 2), (4, 64), (1, 8))
+  assert plan.halo_tiles == (8,) and plan.whole_halos == ()
+  assert [list(s) for s in plan.operand_local_shapes] == [[4, 8]]
+  assert list(plan.result_shardings[0].tile_dims) == [1, 8]
+
+
+@pytest.mark.parametrize("shape, tiles", [((4, 30), (1, 8)), ((4, 16), (1, 8))])
+def test_the_plan_keeps_a_halo_dim_whole_where_the_window_cannot_take_the_split(shape,
+                                                                                  tiles):
+  """30 over 8 is uneven; 16 over 8 makes parts of 2 < lo + hi = 3: the dim is
+  planned as a core dim, its axis moved onto the batch dim (4 rows)."""
+  plan = _plan(bp.Halo(1, 2), shape, tiles)
+  assert plan.halo_tiles == (1,) and plan.whole_halos == ("n",)
+  assert [list(s) for s in plan.operand_local_shapes] == [[1, shape[1]]]
