@@ -101,3 +101,22 @@ def test_partition_callback_gives_a_package_s_pure_callback_the_halo(partitioner
     bp.unpartition(smooth)
   np.testing.assert_array_equal(np.asarray(out), smooth(x))
   assert collective_kinds(text) == {"collective-permute"}
+
+
+def box_of_row_sums(x):
+  """y[i] = sum over k and over i - 1 .. i + 1 of x[i, k], zero outside."""
+  s = np.asarray(x).sum(-1)
+  padded = np.pad(s, [(0, 0)] * (s.ndim - 1) + [(1, 1)])
+  return (padded[..., :-2] + padded[..., 1:-1] + padded[..., 2:]).astype(s.dtype)
+
+
+def test_a_halo_dim_and_a_reduced_dim_in_one_signature(partitioner, mesh2x4):
+  x = rng(5).integers(-9, 9, (4, 32, 8)).astype(np.int32)
+  f = jax.jit(lambda x: bp.pure_callback(box_of_row_sums, S(x.shape[:-1], x.dtype), x,
+                                         signature="(n,k)->(n)", halo={"n": 1},
+                                         reduce={"k": "sum"}))
+  xs = put(x, mesh2x4, P(None, "a", "b"))
+  out = f(xs)
+  np.testing.assert_array_equal(np.asarray(out), box_of_row_sums(x))
+  kinds = collective_kinds(f.lower(xs).compile().as_text())
+  assert kinds == {"collective-permute", "all-reduce"}
