@@ -18,7 +18,7 @@ def test_public_names():
                              "is_batch_partitionable", "ffi_call", "batch_partitionable",
                              "explain", "linalg", "partition_primitive", "ffi_lowering",
                              "partition_ffi_target", "partition_callback", "unpartition",
-                             "pure_callback", "io_callback", "buffer_callback"}
+                             "pure_callback", "io_callback", "buffer_callback", "Halo"}
 
 
 def test_softmax_values_eager_and_jit():
