@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import batchpart as bp
 
@@ -120,3 +120,18 @@ def test_a_halo_dim_and_a_reduced_dim_in_one_signature(partitioner, mesh2x4):
   np.testing.assert_array_equal(np.asarray(out), box_of_row_sums(x))
   kinds = collective_kinds(f.lower(xs).compile().as_text())
   assert kinds == {"collective-permute", "all-reduce"}
+
+
+def test_explicit_mesh_types_a_callback_s_results_with_the_halo_sharding(partitioner):
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+  img = rng(6).standard_normal((64, 96)).astype(np.float32)
+  with jax.set_mesh(mesh):
+    xs = put(img, mesh, P("a", "b"))
+    f = jax.jit(lambda x: bp.pure_callback(lambda x: ndi.uniform_filter(x, 5),
+                                           S(x.shape, x.dtype), x,
+                                           signature="(n,m)->(n,m)", halo=halo2(2)))
+    out = f(xs)
+    assert jax.typeof(out).sharding.spec == P("a", "b")
+    text = f.lower(xs).compile().as_text()
+  np.testing.assert_array_equal(np.asarray(out), ndi.uniform_filter(img, 5))
+  assert collective_kinds(text) == {"collective-permute"}
