@@ -135,3 +135,24 @@ def test_explicit_mesh_types_a_callback_s_results_with_the_halo_sharding(partiti
     text = f.lower(xs).compile().as_text()
   np.testing.assert_array_equal(np.asarray(out), ndi.uniform_filter(img, 5))
   assert collective_kinds(text) == {"collective-permute"}
+
+
+def correlate_and_scale(x, w, g):
+  return ndi.correlate1d(x, w, mode="reflect", axis=-1) * g
+
+
+def test_operands_without_the_halo_dim_or_with_fewer_batch_dims(partitioner, mesh2x4):
+  """The weights have no halo dim (passed whole), the gains broadcast over
+  the first batch dim: each window is computed with both."""
+  x = rng(7).standard_normal((4, 2, 64))
+  w, g = np.array([1.0, 2.0, 3.0]), np.array([[1.0], [2.0]])
+  with jax.enable_x64(True):
+    xs = put(x, mesh2x4, P("a", None, "b"))
+    f = jax.jit(lambda x, w, g: bp.pure_callback(
+        correlate_and_scale, S(x.shape, x.dtype), x, w, g, signature="(n),(k),(1)->(n)",
+        halo={"n": 1}))
+    out = f(xs, w, g)
+    text = f.lower(xs, w, g).compile().as_text()
+  np.testing.assert_array_equal(np.asarray(out), correlate_and_scale(x, w, g))
+  assert out.sharding.spec == P("a", None, "b")
+  assert collective_kinds(text) == {"collective-permute"}
