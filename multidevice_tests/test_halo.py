@@ -95,15 +95,18 @@ def test_batch_dims_and_halo_dims_split_together(partitioner, mesh2x4):
   assert local_shapes(the_custom_call(text, STENCIL)) == [(2, 10 + 3)]
 
 
-@pytest.mark.parametrize("n, lo, hi", [(30, 1, 2), (16, 1, 2), (24, 2, 2)])
-def test_splits_the_window_cannot_take_keep_the_dim_whole(partitioner, mesh8, n, lo, hi):
-  """30 over 8 is uneven; 16 over 8 and 24 over 8 make parts shorter than
-  lo + hi: the kernel sees the whole dim, and the values stay exact."""
+@pytest.mark.parametrize("n, lo, hi, seen", [(30, 1, 2, 30), (16, 1, 2, 4 + 3),
+                                              (24, 2, 2, 6 + 4), (16, 4, 4, 16)])
+def test_splits_the_window_cannot_take_are_made_coarser_or_kept_whole(partitioner, mesh8, n,
+                                                                     lo, hi, seen):
+  """30 over 8 is uneven: whole. 16 over 8 and 24 over 8 make parts shorter
+  than lo + hi: 4 parts instead (the other factor of 2 replicated). 16 with
+  lo + hi = 8 takes no split but one part: whole. The values stay exact."""
   x = rng(4).standard_normal((4, n)).astype(np.float32)
   f = constrained(lambda x: stencil(x, lo, hi, "nearest"), mesh8, P(None, "x"))
   np.testing.assert_array_equal(np.asarray(f(x)), unsharded(x, lo, hi, "nearest"))
   (shape,) = local_shapes(the_custom_call(f.lower(x).compile().as_text(), STENCIL))
-  assert shape[-1] == n
+  assert shape[-1] == seen
 
 
 def test_a_halo_of_width_zero_needs_no_exchange(partitioner, mesh8):
@@ -231,5 +234,9 @@ def test_explain_names_the_permutes_as_the_declared_halo(partitioner, mesh8):
   text = str(report)
   assert "collective-permute 36 B (the declared halo)" in text
   assert "in 8 parts of 8, each device's window 11 elements" in text
-  whole = bp.explain(jax.jit(lambda x: stencil(x, 4, 5, "reflect")), xs)
+  # Parts of 8 are shorter than lo + hi = 9: 4 parts of 16, each on 2 devices.
+  coarser = bp.explain(jax.jit(lambda x: stencil(x, 4, 5, "reflect")), xs)
+  assert "in 4 parts of 16, each device's window 25 elements" in str(coarser)
+  assert coarser.calls[0].replication == 2
+  whole = bp.explain(jax.jit(lambda x: stencil(x, 30, 30, "reflect")), xs)
   assert "whole on every device (a halo dim stays split only where" in str(whole)

@@ -155,11 +155,27 @@ def test_the_plan_keeps_a_halo_dim_split_where_the_window_takes_it():
   assert list(plan.result_shardings[0].tile_dims) == [1, 8]
 
 
-@pytest.mark.parametrize("shape, tiles", [((4, 30), (1, 8)), ((4, 16), (1, 8))])
-def test_the_plan_keeps_a_halo_dim_whole_where_the_window_cannot_take_the_split(shape,
-                                                                                  tiles):
-  """30 over 8 is uneven; 16 over 8 makes parts of 2 < lo + hi = 3: the dim is
-  planned as a core dim, its axis moved onto the batch dim (4 rows)."""
-  plan = _plan(bp.Halo(1, 2), shape, tiles)
+def test_the_plan_keeps_a_halo_dim_whole_where_no_split_takes_the_window():
+  """30 over 8 (or 4, or 2) is uneven: the dim is planned as a core dim, its
+  axis moved onto the batch dim (4 rows)."""
+  plan = _plan(bp.Halo(1, 2), (4, 30), (1, 8))
   assert plan.halo_tiles == (1,) and plan.whole_halos == ("n",)
-  assert [list(s) for s in plan.operand_local_shapes] == [[1, shape[1]]]
+  assert [list(s) for s in plan.operand_local_shapes] == [[1, 30]]
+
+
+def test_the_plan_splits_a_halo_dim_less_finely_where_parts_would_be_too_short():
+  """16 over 8 makes parts of 2 < lo + hi = 3; 4 parts of 4 take the window
+  (the other factor of 2 replicated), as many devices apart as moving the
+  axis onto the 4 rows would, so the halo dim stays split."""
+  plan = _plan(bp.Halo(1, 2), (4, 16), (1, 8))
+  assert plan.halo_tiles == (4,) and plan.whole_halos == ()
+  assert [list(s) for s in plan.operand_local_shapes] == [[4, 4]]
+  assert plan.replication == 2
+
+
+def test_the_plan_prefers_a_batch_dim_to_a_coarser_halo_split():
+  """With 8 rows, moving the axis onto them puts every device to work, where
+  4 parts of the halo dim would leave half the devices doubled."""
+  plan = _plan(bp.Halo(1, 2), (8, 16), (1, 8))
+  assert plan.halo_tiles == (1,) and plan.whole_halos == ("n",)
+  assert plan.replication == 1

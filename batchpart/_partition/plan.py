@@ -57,22 +57,24 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
 
   Halo dims are planned as leading batch dims (every result has them, and
   their parts are computed apart), each array given a size-1 dim where it
-  lacks one; a halo dim whose split the window cannot take is planned again
-  as a core dim (kept whole, or its axes moved onto a batch dim)."""
-  halos = list(range(len(d.halos)))
-  while True:
-    plan, view = _plan_view(d, [d.halos[i] for i in halos], operand_shapes,
-                            operand_shardings, result_shapes, result_shardings, split_axes)
-    bad = [i for j, i in enumerate(halos) if not splits_into(
-        d.halos[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))]
-    if not bad:
-      break
-    halos = [i for i in halos if i not in bad]
+  lacks one. A halo dim whose split the window cannot take is planned again
+  split less finely (into fewer parts of its sharding, the rest of its
+  devices replicated) and as a core dim (kept whole, or its axes moved onto
+  a batch dim), and the plan with less redundant work is taken."""
+  args = (operand_shapes, operand_shardings, result_shapes, result_shardings, split_axes)
+  # Fewer parts than a mesh axis has split that axis, which propagation
+  # (``split_axes=False``, a jit output's sharding) cannot express.
+  plan, view, halos, coarse = _halo_plan(d, args, coarsen=split_axes)
+  if coarse:
+    whole = _halo_plan(d, args, coarsen=False)
+    if whole[0].replication < plan.replication:
+      plan, view, halos, coarse = whole
   if not (d.operand_lead_ranks or d.result_lead_ranks or d.halos):
     return plan
   tiles = dict(zip(halos, plan.batch_tiles))
   split = [int(t) for t in plan.batch_tiles[len(halos):]]
   whole = tuple(h.name for i, h in enumerate(d.halos) if i not in halos)
+  del coarse
   operand_views, result_views = view
   return RelabeledPlan(
       operand_shardings=[unview(s, v) for s, v in zip(plan.operand_shardings, operand_views)],
@@ -89,23 +91,78 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
       whole_halos=whole)
 
 
+def _halo_plan(d: CallDescription, args, *, coarsen: bool):
+  """The plan whose halo dims are all split so that the windows take them:
+  a halo dim split otherwise is cut into fewer parts (``coarsen``), or
+  planned as a core dim. Returns the plan, the views, the halos planned as
+  halos and the parts of those cut into fewer."""
+  halos = list(range(len(d.halos)))
+  coarse: dict[int, int] = {}
+  while True:
+    plan, view = _plan_view(d, [d.halos[i] for i in halos], *args,
+                            coarse={j: coarse[i] for j, i in enumerate(halos) if i in coarse})
+    bad = [(j, i) for j, i in enumerate(halos) if not splits_into(
+        d.halos[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))]
+    if not bad:
+      return plan, view, halos, coarse
+    for j, i in bad:
+      fewer = _fewer_parts(d.halos[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))
+      if coarsen and i not in coarse and fewer:
+        coarse[i] = fewer
+      else:
+        halos.remove(i)
+        coarse.pop(i, None)
+
+
+def _fewer_parts(h, size: int, parts: int) -> int | None:
+  """The most parts, fewer than ``parts`` and dividing it, that a halo dim of
+  ``size`` may be cut into; None where no split of more than one part can."""
+  return next((f for f in range(parts - 1, 1, -1)
+               if parts % f == 0 and splits_into(h, size, f)), None)
+
+
+def _coarsened(sharding: _core.Sharding, dim: int, parts: int) -> _core.Sharding:
+  """``sharding`` with view dim ``dim`` cut into ``parts`` (a divisor of its
+  tiles there): the minor rest of its tiles becomes a replicated subgroup."""
+  tiles = list(sharding.tile_dims)
+  if sharding.kind != _Kind.TILED or tiles[dim] <= parts or tiles[dim] % parts:
+    return sharding
+  groups = list(sharding.subgroup_dims)
+  rest = tiles[dim] // parts
+  devices = np.asarray(sharding.devices, np.int64).reshape(
+      tiles[:dim] + [parts, rest] + tiles[dim + 1:] + groups)
+  out = _core.Sharding()
+  out.kind = sharding.kind
+  out.tile_dims = tiles[:dim] + [parts] + tiles[dim + 1:]
+  out.subgroup_dims = groups + [rest]
+  out.subgroup_kinds = list(sharding.subgroup_kinds) + [_core.Sharding.Subgroup.REPLICATED]
+  out.devices = [int(v) for v in np.moveaxis(devices, dim + 1, -1).reshape(-1)]
+  return out
+
+
 def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
-               result_shardings, split_axes):
-  """The planner on each array's view (``_views``): the plan and the views."""
+               result_shardings, split_axes, *, coarse=None):
+  """The planner on each array's view (``_views``): the plan and the views;
+  ``coarse``: view dim -> the parts to cut it into, fewer than the
+  shardings' (``_coarsened``)."""
+  def viewed(h, s, v):
+    out = view(sh.to_planner(h, len(s)), v)
+    for dim, parts in (coarse or {}).items():
+      out = _coarsened(out, dim, parts)
+    return out
+
   operand_views, result_views = _views(d, halos, operand_shapes, result_shapes)
   operand_ranks = [len(s) for s in operand_shapes]
   problem = _core.Problem()
   problem.operand_shapes = [_view_shape(s, v) for s, v in zip(operand_shapes, operand_views)]
   problem.operand_batch_ranks = [v.batch_rank for v in operand_views]
   problem.operand_shardings = [
-      view(sh.to_planner(h, len(s)), v)
-      for h, s, v in zip(operand_shardings, operand_shapes, operand_views)]
+      viewed(h, s, v) for h, s, v in zip(operand_shardings, operand_shapes, operand_views)]
   problem.result_shapes = [_view_shape(s, v) for s, v in zip(result_shapes, result_views)]
   problem.result_batch_ranks = [v.batch_rank for v in result_views]
   if result_shardings is not None:
     problem.result_shardings = [
-        view(sh.to_planner(h, len(s)), v)
-        for h, s, v in zip(result_shardings, result_shapes, result_views)]
+        viewed(h, s, v) for h, s, v in zip(result_shardings, result_shapes, result_views)]
   problem.split_axes = split_axes
   table = reduced_dims_table(d.reductions, operand_ranks)
   problem.operand_reduced_dims = [[-1 if e is None else row[e] for e in v.dims]
