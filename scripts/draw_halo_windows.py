@@ -47,8 +47,8 @@ def draw() -> str:
   width, height = LEFT + N * CELL + 40, TOP + PARTS * ROW_H + 60
   out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
          f"viewBox='0 0 {width} {height}'>", rect(0, 0, width, height, "white"),
-         text(LEFT, 28, f"n = {N} split into {PARTS} parts, halo lo = {LO}, hi = {HI}: "
-                        "each device's window (outlined) and kept part (solid)", 15)]
+         text(LEFT, 28, f"n = {N} in {PARTS} parts, lo = {LO}, hi = {HI}: windows outlined, "
+                        "kept parts solid", 15)]
   for i in range(N + 1):
     if i % p == 0 or i == N:
       out.append(text(LEFT + i * CELL, TOP - 10, str(i), 12, MUTED, "middle"))
@@ -67,8 +67,8 @@ def draw() -> str:
     out.append(text(LEFT + stop * CELL + 6 if c < PARTS - 1 else LEFT + start * CELL - 6,
                     y + 24, note, 12, MUTED, "start" if c < PARTS - 1 else "end"))
   out.append(text(LEFT, TOP + PARTS * ROW_H + 24,
-                  "pale cells: a neighbour's elements, received by a collective-permute; "
-                  "the kernel's results there are dropped", 13, MUTED))
+                  "pale: a neighbour's elements (a collective-permute); their results are "
+                  "dropped", 13, MUTED))
   out.append("</svg>")
   return "\n".join(out) + "\n"
 
