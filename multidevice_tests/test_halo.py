@@ -240,3 +240,16 @@ def test_explain_names_the_permutes_as_the_declared_halo(partitioner, mesh8):
   assert coarser.calls[0].replication == 2
   whole = bp.explain(jax.jit(lambda x: stencil(x, 30, 30, "reflect")), xs)
   assert "whole on every device (a halo dim stays split only where" in str(whole)
+
+
+def test_inside_shard_map_each_device_runs_its_block(partitioner, mesh8):
+  """Manual mode: the body sees its block, and an exchange is the body's
+  job, as for every batchpart call; the kernel runs on the block as is."""
+  x = rng(13).standard_normal((2, 64)).astype(np.float32)
+  f = jax.jit(jax.shard_map(lambda b: stencil(b, 1, 1, "nearest"), mesh=mesh8,
+                            in_specs=P(None, "x"), out_specs=P(None, "x")))
+  xs = put(x, mesh8, P(None, "x"))
+  want = np.concatenate([unsharded(x[:, 8 * k:8 * k + 8], 1, 1, "nearest")
+                         for k in range(8)], axis=1)
+  np.testing.assert_array_equal(np.asarray(f(xs)), want)
+  assert not collective_kinds(f.lower(xs).compile().as_text())
