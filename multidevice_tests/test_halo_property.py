@@ -26,7 +26,7 @@ from helpers import (
 )
 
 STENCIL = "batchpart_test_stencil"
-EXAMPLES = 30
+EXAMPLES = 50
 
 
 def _axes(entry):
