@@ -26,7 +26,7 @@ from helpers import (
 )
 
 STENCIL = "batchpart_test_stencil"
-EXAMPLES = 50
+EXAMPLES = 40
 
 
 def _axes(entry):
