@@ -31,6 +31,7 @@ from batchpart._frontend.registry import (
 )
 from batchpart._partition import export as _export
 from batchpart._vocab.dims.combiner import Combiner
+from batchpart._vocab.dims.halo import Halo
 
 _export.install()
 
@@ -41,6 +42,7 @@ __all__ = [
     "explain",
     "ffi_call",
     "ffi_lowering",
+    "Halo",
     "io_callback",
     "is_batch_partitionable",
     "linalg",

@@ -47,7 +47,16 @@ TARGETS = {
     # w[i] sum_j x[i,j]; f32. With reduce={"n": "sum"} total combines and
     # row keeps n, split like the operands.
     "batchpart_test_weigh_rows": "weigh_rows",
+    # (...,n) -> (...,n) (attr rank 1) or (...,n,m) -> (...,n,m) (rank 2): a
+    # sum over the window [i - lo, i + hi] (per dim) with asymmetric weights,
+    # boundary rule attr mode (HALO_MODES); attrs rank, lo, hi, mode: int64;
+    # f32, f64. Local along n (and m): halo={"n": Halo(lo, hi)}.
+    "batchpart_test_stencil": "stencil",
+    # (...,n,m) -> (...,n,m): the 5-point Laplacian, zero outside; f32, f64.
+    "batchpart_test_laplacian": "laplacian",
 }
+#: the stencil kernel's boundary rules (scipy.ndimage's names)
+HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
 

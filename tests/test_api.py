@@ -18,7 +18,8 @@ def test_public_names():
                              "is_batch_partitionable", "ffi_call", "batch_partitionable",
                              "explain", "linalg", "partition_primitive", "ffi_lowering",
                              "partition_ffi_target", "partition_callback", "unpartition",
-                             "pure_callback", "io_callback", "buffer_callback", "Combiner"}
+                             "pure_callback", "io_callback", "buffer_callback", "Combiner",
+                             "Halo"}
 
 
 def test_softmax_values_eager_and_jit():

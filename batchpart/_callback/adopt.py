@@ -33,7 +33,12 @@ from batchpart import _compat as compat
 from batchpart._callback.errors import callback_name
 from batchpart._callback.host import check_arrays
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, declared_spec, parse_declaration
+from batchpart._frontend.signature import (
+  batch_rank,
+  declared_spec,
+  halos_for,
+  parse_declaration,
+)
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
 
@@ -50,10 +55,12 @@ class CallbackDeclaration:
   reduce: tuple[tuple[str, str], ...] | None
   leads: bool   # a signature's '...' stands after a core dim somewhere
   arrays: str = "jax"   # what a pure/io callback's function gets
+  halo: tuple[tuple[str, Any], ...] | None = None
 
   def options(self) -> dict:
     return {"num_batch_dims": self.num_batch_dims, "signature": self.signature,
-            "reduce": dict(self.reduce) if self.reduce is not None else None}
+            "reduce": dict(self.reduce) if self.reduce is not None else None,
+            "halo": dict(self.halo) if self.halo is not None else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +159,8 @@ def _call_declaration(declaration: CallbackDeclaration, vmapped: Vmapped | None,
   outs = ",".join(group(r, vmapped.result_dims) for r in result_ranks)
   # A signature (its batch dims broadcast) takes the size-1 dim expand_dims
   # gives an operand vmap does not batch, and the dim legacy_vectorized omits.
-  return {"num_batch_dims": None, "signature": f"{ins}->{outs}", "reduce": None}
+  return {"num_batch_dims": None, "signature": f"{ins}->{outs}", "reduce": None,
+          "halo": None}
 
 
 def _batching(stock_rule):
@@ -195,11 +203,12 @@ def _lowering(kind: str):
             "stands where it was declared; this call is left to jax (one call on one "
             "device).", stacklevel=2)
         return stock_rule(ctx, *args, callback=callback, **params)
-      if options["reduce"] is not None and kind != "pure_callback":
-        raise ValueError(
-            f"{declaration.owner}: reduce= applies to jax.pure_callback calls only; this "
-            f"is a jax {kind}, whose side effects would happen once per part of the "
-            "reduced dim.")
+      for option in ("reduce", "halo"):
+        if options[option] is not None and kind != "pure_callback":
+          raise ValueError(
+              f"{declaration.owner}: {option}= applies to jax.pure_callback calls only; "
+              f"this is a jax {kind}, whose side effects would happen once per part of "
+              "the dim (and again in each window it overlaps).")
       body = _BODIES[kind](declaration, fn, in_tree, ctx.avals_out, options, params)
       try:
         return compat.lower_fun(body, multiple_results=True)(ctx, *args)
@@ -229,8 +238,9 @@ def _explicit_retype(avals_in, avals_out, params):
       return avals_out
     parsed, reductions = parse_declaration(declaration.owner, options["num_batch_dims"],
                                            options["signature"], options["reduce"])
+    halos = halos_for(declaration.owner, parsed, options["halo"], reductions)
     spec = declared_spec(declaration.owner, parsed, options["num_batch_dims"], in_shapes,
-                         out_shapes, reductions)
+                         out_shapes, reductions, halos)
     batch = check_spec(declaration.owner, spec, in_shapes, out_shapes)
   except ValueError:   # the lowering raises for a call that does not fit
     return avals_out
@@ -304,7 +314,7 @@ def _hook() -> None:
 def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                        signature: str | None = None,
                        reduce: dict[str, str] | None = None,
-                       arrays: str = "jax") -> Callable:
+                       arrays: str = "jax", halo: dict[str, Any] | None = None) -> Callable:
   """Makes every jax host callback whose function is ``callback`` run per
   batch shard.
 
@@ -324,9 +334,10 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
   Args:
     callback: the function (or the class's method) the package passes to
       ``jax.pure_callback`` / ``io_callback`` / ``buffer_callback``.
-    num_batch_dims, signature, reduce: the batch declaration, as for
+    num_batch_dims, signature, reduce, halo: the batch declaration, as for
       :func:`batchpart.pure_callback`, of the package's call (its flat
-      operands and results).
+      operands and results); ``reduce`` and ``halo`` apply to
+      ``jax.pure_callback`` calls only.
     arrays: what the function gets from a ``pure_callback`` / ``io_callback``
       call: ``"jax"`` (the default: ``jax.Array`` objects, as jax hands them, made
       over the block's host memory without a transfer, so code written for
@@ -350,13 +361,15 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
     raise TypeError(f"batchpart.partition_callback: callback must be callable, got "
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
-  parsed, _ = parse_declaration(owner, num_batch_dims, signature, reduce)
+  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  halos_for(owner, parsed, halo, reductions)
   check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)
   declaration = CallbackDeclaration(
       owner=owner, num_batch_dims=num_batch_dims, signature=signature,
       reduce=None if reduce is None else tuple(sorted(reduce.items())),
+      halo=None if halo is None else tuple(sorted(halo.items())),
       leads=parsed is not None and any(parsed.spec().operand_leads +
                                        parsed.spec().result_leads),
       arrays=arrays)

@@ -10,6 +10,7 @@ then of ``kwargs``) and the flattened results.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,12 @@ from batchpart._callback.host import (
   check_arrays,
 )
 from batchpart._callback.primitive import bind
-from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
+from batchpart._frontend.signature import (
+  check_vmap_method,
+  declared_spec,
+  halos_for,
+  parse_declaration,
+)
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
@@ -35,6 +41,7 @@ from batchpart._vocab.dims.reduced import Reduction, check_results
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                   num_batch_dims: int | None = None, signature: str | None = None,
                   reduce: dict[str, str] | None = None,
+                  halo: dict[str, Any] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
                   arrays: str = DEFAULT_ARRAYS, **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
@@ -97,14 +104,14 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                     "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=False, reduce=reduce, arrays=arrays)
+               io=False, reduce=reduce, halo=halo, arrays=arrays)
 
 
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
                 reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
-                **kwargs: Any) -> Any:
+                halo: dict[str, Any] | None = None, **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -131,6 +138,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
       rows go, e.g. to write them to the right place.
     reduce: must be None: a callback with side effects would have them once
       per part, and a part's calls cannot be told from the whole's.
+    halo: must be None: overlapping windows would repeat the side effects.
     arrays: ``"numpy"`` or ``"jax"``, as for :func:`batchpart.pure_callback`.
     **kwargs: more operands (arrays), passed to ``callback`` by keyword.
 
@@ -147,6 +155,12 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "side effects would happen once per part of the reduced dim. Use "
         "batchpart.pure_callback(..., reduce=...) for a pure function, or reduce the "
         "io_callback's per-row results with jnp.sum.")
+  if halo is not None:
+    raise ValueError(
+        f"batchpart.io_callback({callback_name(callback)}): halo={halo!r} is not supported: "
+        "the windows of neighbouring parts overlap, so its side effects would happen "
+        "more than once for the halo elements. Use batchpart.pure_callback(..., halo=...) "
+        "for a pure function.")
   if ordered:
     raise ValueError(
         f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "
@@ -159,25 +173,27 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
 
 
 def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
-          signature, with_index, io, reduce=None, arrays=DEFAULT_ARRAYS):
+          signature, with_index, io, reduce=None, halo=None, arrays=DEFAULT_ARRAYS):
   owner = f"batchpart.{kind}({callback_name(callback)})"
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  halos = halos_for(owner, parsed, halo, reductions)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   check_results(owner, reductions, [a.shape for a in result_avals],
                 [a.dtype for a in result_avals])
-  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions)
+  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions,
+                     halos)
   outs = bind_batch_first(
       flat_args, result_avals, spec,
       lambda layouts: FlatCallback(callback, in_tree, out_tree, with_index=with_index,
                                    kind=kind, arrays=arrays, layouts=layouts),
       broadcast_batch=parsed is not None, io=io,
-      declaration=declaration_text(num_batch_dims, signature, reduce),
+      declaration=declaration_text(num_batch_dims, signature, reduce, halo),
       **_reduction_params(spec))
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -192,7 +208,7 @@ def result_aval(owner: str, i: int, r):
 
 
 def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
-             reductions=()) -> tuple[list, BatchSpec]:
+             reductions=(), halos=()) -> tuple[list, BatchSpec]:
   """The operands' checked avals and the batch spec a callback's declaration
   gives its flat operands and results."""
   in_avals = checked_operand_avals(owner, flat_args, result_avals)
@@ -200,7 +216,7 @@ def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")
   spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
-                       [tuple(a.shape) for a in result_avals], reductions)
+                       [tuple(a.shape) for a in result_avals], reductions, halos)
   return in_avals, spec
 
 
@@ -230,16 +246,23 @@ def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **
 
 
 def _reduction_params(spec: BatchSpec) -> dict:
-  """The primitive's ``reductions``: with batch dims moved in front, every
-  core dim trails, so each reduced dim is named by its trailing core axis."""
-  if not spec.reductions:
-    return {}
+  """The primitive's ``reductions`` and ``halos``: with batch dims moved in
+  front, every core dim trails, so each reduced or halo dim is named by its
+  trailing core axis."""
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
   res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
-  trailing = lambda where, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in where)
-  return {"reductions": tuple(
-      Reduction(r.name, r.op, trailing(r.dims, cores), trailing(r.results, res_cores))
-      for r in spec.reductions)}
+  trailing = lambda dims, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in dims)
+  params: dict[str, Any] = {}
+  if spec.reductions:
+    params["reductions"] = tuple(
+        Reduction(r.name, r.op, trailing(r.dims, cores), trailing(r.results, res_cores))
+        for r in spec.reductions)
+  if spec.halos:
+    params["halos"] = tuple(
+        dataclasses.replace(h, operand_dims=trailing(h.operand_dims, cores),
+                            result_dims=trailing(h.result_dims, res_cores))
+        for h in spec.halos)
+  return params
 
 
 def _batch_first_order(rank: int, lead: int, core: int) -> list[int]:

@@ -25,4 +25,12 @@ def raised_on_block(owner: str, e: Exception, index) -> CallbackError:
 
 
 def fmt_index(index) -> str:
-  return "[" + ", ".join(f"{s.start}:{s.stop}" for s in index) + "]"
+  """A block's index as text; a halo dim's ``(window, kept)`` pair as
+  ``window->kept``."""
+  return "[" + ", ".join(_fmt_entry(s) for s in index) + "]"
+
+
+def _fmt_entry(s) -> str:
+  if isinstance(s, slice):
+    return f"{s.start}:{s.stop}"
+  return f"{_fmt_entry(s[0])}->{_fmt_entry(s[1])}"

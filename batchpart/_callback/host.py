@@ -34,7 +34,7 @@ from batchpart import _compat as compat
 from batchpart._callback.agreement import Agreement, together
 from batchpart._callback.errors import CallbackError, callback_name, fmt_index, raised_on_block
 from batchpart._vocab.batch_spec import fmt
-from batchpart._vocab.blocks import block_extent, reduced_parts
+from batchpart._vocab.blocks import block_extent, halo_extents, reduced_parts
 from batchpart._vocab.dims.batch import batch_first, inverse
 
 
@@ -215,11 +215,17 @@ class HostCall:
   was given a leading one of size 1 (so that a replicated call is still
   made once). ``agreement``: where XLA partitions the call, how its devices
   holding only padding learn that the others failed; None where each call
-  stands alone."""
+  stands alone. ``reduced``: how many reduced dims the block vector
+  carries parts of (``index`` adds a slice per reduced dim), ``kept``: the
+  result dims that keep one (result, dim, reduction). ``halos``: per halo
+  dim, its dim in each result; the block vector then ends with each one's
+  window and kept part (``_vocab/blocks``), the results are the window's,
+  and ``index`` adds ``(window, kept)`` slices per halo dim, after the
+  reduced dims' slices."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
-               "result_shapes", "result_dtypes", "unit", "_trimmed_dims", "_blocks",
-               "_agreement", "_kept", "__weakref__")
+               "result_shapes", "result_dtypes", "unit", "halos", "_trimmed_dims",
+               "_blocks", "_agreement", "_kept", "_reduced", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
   # caller that invents block vectors.
@@ -227,9 +233,11 @@ class HostCall:
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
                result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None,
-               kept=()):
+               kept=(), reduced: int = 0, halos=()):
     self.flat = flat
     self._kept = tuple(kept)
+    self._reduced = int(reduced)
+    self.halos = tuple(tuple(int(d) for d in dims) for dims in halos)
     self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
@@ -259,7 +267,9 @@ class HostCall:
   def _make_block(self, block) -> _Block:
     rank = len(self.batch)
     offsets, local, valid = block_extent(self.batch, block)
-    cores = self._part_cores(block)
+    parts = reduced_parts(self.batch, block, self._reduced)
+    windows = halo_extents(self.batch, block, self._reduced, len(self.halos))
+    cores = self._part_cores(parts, windows)
     local_results = [tuple(local) + c for c in cores]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
@@ -270,21 +280,25 @@ class HostCall:
     if all(c is None for c in out.cuts):
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
-    out.index = (*(index[1:] if self.unit else index), *reduced_parts(self.batch, block))
+    out.index = (*(index[1:] if self.unit else index), *parts,
+                 *((slice(a, b), slice(c, e)) for a, b, c, e in windows))
     wants = [tuple(valid) + c for c in cores]
     out.wants = [w[1:] for w in wants] if self.unit else wants
     out.reshapes = wants if self.unit else [None] * len(wants)
     out.pads = [None if w == full else full for w, full in zip(wants, local_results)]
     return out
 
-  def _part_cores(self, block) -> list[tuple[int, ...]]:
+  def _part_cores(self, parts, windows) -> list[tuple[int, ...]]:
     """Each result's core shape for this block: a dim that keeps a reduced
-    dim (``kept``: result, dim, reduction) has the size of the part."""
+    dim (``kept``: result, dim, reduction) has the size of the part
+    (``parts``), a halo dim the size of the window (``windows``)."""
     rank = len(self.batch)
     cores = [list(s[rank:]) for s in self.result_shapes]
-    parts = reduced_parts(self.batch, block)
     for i, dim, r in self._kept:
       cores[i][dim - rank] = parts[r].stop - parts[r].start
+    for dims, (start, stop, _, _) in zip(self.halos, windows):
+      for k, dim in enumerate(dims):
+        cores[k][dim - rank] = stop - start
     return [tuple(c) for c in cores]
 
   def __call__(self, block, *args):

@@ -60,6 +60,13 @@ def _with_unit_dim(values, avals, ctx):
           for v, a in zip(values, avals)]
 
 
+def halo_dims_of_results(halos, result_shapes) -> tuple:
+  """Per halo dim, its dim in each result (absolute, in the shapes the call
+  has here)."""
+  return tuple(tuple(absolute_dim(dict(h.result_dims)[k], len(s))
+                     for k, s in enumerate(result_shapes)) for h in halos)
+
+
 def _agreement(platform: str, partitions: int, partitioned: bool,
                reductions) -> Agreement | None:
   """How the devices of one execution of the lowered callback learn of each
@@ -75,7 +82,8 @@ def _agreement(platform: str, partitions: int, partitioned: bool,
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              reductions=(), declaration="", buffer=False, input_output_aliases=(), **_):
+              reductions=(), halos=(), declaration="", buffer=False, input_output_aliases=(),
+              **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
@@ -112,28 +120,38 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   host_call = BufferHostCall if buffer else HostCall
   kept = [(j, absolute_dim(at, len(result_shapes[j])), i)
           for i, r in enumerate(reductions) for j, at in r.results]
+  # Only a HostCall reads reduced parts, kept dims and halo windows: a buffer
+  # callback takes neither reduce= nor halo=.
+  parts_kw: dict = {}
+  if reductions:
+    parts_kw.update(reduced=len(reductions), **({"kept": kept} if kept else {}))
+  if halos:
+    parts_kw["halos"] = halo_dims_of_results(halos, result_shapes)
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
                    agreement=_agreement(platforms[0], partitions, partitioned, reductions),
-                   **({"kept": kept} if kept else {}))
+                   **parts_kw)
   index = compat.add_host_callback(ctx, host)
   reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
                    for k, axis in (r.dims[0] for r in reductions)]
-  block = compat.ir_constant(whole_block(batch, reduced_sizes))
-  block_shape = (2 * rank + 2 * len(reduced_sizes),)
+  halo_sizes = [result_shapes[0][dims[0]] for dims in parts_kw.get("halos", ())]
+  block = compat.ir_constant(whole_block(batch, reduced_sizes, halos, halo_sizes))
+  block_shape = (2 * rank + 2 * len(reduced_sizes) + 4 * len(halos),)
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)
   reductions = tuple(dataclasses.replace(r, dims=tuple((k + 1, a) for k, a in r.dims))
                      for r in reductions)
+  halos = tuple(dataclasses.replace(h, operand_dims=tuple((k + 1, a) for k, a in h.operand_dims))
+                for h in halos)
   d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
                result_core_ranks,
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
                input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
-               result_dtypes=[a.dtype for a in avals_out])
+               result_dtypes=[a.dtype for a in avals_out], halos=halos)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:
@@ -147,7 +165,7 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,
-        batch, operand_types, result_types, reductions=reductions)
+        batch, operand_types, result_types, reductions=reductions, halos=halos)
     if rule is not None:
       extra["sdy.sharding_rule"] = rule
   else:

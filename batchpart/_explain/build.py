@@ -17,11 +17,18 @@ from batchpart._explain.lowered import (
   FRONTEND_CALLBACK,
   LoweredCall,
   batch_dims,
+  halos,
   leading_core_dims,
   lowered_calls,
   reductions,
 )
-from batchpart._explain.report import CallReport, Collective, ExplainReport, ReducedDim
+from batchpart._explain.report import (
+  CallReport,
+  Collective,
+  ExplainReport,
+  HaloDimReport,
+  ReducedDim,
+)
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
 from batchpart._vocab.dims.combined import gathers
 from batchpart._vocab.dims.core import absolute_dim
@@ -111,13 +118,21 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
   reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
     after = _mark_declared(module, inst, after, gathers=gathers(reduced[0].op))
+  halo_dims = _halo_dims(halos(derived), global_results, device_results)
+  if halo_dims and inst is not None:
+    # The exchange is inlined from the call's per-device module: its
+    # permutes carry the call's op name.
+    before = tuple(dataclasses.replace(c, declared_halo=True)
+                   if c.kind == "collective-permute" and c.op_name == inst.op_name else c
+                   for c in before)
   if one_device is not None:
     shared_by = 1   # one device computes everything, so nothing twice
   elif low is not None and inst is not None and not low.in_shard_map:
     shared_by = replication.replication(
         num_devices, global_operands, global_results, device_operands,
         device_results, low.num_batch_dims, leads)
-    parts = math.prod(r.parts or 1 for r in reduced)
+    parts = math.prod(r.parts or 1 for r in reduced) * math.prod(
+        h.parts or 1 for h in halo_dims)
     if shared_by is not None and shared_by % parts == 0:
       shared_by //= parts
   frames = low.frames if low is not None and low.frames else (
@@ -146,7 +161,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       in_shard_map=low.in_shard_map if low is not None else False,
       removed=inst is None, callback=callback,
       leading_core_dims=leads, reduced_dims=reduced, declaration=declaration,
-      single_device=one_device)
+      single_device=one_device, halo_dims=halo_dims)
 
 
 def _compiled(inst: _hlo.Instruction | None) -> _hlo.Instruction:
@@ -207,6 +222,23 @@ def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDi
         local = device_operands[k][dim]
         parts = size // local if local and size % local == 0 else None
     out.append(ReducedDim(r.name, r.op, size, parts))
+  return tuple(out)
+
+
+def _halo_dims(declared, global_results, device_results) -> tuple[HaloDimReport, ...]:
+  """Each declared halo dim with its global size and how many parts the
+  devices split it into, read off result 0 (every result has it): a split
+  dim's kernel sees windows of ``lo + part + hi``."""
+  out = []
+  for h in declared:
+    size = parts = None
+    if global_results:
+      dim = absolute_dim(dict(h.result_dims)[0], len(global_results[0]))
+      size = global_results[0][dim]
+      if device_results:
+        part = device_results[0][dim] - (0 if device_results[0][dim] == size else h.width)
+        parts = size // part if part > 0 and size % part == 0 else None
+    out.append(HaloDimReport(h.name, h.lo, h.hi, h.periodic, size, parts))
   return tuple(out)
 
 

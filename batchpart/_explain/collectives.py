@@ -38,7 +38,9 @@ def _kind(module: _hlo.Module, inst: _hlo.Instruction) -> str | None:
   return kind
 
 
-def _opaque(module: _hlo.Module, inst: _hlo.Instruction) -> bool:
+def _opaque(module: _hlo.Module, inst: _hlo.Instruction, call: _hlo.Instruction) -> bool:
+  if inst.opcode == "conditional" and call.op_name and inst.op_name == call.op_name:
+    return False   # the call's own halo window, picked per part (``_partition/halo``)
   if inst.opcode in _OPAQUE:
     return True
   if inst.opcode == "fusion":
@@ -83,7 +85,7 @@ def collectives(module: _hlo.Module, call: _hlo.Instruction, *, forward: bool
       c = _collective_of(module, inst, kind)
       found.setdefault(c.name, c)
       continue
-    if _opaque(module, inst):
+    if _opaque(module, inst, call):
       continue
     todo.extend(step(inst))
   return tuple(sorted(found.values(), key=lambda c: position.get(c.name, 0)))

@@ -86,6 +86,13 @@ def reductions(derived_name: str | None, hidden: int = 0) -> tuple:
                for r in d.reductions)
 
 
+def halos(derived_name: str | None) -> tuple:
+  """The halo dims a derived name declares (``_vocab/dims/halo``
+  ``HaloDim``s); () for none or a plain call."""
+  d = _description(derived_name)
+  return () if d is None else d.halos
+
+
 def _mlir_unescape(text: str) -> str:
   if "\\" not in text:
     return text

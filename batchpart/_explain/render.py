@@ -44,6 +44,8 @@ def _collective_text(cs: Sequence[Any], call_op_names: set[str], from_device=Non
       text += f" (device {from_device}'s results to the others)"
     elif getattr(c, "declared_reduction", False):
       text += " (the declared reduction)"
+    elif getattr(c, "declared_halo", False):
+      text += " (the declared halo)"
     elif c.op_name and c.op_name not in call_op_names:
       text += f" (for {c.op_name})"
     parts.append(text)
@@ -91,6 +93,8 @@ def _call_lines(k: int, call: Any) -> list[str]:
     lines.append(f"    declared:    {call.declaration}")
   if call.reduced_dims:
     lines.append(f"    reduced:     {_reduced_text(call)}")
+  if getattr(call, "halo_dims", ()):
+    lines.append(f"    halo:        {_halo_text(call)}")
   lines.append(f"    replication: {_replication_text(call)}")
   return lines
 
@@ -164,6 +168,27 @@ def _reduced_text(call: Any) -> str:
       where = "whole on every device"
     parts.append(f"{r.name}{size} by {r.op}, {where}")
   return "; ".join(parts)
+
+
+def _halo_text(call: Any) -> str:
+  """The declared halo dims and what became of them."""
+  sent = sum(c.bytes for c in call.collectives_before if getattr(c, "declared_halo", False))
+  parts = []
+  for h in call.halo_dims:
+    size = f" (size {h.size})" if h.size is not None else ""
+    window = f"lo {h.lo}, hi {h.hi}" + (", periodic" if h.periodic else "")
+    if h.parts is None:
+      where = "split unknown"
+    elif h.parts > 1:
+      where = (f"in {h.parts} parts of {h.size // h.parts}, each device's window "
+               f"{h.lo + h.size // h.parts + h.hi} elements")
+    else:
+      where = ("whole on every device (a halo dim stays split only where it splits "
+               "evenly into parts of at least lo + hi)")
+    parts.append(f"{h.name}{size}, {window}: {where}")
+  text = "; ".join(parts)
+  return text + (f"; exchanged by collective-permutes of {_bytes(sent)} per device"
+                 if sent else "")
 
 
 def _counts(values) -> str:

@@ -32,6 +32,9 @@ class Collective:
   #: an all-reduce that combines the partial results of a call's declared
   #: reduced dims (``reduce=``): the reduction as declared, not a surprise
   declared_reduction: bool = False
+  #: a collective-permute of a declared halo dim's edge slabs (``halo=``):
+  #: the exchange as declared, not a surprise
+  declared_halo: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +111,7 @@ class CallReport:
   reduced_dims: tuple[ReducedDim, ...] = ()
   declaration: str | None = None
   single_device: int | None = None
+  halo_dims: tuple[HaloDimReport, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,25 @@ class ReducedDim:
   """
   name: str
   op: str
+  size: int | None
+  parts: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloDimReport:
+  """A declared halo dim of one call.
+
+  Attributes:
+    name: its name in the signature.
+    lo, hi, periodic: its window, as declared.
+    size: its global size (None where unknown).
+    parts: how many parts the devices split it into (1: whole on every
+      device, so nothing is exchanged; None where unknown).
+  """
+  name: str
+  lo: int
+  hi: int
+  periodic: bool
   size: int | None
   parts: int | None
 

@@ -12,17 +12,19 @@ import jax
 from jax.extend.core import Primitive
 
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, parse_declaration
+from batchpart._frontend.signature import batch_rank, halos_for, parse_declaration
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
 
 def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
                  shard_attributes: Callable[..., Any] | None,
-                 reduce: dict[str, str] | None = None) -> foreign.BatchDeclaration:
+                 reduce: dict[str, str] | None = None,
+                 halo: dict[str, Any] | None = None) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  halos = halos_for(owner, parsed, halo, reductions)
   if num_batch_dims is not None and not callable(num_batch_dims):
     num_batch_dims = batch_rank(owner, num_batch_dims)
   if shard_attributes is not None and not callable(shard_attributes):
@@ -32,7 +34,7 @@ def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
   rule = (None if shard_attributes is None else
           attributes.make_rule(shard_attributes, owner=owner))
   core_ranks = None if parsed is None else parsed.spec(
-      reductions, named=rule is not None and rule.takes_core_sizes)
+      reductions, named=rule is not None and rule.takes_core_sizes, halos=halos)
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,
                                   core_ranks=core_ranks, signature=signature or "",
                                   attribute_rule=rule)
@@ -50,7 +52,8 @@ def _same_declaration(a: foreign.BatchDeclaration, b: foreign.BatchDeclaration) 
 def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = None,
                         signature: str | None = None,
                         shard_attributes: Callable[..., Any] | None = None,
-                        reduce: dict[str, str] | None = None) -> Primitive:
+                        reduce: dict[str, str] | None = None,
+                        halo: dict[str, Any] | None = None) -> Primitive:
   """Makes every FFI custom call ``primitive``'s lowering rules emit batch
   partitionable.
 
@@ -74,6 +77,9 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
       combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
       with a signature: dims every result combines over, as for
       :func:`batchpart.ffi_call` (docs/reductions.md).
+    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False)}``,
+      with a signature: dims along which the call is local, as for
+      :func:`batchpart.ffi_call` (docs/halos.md).
     shard_attributes: None, or a callable ``(attributes, batch_shape) ->
       dict`` called for each per-device call with the FFI attributes (NumPy
       scalars/arrays, strings) and that device's local batch shape; the
@@ -106,7 +112,7 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
   if not hasattr(primitive, "bind") or not hasattr(primitive, "name"):
     raise TypeError(f"batchpart.partition_primitive: expected a JAX primitive, got "
                     f"{type(primitive).__name__}.")
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
   declarations.declare_primitive(primitive, declaration, _same_declaration)
   return primitive
 
@@ -114,7 +120,8 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
 def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
                          signature: str | None = None,
                          shard_attributes: Callable[..., Any] | None = None,
-                         reduce: dict[str, str] | None = None) -> None:
+                         reduce: dict[str, str] | None = None,
+                         halo: dict[str, Any] | None = None) -> None:
   """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
 
   From now on every ``jax.ffi.ffi_call`` to ``target_name`` lowered in this
@@ -151,7 +158,7 @@ def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
     raise TypeError(f"batchpart.partition_ffi_target: target_name must be a non-empty "
                     f"str, got {target_name!r}.")
   owner = f"batchpart.partition_ffi_target('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
   declarations.declare_target(target_name, declaration, _same_declaration)
 
 
@@ -181,6 +188,7 @@ def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
                  signature: str | None = None,
                  shard_attributes: Callable[..., Any] | None = None,
                  reduce: dict[str, str] | None = None,
+                 halo: dict[str, Any] | None = None,
                  operand_layouts: Sequence[Sequence[int] | None] | None = None,
                  result_layouts: Sequence[Sequence[int] | None] | None = None,
                  **lowering_args: Any) -> Callable[..., Any]:
@@ -221,7 +229,7 @@ def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
       (naming the target and the operand).
   """
   owner = f"batchpart.ffi_lowering('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
   rule = jax.ffi.ffi_lowering(target_name, operand_layouts=operand_layouts,
                               result_layouts=result_layouts, **lowering_args)
   return foreign.wrap_rule(rule, lambda params: declaration)

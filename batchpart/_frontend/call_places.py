@@ -9,6 +9,7 @@ has none and is passed whole.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -59,12 +60,13 @@ def unless_unclear(place, *args):
 class CallPlaces:
   """Placement of a call's operands and results in the wrapper's batch dims.
   Needs ``batch_shape``, ``leads`` (where a value the flow knows nothing of
-  may hold the batch shape), ``reductions``, ``name`` and ``_warn_unclear``
-  from the class it is mixed into."""
+  may hold the batch shape), ``reductions``, ``halos``, ``name`` and
+  ``_warn_unclear`` from the class it is mixed into."""
 
   batch_shape: tuple
   leads: list
   reductions: tuple
+  halos: tuple
   name: str
   _warn_unclear: Callable[..., None]
 
@@ -194,4 +196,35 @@ class CallPlaces:
       out.append(Reduction(r.name, r.op, tuple(dims)))
     check_results(f"batchpart.batch_partitionable({self.name}) (its call to '{target}')",
                   out, [a.shape for a in result_avals], [a.dtype for a in result_avals])
+    return tuple(out)
+
+  def call_halos(self, eqn, in_dims, operands, results) -> tuple:
+    """The wrapper's halo dims this call keeps: those an operand carries (as
+    the flow says) where every result has exactly one core dim of that size
+    (declared there, with the wrapper's window: the contract then holds for
+    that kernel). Where a result has none or several, nothing is declared,
+    with a warning, never a guess."""
+    target = eqn.params["target_name"]
+    out = []
+    for h in self.halos:
+      where = [(k, at, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
+               if (at := batch_dims.reduced_at(dims, h.name)) is not None]
+      if not where:
+        continue
+      size = shape_of(eqn.invars[where[0][0]])[where[0][1]]
+      result_dims = []
+      for i, (a, (lead, rank)) in enumerate(zip(eqn.params["result_avals"], results)):
+        fits = [j for j in [*range(lead), *range(lead + rank, len(a.shape))]
+                if a.shape[j] == size]
+        if len(fits) != 1:
+          self._warn_unclear(target, f"result {i} has {len(fits)} core dims of the size "
+                                     f"of the halo dim {h.name!r} ({size}), so where the "
+                                     "kernel keeps it cannot be told; it is computed "
+                                     "whole", partitioned=True)
+          break
+        result_dims.append((i, fits[0] if fits[0] < lead else fits[0] - len(a.shape)))
+      else:
+        dims = tuple((k, at if at < lead else at - len(shape_of(eqn.invars[k])))
+                     for k, at, (lead, _) in where)
+        out.append(dataclasses.replace(h, operand_dims=dims, result_dims=tuple(result_dims)))
     return tuple(out)

@@ -22,17 +22,18 @@ from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
 from batchpart._frontend.call_places import CallPlaces, LeftPlain, shape_of, trailing_core_ranks
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
-from batchpart._frontend.signature import declared_spec, parse_declaration
+from batchpart._frontend.signature import declared_spec, halos_for, parse_declaration
 from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.reduced import refuse_kept_results
+from batchpart._vocab.dims.reduced import Reduction, refuse_kept_results
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
                         num_batch_dims: int | None = None,
-                        reduce: dict[str, str] | None = None) -> Any:
+                        reduce: dict[str, str] | None = None,
+                        halo: dict[str, Any] | None = None) -> Any:
   """Makes the ``jax.ffi.ffi_call`` calls inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
@@ -71,6 +72,12 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       takes it and returns no dim of its size is declared reduced over it (the
       contract then holds for that kernel). A call whose results have a dim of
       that size is left with the dim whole, with a warning.
+    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False)}``,
+      with a signature: core dims of the wrapper's arguments and every
+      result along which it is local (docs/halos.md). The dim is followed
+      through the wrapper like a reduced dim; each ``jax.ffi.ffi_call`` that
+      takes it and whose every result has exactly one core dim of its size is
+      declared with that halo (the contract then holds for that kernel).
 
   Where the flow cannot tell (a primitive it does not know), a value has
   batch dims where the batch shape appears in its shape: at the position of a
@@ -85,7 +92,7 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   """
   if fn is None:
     return functools.partial(batch_partitionable, signature=signature,
-                             num_batch_dims=num_batch_dims, reduce=reduce)
+                             num_batch_dims=num_batch_dims, reduce=reduce, halo=halo)
   name = getattr(fn, "__name__", repr(fn))
   qualname = getattr(fn, "__qualname__", name)
   if not callable(fn):
@@ -95,6 +102,7 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   refuse_kept_results(owner, reductions, "a wrapper's results cannot be followed to "
                       "the call's")
+  halos = halos_for(owner, parsed, halo, reductions)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -102,8 +110,9 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
         functools.partial(fn, **kwargs), return_shape=True)(*args)
     flat_args = jax.tree.leaves(args)
     batch_shape, in_dims, out_dims, leads = _wrapper_spec(
-        name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes), reductions)
-    rewriter = _Rewriter(name, qualname, batch_shape, leads, reductions)
+        name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes), reductions,
+        halos)
+    rewriter = _Rewriter(name, qualname, batch_shape, leads, reductions, halos)
     outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, in_dims, out_dims)
     rewriter.finish_trace()
     return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
@@ -111,7 +120,7 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   return wrapper
 
 
-def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
+def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos=()):
   """The wrapper's broadcast batch shape, the batch dims of its arguments
   (with their reduced dims' names) and results, and the positions (leading
   core dims) of the signature's ``...``s."""
@@ -119,7 +128,7 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
   spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
-                       reductions)
+                       reductions, halos)
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
@@ -129,10 +138,11 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=()):
     return [batch_dims.of_array(len(s), lead, c, len(batch_shape))
             for s, c, lead in zip(shapes, cores, leads)]
 
-  reduced = {}   # argument -> {dim: reduced dim name}
-  for r in reductions:
-    for k, axis in r.dims:
-      reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = r.name
+  reduced = {}   # argument -> {dim: reduced or halo dim name}
+  for r in [*reductions, *((h.name, h.operand_dims) for h in halos)]:
+    name_, pairs = (r.name, r.dims) if isinstance(r, Reduction) else r
+    for k, axis in pairs:
+      reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = name_
   in_dims = dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads)
   return (batch_shape,
           [batch_dims.with_reduced(d, reduced.get(k, {})) for k, d in enumerate(in_dims)],
@@ -162,9 +172,10 @@ class _Rewriter(RewriteWarnings, CallPlaces):
   one the call stays plain, with a warning.
   """
 
-  def __init__(self, name, qualname, batch_shape, leads=(), reductions=()):
+  def __init__(self, name, qualname, batch_shape, leads=(), reductions=(), halos=()):
     super().__init__(name, qualname, tuple(batch_shape))
     self.reductions = tuple(reductions)
+    self.halos = tuple(halos)
     # Where a value the flow knows nothing of may hold the batch shape: at
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
@@ -189,6 +200,9 @@ class _Rewriter(RewriteWarnings, CallPlaces):
     result_shapes = [tuple(r.shape) for r in result_avals]
     reductions = self.call_reductions(eqn, in_dims, operands, results)
     leads = {"reductions": reductions} if reductions else {}
+    halos = self.call_halos(eqn, in_dims, operands, results)
+    if halos:
+      leads["halos"] = halos
     if any(lead for lead, _ in operands + results):
       leads.update(operand_lead_ranks=tuple(lead for lead, _ in operands),
                    result_lead_ranks=tuple(lead for lead, _ in results))
@@ -207,8 +221,12 @@ class _Rewriter(RewriteWarnings, CallPlaces):
         broadcast_batch=True,
     )
     rank = len(self.batch_shape)
-    return outs, [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
-                  for s, (lead, _) in zip(result_shapes, results)]
+    dims = [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
+            for s, (lead, _) in zip(result_shapes, results)]
+    # The results carry the halo dims on, for the calls that take them next.
+    return outs, [batch_dims.with_reduced(d, {absolute_dim(a, len(d)): h.name for h in halos
+                                              for k2, a in h.result_dims if k2 == k})
+                  for k, d in enumerate(dims)]
 
   def closed(self, closed, in_dims, out_dims=()):
     """A closed jaxpr with the same signature, its ffi_calls rewritten;

@@ -6,7 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchpart import _compat as compat, _primitive
-from batchpart._frontend.signature import check_vmap_method, declared_spec, parse_declaration
+from batchpart._frontend.signature import (
+  check_vmap_method,
+  declared_spec,
+  halos_for,
+  parse_declaration,
+)
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.reduced import check_results
@@ -19,6 +24,7 @@ def ffi_call(
     num_batch_dims: int | None = None,
     signature: str | None = None,
     reduce: dict[str, str] | None = None,
+    halo: dict[str, Any] | None = None,
     has_side_effect: bool = False,
     input_layouts: Sequence[Sequence[int] | None] | None = None,
     output_layouts: Sequence[int] | Sequence[Sequence[int] | None] | None = None,
@@ -60,6 +66,14 @@ def ffi_call(
       that reads the results together: ``"argmax"`` / ``"argmin"`` (results
       ``(value, index)``, the index local to the part) or ``"logsumexp"``
       (results ``(m_1, ..., m_j, lse)``); see docs/reductions.md.
+    halo: ``{core dim name: w}`` or ``{name: batchpart.Halo(lo, hi,
+      periodic=False)}``: core dims that the operands and every result have
+      with one size, along which the call is local: result element ``i``
+      depends only on operand elements ``i - lo .. i + hi`` and on where
+      ``i`` lies relative to the array's two ends. Where the dim is split,
+      each device calls the kernel on a window of ``lo + part + hi``
+      elements, taken from its neighbours by collective-permutes, and keeps
+      its part of the results (docs/halos.md).
     has_side_effect: keep the call even when its results are unused.
     input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
       order, as in :func:`jax.ffi.ffi_call`.
@@ -96,6 +110,7 @@ def ffi_call(
   _check_jax_options(target_name, vmap_method, custom_call_api_version,
                      legacy_backend_config)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  halos = halos_for(owner, parsed, halo, reductions)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals: list[Any] = list(compat.result_avals_from_shape_dtypes(results))
@@ -118,7 +133,7 @@ def ffi_call(
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))
     else:
       spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
-                           reductions)
+                           reductions, halos)
     static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
@@ -137,7 +152,7 @@ def ffi_call(
         input_output_aliases=aliases,
         attributes=_primitive.typed_attributes(compat.wrap_kwargs_hashable(attributes)),
         broadcast_batch=parsed is not None,
-        declaration=declaration_text(num_batch_dims, signature, reduce),
+        declaration=declaration_text(num_batch_dims, signature, reduce, halo),
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)

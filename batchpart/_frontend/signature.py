@@ -15,6 +15,7 @@ import numpy as np
 
 from batchpart._vocab.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
 from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.halo import HaloDim, check_halo_mapping
 from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
@@ -31,8 +32,8 @@ class Signature:
   inputs: tuple[tuple[str, ...], ...]
   outputs: tuple[tuple[str, ...], ...]
 
-  def spec(self, reductions: tuple[Reduction, ...] = (), named: bool = False
-           ) -> BatchSpec:
+  def spec(self, reductions: tuple[Reduction, ...] = (), named: bool = False,
+           halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
     """The core dims before (lead) and after each group's ``...``; without
     one, every core dim trails and the batch dims lead. With ``reductions``
     (from ``reductions``), or ``named`` (a per-shard attribute rule that
@@ -42,7 +43,7 @@ class Signature:
     return BatchSpec(tuple(len(t) for _, t in ins), tuple(len(t) for _, t in outs),
                      tuple(len(lead) for lead, _ in ins),
                      tuple(len(lead) for lead, _ in outs),
-                     reductions=tuple(reductions),
+                     reductions=tuple(reductions), halos=tuple(halos),
                      dim_names=self.dim_names() if reductions or named else ())
 
   def dim_names(self) -> tuple[DimName, ...]:
@@ -82,6 +83,40 @@ class Signature:
         raise ValueError(f"{owner}: reduce names the dim '{name}', which {problem} "
                          f"(signature '{self}').")
       out.append(Reduction(name, op, tuple(where), tuple(kept)))
+    return tuple(out)
+
+  def halos(self, halo, reductions, *, owner: str) -> tuple[HaloDim, ...]:
+    """The checked ``halo={name: width}`` of a call with this signature: each
+    name a core dim of at least one operand and of every result, at most
+    once per array, and not reduced."""
+    if halo is None:
+      return ()
+    out = []
+    reduced = {r.name for r in reductions}
+    for name, h in check_halo_mapping(owner, halo).items():
+      where = {kind: [(i, axis) for i, group in enumerate(groups)
+                      for n, axis in _core_axes(group) if n == name]
+               for kind, groups in (("o", self.inputs), ("r", self.outputs))}
+      missing = [i for i, group in enumerate(self.outputs)
+                 if not any(n == name for n, _ in _core_axes(group))]
+      problem = None
+      if name.isdigit() or name == ELLIPSIS:
+        problem = "is not a named core dim"
+      elif name in reduced:
+        problem = ("is also reduced (reduce=); a halo dim is kept by every result, a "
+                   "reduced dim by none")
+      elif not where["o"]:
+        problem = "is not a core dim of any operand"
+      elif missing:
+        problem = (f"is missing from result {missing[0]}; every result keeps a halo dim, "
+                   "with the operands' size")
+      elif any(len({i for i, _ in w}) != len(w) for w in where.values()):
+        problem = "appears twice in one array"
+      if problem:
+        raise ValueError(f"{owner}: halo names the dim '{name}', which {problem} "
+                         f"(signature '{self}').")
+      out.append(HaloDim(name, h.lo, h.hi, h.periodic, tuple(where["o"]),
+                         tuple(where["r"])))
     return tuple(out)
 
   def __str__(self):
@@ -172,13 +207,14 @@ def parse_declaration(owner: str, num_batch_dims, signature, reduce=None
 
 
 def declared_spec(owner: str, signature: Signature | None, num_batch_dims,
-                  operand_shapes, result_shapes, reductions: tuple[Reduction, ...] = ()
-                  ) -> BatchSpec:
+                  operand_shapes, result_shapes, reductions: tuple[Reduction, ...] = (),
+                  halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
   """The batch spec a parsed declaration gives operands and results of these
   shapes."""
   if signature is None:
     return spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
-  return spec_from_signature(owner, signature, operand_shapes, result_shapes, reductions)
+  return spec_from_signature(owner, signature, operand_shapes, result_shapes, reductions,
+                             halos)
 
 
 # jax's vmap_method values (jax.ffi.ffi_call, jax.pure_callback).
@@ -202,17 +238,35 @@ def reductions_for(owner: str, signature: Signature | None, reduce
   a signature declares."""
   if reduce is None:
     return ()
+  return _signature_of(owner, signature, f"reduce={reduce!r}",
+                       "signature='(n),(n)->()', reduce={'n': 'sum'}"
+                       ).reductions(reduce, owner=owner)
+
+
+def halos_for(owner: str, signature: Signature | None, halo,
+              reductions: tuple[Reduction, ...] = ()) -> tuple[HaloDim, ...]:
+  """The checked ``halo=`` of a declaration. It names core dims, which only
+  a signature declares."""
+  if halo is None:
+    return ()
+  return _signature_of(owner, signature, f"halo={halo!r}",
+                       "signature='(n)->(n)', halo={'n': 1}"
+                       ).halos(halo, reductions, owner=owner)
+
+
+def _signature_of(owner: str, signature: Signature | None, option: str, example: str
+                  ) -> Signature:
+  """``signature``, which an option that names core dims needs."""
   if signature is None:
     raise ValueError(
-        f"{owner}: reduce={reduce!r} names core dims, which only a signature declares; "
-        "pass signature=... (e.g. signature='(n),(n)->()', reduce={'n': 'sum'}) instead "
-        "of num_batch_dims.")
-  return signature.reductions(reduce, owner=owner)
+        f"{owner}: {option} names core dims, which only a signature declares; pass "
+        f"signature=... (e.g. {example}) instead of num_batch_dims.")
+  return signature
 
 
 def spec_from_signature(owner: str, signature: Signature, operand_shapes,
-                        result_shapes, reductions: tuple[Reduction, ...] = ()
-                        ) -> BatchSpec:
+                        result_shapes, reductions: tuple[Reduction, ...] = (),
+                        halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
   if len(signature.inputs) != len(operand_shapes):
     raise ValueError(
         f"{owner}: signature '{signature}' names "
@@ -255,4 +309,4 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
           f"{owner}: result {i} has shape {_fmt(shape)}; "
           f"its batch dims {_fmt(result_batch)} must equal the operands' broadcast "
           f"batch shape {_fmt(batch)} (signature '{signature}').")
-  return signature.spec(reductions)
+  return signature.spec(reductions, halos=halos)

@@ -17,6 +17,7 @@ from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
 
 _Kind = _core.Sharding.Kind
+TILED = _Kind.TILED
 _Subgroup = _core.Sharding.Subgroup
 
 
@@ -34,32 +35,44 @@ class Blocks:
 
 def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partitions):
   """The device grid: an int array with one axis per batch dim, then one
-  replicated axis, then the manual axes; and the manual axes' count. With
-  reductions, the results' (whose replicated devices include the reduced
-  dims' parts)."""
+  replicated axis, then the manual axes, then one axis per halo dim; and the
+  manual axes' count. With reductions, the results' (whose replicated
+  devices include the reduced dims' parts); with halo dims, a result's (which
+  has every one)."""
   rank = len(batch)
-  operands = ([] if d.reductions else
-              list(zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks)))
-  candidates = [(s, sharding, b) for s, sharding, b in
-                [*zip(result_shapes, plan.result_shardings, d.result_batch_ranks),
-                 *operands]
-                if b == rank]
+  operands = ([] if d.reductions or d.halos else
+              list(zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks,
+                       [()] * len(operand_shapes))))
+  results = [(s, sharding, b, result_halo_dims(d, k, len(s))) for k, (s, sharding, b) in
+             enumerate(zip(result_shapes, plan.result_shardings, d.result_batch_ranks))]
+  candidates = [c for c in [*results, *operands] if c[2] == rank]
   tiled = [c for c in candidates if c[1].kind == _Kind.TILED]
+  halos = len(d.halos)
   if not tiled:
-    return np.arange(partitions).reshape((1,) * rank + (partitions,)), 0
-  shape, ref, _ = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
+    return np.arange(partitions).reshape((1,) * rank + (partitions,) + (1,) * halos), 0
+  shape, ref, _, halo_dims = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
   dims = list(ref.tile_dims) + list(ref.subgroup_dims)
   devices = np.asarray(ref.devices, dtype=np.int64).reshape(dims)
-  # Core dims are whole in a plan: drop their size-1 axes.
-  devices = devices.reshape(dims[:rank] + dims[len(shape):])
+  # Halo dims next to the batch dims; other core dims are whole in a plan:
+  # drop their size-1 axes.
+  cores = [k for k in range(rank, len(shape)) if k not in halo_dims]
+  devices = devices.transpose([*range(rank), *halo_dims, *cores,
+                               *range(len(shape), len(dims))])
+  kept = rank + halos
+  devices = devices.reshape(list(devices.shape[:kept]) + dims[len(shape):])
   kinds = list(ref.subgroup_kinds)
-  rep = [rank + i for i, k in enumerate(kinds) if k == _Subgroup.REPLICATED]
-  man = [rank + i for i, k in enumerate(kinds) if k != _Subgroup.REPLICATED]
-  devices = devices.transpose(list(range(rank)) + rep + man)
+  rep = [kept + i for i, k in enumerate(kinds) if k == _Subgroup.REPLICATED]
+  man = [kept + i for i, k in enumerate(kinds) if k != _Subgroup.REPLICATED]
+  devices = devices.transpose(list(range(rank)) + rep + man + list(range(rank, kept)))
   batch_dims = list(devices.shape[:rank])
   rep_size = math.prod(devices.shape[rank:rank + len(rep)])
-  man_dims = list(devices.shape[rank + len(rep):])
-  return devices.reshape(batch_dims + [rep_size] + man_dims), len(man_dims)
+  rest = list(devices.shape[rank + len(rep):])
+  return devices.reshape(batch_dims + [rep_size] + rest), len(man)
+
+
+def result_halo_dims(d: CallDescription, k: int, rank: int) -> list[int]:
+  """Result ``k``'s dim of each halo dim, in declaration order."""
+  return [absolute_dim(dict(h.result_dims)[k], rank) for h in d.halos]
 
 
 def _reduction_coords(plan, d: CallDescription, operand_shapes
@@ -87,7 +100,7 @@ def _reduction_coords(plan, d: CallDescription, operand_shapes
 def _sharding(grid, rank, n_manual, shape, batch_rank, batch, reduced=None):
   """The HloSharding of one array (batch dims right-aligned) on ``grid``,
   and its local shape. ``reduced``: the array's dims cut by the grid's
-  reduced-dim axes (dim -> grid axis)."""
+  reduced-dim and halo-dim axes (dim -> grid axis)."""
   reduced = reduced or {}
   tiles, tiled_axes = [], []
   for m in range(batch_rank):
@@ -137,24 +150,34 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   coords, reduce_tiles = _reduction_coords(plan, d, operand_shapes)
   grid = blocks.split_reductions(grid, rank, n_manual, coords, reduce_tiles)
   grid = blocks.fold(grid, rank, batch)
-  first_reduced = rank + 1 + n_manual
-  reduced_axes: dict[int, dict[int, int]] = {}   # operand -> {dim: grid axis}
-  kept_axes: dict[int, dict[int, int]] = {}      # result -> {dim: grid axis}
+  first_halo = rank + 1 + n_manual
+  first_reduced = first_halo + len(d.halos)
+  split_axes: dict[tuple[str, int], dict[int, int]] = {}   # array -> {dim: grid axis}
   for i, r in enumerate(d.reductions):
     for k, axis in r.dims:
-      reduced_axes.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = (
+      split_axes.setdefault(("o", k), {})[absolute_dim(axis, len(operand_shapes[k]))] = (
           first_reduced + i)
     for k, axis in r.results:
-      kept_axes.setdefault(k, {})[absolute_dim(axis, len(result_shapes[k]))] = (
+      split_axes.setdefault(("r", k), {})[absolute_dim(axis, len(result_shapes[k]))] = (
           first_reduced + i)
-  ops = [_sharding(grid, rank, n_manual, s, b, batch, reduced_axes.get(k))
+  for i, h in enumerate(d.halos):
+    for which, dims, shapes in (("o", h.operand_dims, operand_shapes),
+                                ("r", h.result_dims, result_shapes)):
+      for k, axis in dims:
+        split_axes.setdefault((which, k), {})[absolute_dim(axis, len(shapes[k]))] = (
+            first_halo + i)
+  ops = [_sharding(grid, rank, n_manual, s, b, batch, split_axes.get(("o", k)))
          for k, (s, b) in enumerate(zip(operand_shapes, d.operand_batch_ranks))]
   parts = []
   for i, r in enumerate(d.reductions):
     k, axis = r.dims[0]
     parts.append((first_reduced + i, ops[k][1][absolute_dim(axis, len(operand_shapes[k]))]))
-  table = blocks.block_table(grid, batch, partitions, d.target, parts)
-  res = [_sharding(grid, rank, n_manual, s, b, batch, kept_axes.get(k))
+  table = blocks.block_table(
+      grid, batch, partitions, d.target, parts, d.halos,
+      [first_halo + i for i in range(len(d.halos))],
+      [result_shapes[0][dim] for dim in result_halo_dims(d, 0, len(result_shapes[0]))]
+      if d.halos else ())
+  res = [_sharding(grid, rank, n_manual, s, b, batch, split_axes.get(("r", k)))
          for k, (s, b) in enumerate(zip(result_shapes, d.result_batch_ranks))]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
                 [r[1] for r in res], table, blocks.reduce_groups(grid, first_reduced))

@@ -8,11 +8,12 @@ decision is a function of what XLA hands over for that one instruction
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import blocks, combine, shard_module, shardings as sh
+from batchpart._partition import blocks, combine, halo, shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
@@ -61,13 +62,16 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
   local_batch = (plan.result_local_shapes[0][
       d.result_leads[0]:d.result_leads[0] + d.result_batch_ranks[0]]
       if result_shapes else ())
+  exchanges = halo.exchanges(d, plan.result_shardings, getattr(plan, "halo_tiles", ()))
   module = _local_module(
       d, arg_shapes, result_shapes, backend_config, plan.operand_local_shapes,
       plan.result_local_shapes, batch_shape=local_batch, rule=rule,
       reduce_groups=plan.reduce_groups,
-      core_sizes=core_sizes(d, plan.operand_local_shapes, plan.result_local_shapes),
+      core_sizes=core_sizes(d, *halo.window_shapes(exchanges, plan.operand_local_shapes,
+                                                   plan.result_local_shapes)),
       part_offsets=combine.part_offsets(d.reductions, plan.operand_shardings,
-                                        plan.operand_local_shapes))
+                                        plan.operand_local_shapes),
+      exchanges=exchanges)
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
@@ -95,17 +99,24 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
-  replicated one) and its block vector (``_vocab/blocks``)."""
+  replicated one) and its block vector (``_vocab/blocks``); with halo dims,
+  its windows (``halo``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
+  planner = lambda shardings, shapes: [sh.to_planner(h, len(s))
+                                       for h, s in zip(shardings, shapes)]
+  tiles = [int(sharding.tile_dims[dim]) if sharding.kind == blocks.TILED else 1
+           for sharding in planner(b.result_shardings[:1], b.result_local_shapes[:1])
+           for dim in blocks.result_halo_dims(d, 0, len(b.result_local_shapes[0]))]
   module = _local_module(d, arg_shapes, result_shapes, backend_config,
                          b.operand_local_shapes, b.result_local_shapes, batch_shape=(),
                          block_table=b.table, reduce_groups=b.reduce_groups,
                          part_offsets=combine.part_offsets(
                              d.reductions,
-                             [sh.to_planner(h, len(s)) for h, s in
-                              zip(b.operand_shardings, b.operand_local_shapes)],
-                             b.operand_local_shapes))
+                             planner(b.operand_shardings, b.operand_local_shapes),
+                             b.operand_local_shapes),
+                         exchanges=halo.exchanges(
+                             d, planner(b.result_shardings, b.result_local_shapes), tiles))
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 
@@ -149,7 +160,8 @@ def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
       target=d.target, operand_batch_ranks=d.result_batch_ranks,
       result_batch_ranks=d.result_batch_ranks, operand_layouts=d.result_layouts,
       result_layouts=d.result_layouts, operand_lead_ranks=d.result_lead_ranks,
-      result_lead_ranks=d.result_lead_ranks)
+      result_lead_ranks=d.result_lead_ranks,
+      halos=tuple(dataclasses.replace(h, operand_dims=h.result_dims) for h in d.halos))
   plan = make_plan(as_operands, result_shapes,
                    sh.element_shardings(user_sharding, result_shape), result_shapes,
                    split_axes=False)

@@ -49,7 +49,7 @@ def _add_sharding_rule(op, d) -> None:
       operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
       batch_shape, [v.type for v in op.operands], [r.type for r in op.results],
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=d.reductions)
+      reductions=d.reductions, halos=d.halos)
 
 
 def _drop_frontend_attribute(op, name: str) -> None:
@@ -77,8 +77,8 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
-      if d.reductions and not splits_reductions(ctx):
-        d = dataclasses.replace(d, reductions=())
+      if (d.reductions or d.halos) and not splits_reductions(ctx):
+        d = dataclasses.replace(d, reductions=(), halos=())
         name = derived_names.encode(d)
         if "sdy.sharding_rule" in op.attributes:
           del op.attributes["sdy.sharding_rule"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import attributes, combine, emit
+from batchpart._partition import attributes, combine, emit, halo
 from batchpart._vocab.description import CallDescription
 
 ir = compat.ir
@@ -17,7 +17,8 @@ def _tensor_type(shape, dtype) -> ir.Type:
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           result_dtypes, backend_config: bytes, batch_shape, rule=None,
-          block_table=None, reduce_groups=(), core_sizes=None, part_offsets=None) -> bytes:
+          block_table=None, reduce_groups=(), core_sizes=None, part_offsets=None,
+          exchanges=()) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
   needs no partitioner), restating everything the description holds, its FFI
   attributes rewritten by the per-shard attribute ``rule`` if any (given
@@ -26,7 +27,9 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
   the table's row for this device's ``partition_id``. With
   ``reduce_groups``, the results are combined over those device groups by the
   description's reduction op (``combine``; an argmax or argmin reads each
-  device's global start of its part in ``part_offsets``)."""
+  device's global start of its part in ``part_offsets``). With halo
+  ``exchanges``, the call runs on each device's windows and its results are
+  cut back to the device's parts (``halo``)."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
@@ -44,7 +47,17 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
         operands = list(block.arguments)
         if block_table is not None:
           operands[0] = emit.table_row(block_table)
-        results = emit.custom_call(d.target, d, operands, res_types, config)
+        call_types = res_types
+        if exchanges:
+          operands = [halo.windowed(v, halo.array_dims(exchanges, "o", k, len(s)), exchanges)
+                      for k, (v, s) in enumerate(zip(operands, operand_shapes))]
+          dims = [halo.array_dims(exchanges, "r", k, len(s))
+                  for k, s in enumerate(result_shapes)]
+          call_types = [_tensor_type(halo.window_size(s, dim, exchanges), t)
+                        for s, t, dim in zip(result_shapes, result_dtypes, dims)]
+        results = emit.custom_call(d.target, d, operands, call_types, config)
+        if exchanges:
+          results = [halo.kept(r, dim, exchanges) for r, dim in zip(results, dims)]
         if len(reduce_groups):
           results = combine.combine(d.reductions, results, reduce_groups, part_offsets,
                                     d.target)

@@ -13,7 +13,9 @@ shared by every operand that has it, a reduction factor: Shardy keeps it
 sharded and batchpart's partitioner adds the all-reduce. Where a result
 keeps that dim, the result shares the factor too (it is then no reduction
 factor, which Shardy allows only in operands), so the result stays split
-along it.
+along it. A halo dim (``halo=``) is one factor shared by every operand and
+result that has it, as a batch dim is: Shardy keeps it sharded through the
+call, and batchpart's partitioner adds the halo exchange.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from batchpart._vocab.dims.core import absolute_dim
 
 
 def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
-            batch_shape, operand_lead_ranks=(), result_lead_ranks=(), reductions=()
-            ) -> tuple[list[list[str]], list[list[str]], tuple[str, ...], tuple[str, ...]]:
+            batch_shape, operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
+            halos=()) -> tuple[list[list[str]], list[list[str]], tuple[str, ...], tuple[str, ...]]:
   """Each operand's and result's factor per dim, the factors that need
   replication (in the order they first appear, as Shardy wants) and the
   reduction factors. An array's core dims are its ``*_lead_ranks`` leading
@@ -36,6 +38,11 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
              for i, r in enumerate(reductions) for k, axis in r.dims}
   kept = {(k, absolute_dim(axis, len(result_shapes[k]))): f"x{i}"
           for i, r in enumerate(reductions) for k, axis in r.results}
+  haloed = {(kind, k, absolute_dim(axis, len(shapes[k]))): f"h{i}"
+            for i, h in enumerate(halos)
+            for kind, dims, shapes in (("o", h.operand_dims, operand_shapes),
+                                       ("r", h.result_dims, result_shapes))
+            for k, axis in dims}
   operand_cores: list[tuple[list[str], tuple[int, ...]]] = []
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
@@ -53,7 +60,8 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
 
   def operand(k, shape, lead, core_rank):
     names, core_dims = batch_names("o", k, shape, lead, core_rank)
-    cores = [reduced.get((k, dim), f"o{k}_{dim}") for dim in core_dims]
+    cores = [haloed.get(("o", k, dim), reduced.get((k, dim), f"o{k}_{dim}"))
+             for dim in core_dims]
     operand_cores.append((cores, tuple(shape[dim] for dim in core_dims)))
     return cores[:lead] + names + cores[lead:]
 
@@ -64,9 +72,13 @@ def factors(operand_shapes, operand_core_ranks, result_shapes, result_core_ranks
       if (k, dim) in kept:
         cores.append(kept[k, dim])
         continue
+      if ("r", k, dim) in haloed:
+        cores.append(haloed[("r", k, dim)])
+        continue
       size = shape[dim]
       shared = next((c[j] for c, s in operand_cores if j < len(s) and s[j] == size), None)
-      if shared is None or shared in cores or shared in reduced.values():
+      if (shared is None or shared in cores or shared in reduced.values() or
+          shared in haloed.values()):
         shared = f"r{k}_{dim}"
         replicated.append(shared)
       cores.append(shared)
@@ -93,7 +105,7 @@ def text(lhs, rhs) -> str:
 
 def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
               batch_shape, operand_types, result_types, *, operand_lead_ranks=(),
-              result_lead_ranks=(), reductions=()):
+              result_lead_ranks=(), reductions=(), halos=()):
   """The ``sdy.sharding_rule`` attribute of a call XLA partitions, or None
   where none belongs (GSPMD, no operands, a region XLA does not partition) or
   none can be (Shardy's rules need a result)."""
@@ -103,15 +115,17 @@ def attribute(ctx, operand_shapes, operand_core_ranks, result_shapes, result_cor
   return attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
                              result_core_ranks, batch_shape, operand_types, result_types,
                              operand_lead_ranks=operand_lead_ranks,
-                             result_lead_ranks=result_lead_ranks, reductions=reductions)
+                             result_lead_ranks=result_lead_ranks, reductions=reductions,
+                             halos=halos)
 
 
 def attribute_for_types(operand_shapes, operand_core_ranks, result_shapes,
                         result_core_ranks, batch_shape, operand_types, result_types, *,
-                        operand_lead_ranks=(), result_lead_ranks=(), reductions=()):
+                        operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
+                        halos=()):
   """The ``sdy.sharding_rule`` attribute, unconditionally (zero results too)."""
   lhs, rhs, replicated, reduced = factors(
       operand_shapes, operand_core_ranks, result_shapes, result_core_ranks, batch_shape,
-      operand_lead_ranks, result_lead_ranks, reductions)
+      operand_lead_ranks, result_lead_ranks, reductions, halos)
   return compat.sdy_sharding_rule(lhs, rhs, operand_types, result_types, replicated,
                                   reduced)

@@ -20,6 +20,7 @@ from batchpart._partition import attributes
 from batchpart._primitive.lowering import declaration_text, place
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.description import describe
+from batchpart._vocab.dims.halo import Halo, check_halo_sizes
 from batchpart._vocab.dims.reduced import check_results
 
 ir = compat.ir
@@ -41,7 +42,8 @@ class BatchDeclaration:
     ``num_batch_dims`` is a function of the shapes."""
     if self.core_ranks is not None:
       reduce = {r.name: r.op for r in self.core_ranks.reductions}
-      return declaration_text(None, self.signature, reduce)
+      halo = {h.name: _halo_value(h) for h in self.core_ranks.halos}
+      return declaration_text(None, self.signature, reduce, halo)
     return "" if callable(self.num_batch_dims) else declaration_text(self.num_batch_dims, None)
 
   def spec(self, target, operand_shapes, result_shapes) -> BatchSpec:
@@ -77,6 +79,11 @@ class BatchDeclaration:
                      tuple(len(s) - k for s in result_shapes))
 
 
+def _halo_value(h):
+  """A declared halo dim's window as the user writes it."""
+  return h.lo if h.lo == h.hi and not h.periodic else Halo(h.lo, h.hi, h.periodic)
+
+
 def _shapes(values) -> list[tuple[int, ...]]:
   return [tuple(ir.RankedTensorType(v.type).shape) for v in values]
 
@@ -96,6 +103,7 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   result_dtypes = [_dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type))
                    for r in op.results]
+  check_halo_sizes(caller, spec.halos, operand_shapes, result_shapes)
   check_results(caller, spec.reductions, result_shapes, result_dtypes)
   rule = declaration.attribute_rule
   description = describe(
@@ -107,7 +115,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
                        bool(ir.BoolAttr(attrs["has_side_effect"]).value)),
       attribute_rule=rule.digest if rule is not None else "",
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=spec.reductions, dim_names=spec.dim_names, result_dtypes=result_dtypes)
+      reductions=spec.reductions, dim_names=spec.dim_names, result_dtypes=result_dtypes,
+      halos=spec.halos)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],

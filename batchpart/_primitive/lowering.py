@@ -23,7 +23,7 @@ from batchpart._vocab.dims.reduced import splits_reductions
 FRONTEND_DECLARATION = "batchpart.declaration"
 
 
-def declaration_text(num_batch_dims, signature, reduce=None) -> str:
+def declaration_text(num_batch_dims, signature, reduce=None, halo=None) -> str:
   """A batch declaration as the user wrote it: ``"signature='(n)->()',
   reduce={'n': 'sum'}"`` or ``"num_batch_dims=1"``."""
   if signature is not None:
@@ -31,7 +31,9 @@ def declaration_text(num_batch_dims, signature, reduce=None) -> str:
   else:   # np.int64(1) reads as the 1 it means
     k = num_batch_dims
     text = f"num_batch_dims={int(k) if isinstance(k, (int, np.integer)) else repr(k)}"
-  return text if not reduce else f"{text}, reduce={dict(reduce)!r}"
+  if reduce:
+    text = f"{text}, reduce={dict(reduce)!r}"
+  return text if not halo else f"{text}, halo={dict(halo)!r}"
 
 
 def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
@@ -44,8 +46,9 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   by the user's target: no executable ever runs a derived name. Elsewhere the
   user's name, with the derived one in a frontend attribute."""
   if not splits_reductions(ctx):
-    d = dataclasses.replace(d, reductions=())
-    spec = dataclasses.replace(spec, reductions=())
+    # Halo exchanges name devices of the whole program too: kept whole here.
+    d = dataclasses.replace(d, reductions=(), halos=())
+    spec = dataclasses.replace(spec, reductions=(), halos=())
   derived = targets.ensure_derived(d, compat.lowering_platforms(ctx), caller=caller,
                                    rule=rule)
   declared.declare(d.target)
@@ -61,7 +64,7 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
                                       operand_types, result_types,
                                       operand_lead_ranks=spec.operand_lead_ranks,
                                       result_lead_ranks=spec.result_lead_ranks,
-                                      reductions=spec.reductions)
+                                      reductions=spec.reductions, halos=spec.halos)
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
@@ -74,13 +77,13 @@ def _ir_types(ctx, avals):
 def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
               has_side_effect, input_layouts, output_layouts, input_output_aliases,
               attributes, operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
-              dim_names=(), declaration="", **_):
+              dim_names=(), halos=(), declaration="", **_):
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
   caller = ffi_call_owner(target_name)
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks, reductions, dim_names)
+                   result_lead_ranks, reductions, dim_names, halos)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   description = describe(
       target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
@@ -88,7 +91,7 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
       input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
       reductions=spec.reductions, dim_names=spec.dim_names,
-      result_dtypes=[a.dtype for a in avals_out])
+      result_dtypes=[a.dtype for a in avals_out], halos=spec.halos)
   result_types = _ir_types(ctx, avals_out)
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

@@ -21,12 +21,14 @@ for ``batchpart.explain``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Set as AbstractSet
 from typing import Any
 
 from batchpart import _compat as compat
 from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_shapes
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.halo import splits_into
 from batchpart._vocab.dims.reduced import reduced_dims_table
 
 
@@ -65,7 +67,7 @@ def _check_reduced(owner: str, avals_in) -> None:
 
 
 def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
-                            operand_lead_ranks=(), reductions=()):
+                            operand_lead_ranks=(), reductions=(), halo_used=frozenset()):
   """Per batch dim, the mesh axes the results are typed with in Explicit
   mode: the operands' batch sharding, plus each axis that shards an
   operand's core dim moved onto the first batch dim it divides (whole axes:
@@ -76,7 +78,7 @@ def _explicit_batch_entries(avals_in, operand_core_ranks, batch_shape,
   table = reduced_dims_table(reductions, [len(a.shape) for a in avals_in])
   rank = len(batch_shape)
   entries: list[tuple] = [()] * rank
-  used: set = set()
+  used: set = set(halo_used)
   mesh = None
   specs = []
   leads = operand_lead_ranks or (0,) * len(operand_core_ranks)
@@ -122,9 +124,11 @@ def explicit_result_types(avals_in, result_avals, spec: BatchSpec, batch_shape
   """``result_avals`` typed with the sharding the work lands on in Explicit
   mode (batch dims as _explicit_batch_entries, core dims whole); None where
   no operand's Explicit type shards the batch."""
+  halo_axes = _explicit_halo_entries(avals_in, spec)
+  used = frozenset(a for axes in halo_axes.values() for a in axes)
   entries, mesh = _explicit_batch_entries(avals_in, spec.operand_core_ranks, batch_shape,
-                                          spec.operand_lead_ranks, spec.reductions)
-  if mesh is None or all(e is None for e in entries):
+                                          spec.operand_lead_ranks, spec.reductions, used)
+  if mesh is None or (all(e is None for e in entries) and not halo_axes):
     return None
   from jax.sharding import NamedSharding, PartitionSpec
   kept = _kept_entries(avals_in, result_avals, spec.reductions, entries)
@@ -134,6 +138,9 @@ def explicit_result_types(avals_in, result_avals, spec: BatchSpec, batch_shape
     parts = [None] * lead + list(entries) + [None] * c
     for dim, entry in kept.get(k, {}).items():
       parts[dim] = entry
+    for h in spec.halos:
+      if h.name in halo_axes:
+        parts[absolute_dim(dict(h.result_dims)[k], len(r.shape))] = _entry(halo_axes[h.name])
     out.append(r.update(sharding=NamedSharding(mesh, PartitionSpec(*parts))))
   return tuple(out)
 
@@ -155,6 +162,28 @@ def _kept_entries(avals_in, result_avals, reductions, entries) -> dict:
                  if a not in taken)
     for j, at in r.results:
       out.setdefault(j, {})[absolute_dim(at, len(result_avals[j].shape))] = _entry(axes)
+  return out
+
+
+def _explicit_halo_entries(avals_in, spec: BatchSpec) -> dict[str, tuple]:
+  """Per halo dim the plan splits, the mesh axes of the first operand whose
+  Explicit type shards it (as the partitioner keeps them: where the window
+  can take the split)."""
+  out: dict[str, tuple] = {}
+  for h in spec.halos:
+    for k, axis in h.operand_dims:
+      aval = avals_in[k]
+      sharding = getattr(aval, "sharding", None)
+      pspec = getattr(sharding, "spec", None)
+      if pspec is None or sharding is None or sharding.mesh.empty:
+        continue
+      dim = absolute_dim(axis, len(aval.shape))
+      axes = _axes(_partitions(pspec, len(aval.shape))[dim])
+      tiles = math.prod(sharding.mesh.shape[a] for a in axes)
+      taken = {a for v in out.values() for a in v}
+      if axes and not taken & set(axes) and splits_into(h, aval.shape[dim], tiles):
+        out[h.name] = axes
+      break
   return out
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from batchpart import _compat as compat
 from batchpart._vocab.dims.batch import batch_slice, full_leads, normalize_lead_fields
 from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import Reduction
 
 
@@ -35,7 +36,8 @@ class BatchSpec:
   stored as ``()``, so such a spec equals one built without them.
   ``reductions``: the reduced core dims (``_vocab/dims/reduced``);
   ``dim_names``: where each named core dim is (``_vocab/dims/core``), where
-  a reduction or a per-shard attribute rule needs it.
+  a reduction or a per-shard attribute rule needs it; ``halos``: the halo
+  dims (``_vocab/dims/halo``).
   """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
@@ -43,6 +45,7 @@ class BatchSpec:
   result_lead_ranks: tuple[int, ...] = ()
   reductions: tuple[Reduction, ...] = ()
   dim_names: tuple[DimName, ...] = ()
+  halos: tuple[HaloDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_core_ranks), len(self.result_core_ranks))
@@ -53,7 +56,8 @@ class BatchSpec:
     and the core ranks)."""
     return cls(params["operand_core_ranks"], params["result_core_ranks"],
                params.get("operand_lead_ranks", ()), params.get("result_lead_ranks", ()),
-               params.get("reductions", ()), params.get("dim_names", ()))
+               params.get("reductions", ()), params.get("dim_names", ()),
+               params.get("halos", ()))
 
   @property
   def operand_leads(self) -> tuple[int, ...]:
@@ -76,6 +80,8 @@ class BatchSpec:
       params["reductions"] = self.reductions
     if self.dim_names:
       params["dim_names"] = self.dim_names
+    if self.halos:
+      params["halos"] = self.halos
     return params
 
 

@@ -19,7 +19,11 @@ sharding), with two differences that make its contract hold:
 
 A reduced dim (``reduce=``) the plan keeps sharded is one more axis of the
 device grid: the devices along it share a batch block, each gets its own part
-of that dim, and the groups along it are the all-reduce's.
+of that dim, and the groups along it are the all-reduce's. A halo dim
+(``halo=``) the plan splits is one too, before the reduced dims' axes; the
+block vector then ends with four entries per halo dim: where the device's
+window lies and where its kept part lies, in global positions
+(``dims/halo.part_extent``).
 
 The device grid is an int array of device ids with one axis per batch dim,
 one replicated axis and the manual axes (then one axis per reduced dim); the
@@ -34,13 +38,15 @@ import math
 import numpy as np
 
 from batchpart._vocab.description import CallDescription
+from batchpart._vocab.dims.halo import part_extent, whole_extents
 
 
-def whole_block(batch, reduced=()) -> np.ndarray:
-  """The block vector of the whole batch: offsets zero, no padding, and each
-  reduced dim (of sizes ``reduced``) whole (where XLA does not partition the
-  call)."""
-  return np.asarray([0] * len(batch) + list(batch) + [0] * len(reduced) + list(reduced),
+def whole_block(batch, reduced=(), halos=(), halo_sizes=()) -> np.ndarray:
+  """The block vector of the whole batch: offsets zero, no padding, each
+  reduced dim (of sizes ``reduced``) and each halo dim whole (where XLA does
+  not partition the call)."""
+  return np.asarray([0] * len(batch) + list(batch) + [0] * len(reduced) + list(reduced)
+                    + whole_extents(halos, halo_sizes),
                     np.int64)
 
 
@@ -54,12 +60,19 @@ def block_extent(batch, block) -> tuple[list[int], list[int], list[int]]:
   return offsets, local, [max(0, min(b - o, n)) for b, o, n in zip(batch, offsets, local)]
 
 
-def reduced_parts(batch, block) -> tuple[slice, ...]:
-  """What a block vector says about the reduced dims: each one's part, as a
-  slice of the whole dim."""
+def reduced_parts(batch, block, reduced: int) -> tuple[slice, ...]:
+  """What a block vector says about its ``reduced`` reduced dims: each one's
+  part, as a slice of the whole dim."""
   values = [int(v) for v in np.asarray(block).reshape(-1)][2 * len(batch):]
-  r = len(values) // 2
-  return tuple(slice(s, s + n) for s, n in zip(values[:r], values[r:]))
+  return tuple(slice(s, s + n) for s, n in zip(values[:reduced], values[reduced:2 * reduced]))
+
+
+def halo_extents(batch, block, reduced: int, halos: int) -> list[tuple[int, ...]]:
+  """What a block vector says about its ``halos`` halo dims (after its
+  ``reduced`` reduced dims): each one's (window start, window stop, kept
+  start, kept stop)."""
+  values = [int(v) for v in np.asarray(block).reshape(-1)][2 * len(batch) + 2 * reduced:]
+  return [tuple(values[4 * i:4 * i + 4]) for i in range(halos)]
 
 
 def batch_shape(d: CallDescription, operand_shapes, result_shapes) -> tuple[int, ...]:
@@ -118,19 +131,22 @@ def fold(grid, rank, batch):
   return folded.reshape(shape)
 
 
-def block_table(grid, batch, partitions: int, target: str, reduced=()) -> np.ndarray:
+def block_table(grid, batch, partitions: int, target: str, reduced=(), halos=(),
+                halo_axes=(), halo_sizes=()) -> np.ndarray:
   """The table of block vectors on the folded ``grid``, one row per
   partition: each device's block offsets, then the local batch shape, then
-  each reduced dim's part start and size; ``reduced`` gives each reduced
-  dim's (grid axis, part size). A device outside the grid gets all
-  padding."""
+  each reduced dim's part start and size (``reduced``: each one's grid axis
+  and part size), then each halo dim's window and kept part (its parts along
+  grid axis ``halo_axes[i]``, of ``halo_sizes[i]`` elements). A device
+  outside the grid gets all padding."""
   rank, r = len(batch), len(reduced)
   tiles = grid.shape[:rank]
   local_batch = [-(-b // t) for b, t in zip(batch, tiles)]
-  table = np.zeros((partitions, 2 * rank + 2 * r), np.int64)
+  table = np.zeros((partitions, 2 * rank + 2 * r + 4 * len(halos)), np.int64)
   table[:, :rank] = batch          # a device outside the grid: all padding
   table[:, rank:2 * rank] = local_batch
-  table[:, 2 * rank + r:] = [n for _, n in reduced]
+  table[:, 2 * rank + r:2 * rank + 2 * r] = [n for _, n in reduced]
+  table[:, 2 * rank + 2 * r:] = whole_extents(halos, halo_sizes)
   for coord in np.ndindex(*grid.shape):
     device = int(grid[coord])
     if not 0 <= device < partitions:
@@ -138,6 +154,9 @@ def block_table(grid, batch, partitions: int, target: str, reduced=()) -> np.nda
                        f"of '{target}'")
     table[device, :rank] = [c * n for c, n in zip(coord[:rank], local_batch)]
     table[device, 2 * rank:2 * rank + r] = [coord[axis] * n for axis, n in reduced]
+    table[device, 2 * rank + 2 * r:] = [
+        v for h, axis, n in zip(halos, halo_axes, halo_sizes)
+        for v in part_extent(h, int(n), grid.shape[axis], coord[axis])]
   return table
 
 

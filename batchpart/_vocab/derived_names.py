@@ -32,6 +32,9 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   then ``:r<result>.<axis>,...`` where results keep the dim
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
+- ``$h:<name>=<lo>.<hi>[.p]:<operand>.<axis>,...:<result>.<axis>,...``: a
+  halo dim, its window (``.p``: periodic) and its core axis in each operand
+  and each result that has it, one field per dim
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
   (``rule_digest``): a changed rule gives a new name, hence a new partition
   cache entry and a new persistent-compilation-cache key
@@ -47,6 +50,7 @@ import re
 from batchpart._vocab.description import CallDescription, default_layout
 from batchpart._vocab.dims.combiner import is_user_combiner
 from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 
 MARKER = "$bp1"
@@ -55,6 +59,7 @@ _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
 _REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?$")
+_HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 
@@ -78,10 +83,11 @@ def encode(d: CallDescription) -> str:
   if d.result_lead_ranks:
     fields.append(f"$pr{_ints(d.result_lead_ranks)}")
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
-  pairs = lambda where: ",".join(f"{k}.{axis}" for k, axis in where)
-  fields += [f"$x:{r.name}={r.op}:{pairs(r.dims)}" + (f":r{pairs(r.results)}" if r.results
-                                                      else "")
+  fields += [f"$x:{r.name}={r.op}:{_write_pairs(r.dims)}"
+             + (f":r{_write_pairs(r.results)}" if r.results else "")
              for r in d.reductions]
+  fields += [f"$h:{h.name}={h.lo}.{h.hi}{'.p' if h.periodic else ''}"
+             f":{_write_pairs(h.operand_dims)}:{_write_pairs(h.result_dims)}" for h in d.halos]
   fields += [f"$k:{n.name}={n.kind}{n.index}.{n.axis}" for n in d.dim_names]
   if d.has_side_effect:
     fields.append("$s")
@@ -90,6 +96,16 @@ def encode(d: CallDescription) -> str:
   if d.attribute_rule:
     fields.append(f"$f={d.attribute_rule}")
   return d.target + MARKER + "".join(fields)
+
+
+def _write_pairs(dims) -> str:
+  """(array, axis) pairs as ``k.axis,...``."""
+  return ",".join(f"{k}.{axis}" for k, axis in dims)
+
+
+def _read_pairs(text: str) -> tuple[tuple[int, int], ...]:
+  """``k.axis,...`` (or nothing) as (array, axis) pairs."""
+  return tuple((int(k), int(a)) for k, a in (p.split(".") for p in text.split(",") if p))
 
 
 def is_derived(name: str) -> bool:
@@ -124,18 +140,13 @@ def _parse_ints(text: str, sep=",") -> tuple[int, ...]:
   return tuple(int(v) for v in text.split(sep)) if text else ()
 
 
-def _pairs(text: str) -> tuple[tuple[int, int], ...]:
-  """``k.axis,...`` as pairs."""
-  return tuple((int(a), int(b)) for a, b in (p.split(".") for p in text.split(",") if p))
-
-
 def _decode_fields(target: str, body: str) -> CallDescription:
   if "".join(m.group(0) for m in _FIELD.finditer(body)) != body:
     raise ValueError("malformed fields")
   values: dict[str, str] = {}
   layouts: dict[str, dict[int, tuple[int, ...]]] = {"o": {}, "r": {}}
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
-  reductions, dim_names = [], []
+  reductions, dim_names, halos = [], [], []
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
     if tag in ("o", "r", "no", "nr", "po", "pr"):
@@ -156,8 +167,11 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       rule = value[1:]
     elif tag == "x" and (x := _REDUCTION.match(value)) and (
         x.group(2) in ALL_OPS or is_user_combiner(x.group(2))):
-      reductions.append(Reduction(x.group(1), x.group(2), _pairs(x.group(3)),
-                                  _pairs(x.group(4) or "")))
+      reductions.append(Reduction(x.group(1), x.group(2), _read_pairs(x.group(3)),
+                                  _read_pairs(x.group(4) or "")))
+    elif tag == "h" and (h := _HALO.match(value)):
+      halos.append(HaloDim(h.group(1), int(h.group(2)), int(h.group(3)), bool(h.group(4)),
+                           _read_pairs(h.group(5)), _read_pairs(h.group(6))))
     elif tag == "k" and (k := _DIM_NAME.match(value)):
       dim_names.append(DimName(k.group(1), k.group(2), int(k.group(3)), int(k.group(4))))
     else:
@@ -201,4 +215,5 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       result_lead_ranks=result_leads,
       reductions=tuple(reductions),
       dim_names=tuple(dim_names),
+      halos=tuple(halos),
   )

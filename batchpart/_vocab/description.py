@@ -12,6 +12,7 @@ import dataclasses
 
 from batchpart._vocab.dims.batch import normalize_lead_fields
 from batchpart._vocab.dims.core import DimName
+from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import Reduction, lower_combiners
 
 
@@ -50,6 +51,7 @@ class CallDescription:
   result_lead_ranks: tuple[int, ...] = ()
   reductions: tuple[Reduction, ...] = ()
   dim_names: tuple[DimName, ...] = ()
+  halos: tuple[HaloDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_batch_ranks), len(self.result_batch_ranks),
@@ -103,6 +105,30 @@ class CallDescription:
         raise ValueError(f"{self.target}: dim name {n} is neither an operand's nor a "
                          "result's")
       self._check_core_axis(what, n.index, n.axis, batch, leads, ranks)
+    self._check_halos()
+
+  def _check_halos(self) -> None:
+    """Each halo names a core axis of at least one operand and of every
+    result, once per array, and no reduced axis."""
+    if len({h.name for h in self.halos}) != len(self.halos):
+      raise ValueError(f"{self.target}: halos {self.halos} name a dim twice")
+    reduced = {pair for r in self.reductions for pair in r.dims}
+    for h in self.halos:
+      if h.lo < 0 or h.hi < 0 or not h.operand_dims or sorted(
+          k for k, _ in h.result_dims) != list(range(len(self.result_batch_ranks))):
+        raise ValueError(f"{self.target}: halo {h} must have widths >= 0, an operand and "
+                         "every result")
+      if len({k for k, _ in h.operand_dims}) != len(h.operand_dims):
+        raise ValueError(f"{self.target}: halo {h} names an operand twice")
+      for k, axis in h.operand_dims:
+        if (k, axis) in reduced:
+          raise ValueError(f"{self.target}: operand {k} core axis {axis} is reduced and a "
+                           "halo")
+        self._check_core_axis("operand", k, axis, self.operand_batch_ranks,
+                              self.operand_leads, self.operand_ranks)
+      for k, axis in h.result_dims:
+        self._check_core_axis("result", k, axis, self.result_batch_ranks,
+                              self.result_leads, self.result_ranks)
 
   def _check_core_axis(self, what, k, axis, batch_ranks, leads, ranks) -> None:
     """Raises unless ``axis`` is a core axis of array ``k``."""
@@ -133,7 +159,7 @@ class CallDescription:
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
              has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
-             result_lead_ranks=(), reductions=(), dim_names=(),
+             result_lead_ranks=(), reductions=(), dim_names=(), halos=(),
              result_dtypes=()) -> CallDescription:
   """The description of a call with these shapes and (trailing, leading)
   core ranks; a ``Combiner`` among the reductions is lowered on the results'
@@ -157,4 +183,5 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
       attribute_rule=attribute_rule,
       reductions=tuple(reductions),
       dim_names=tuple(dim_names),
+      halos=tuple(halos),
   )

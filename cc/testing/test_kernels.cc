@@ -461,6 +461,7 @@ HandlerTable Handlers() {
       {"stateful_execute", reinterpret_cast<void*>(kStatefulExecute)},
   };
   for (auto& entry : CombineHandlers()) table.push_back(entry);
+  for (auto& entry : HaloHandlers()) table.push_back(entry);
   return table;
 }
 

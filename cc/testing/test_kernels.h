@@ -14,6 +14,9 @@ HandlerTable Handlers();
 // The same for the kernels whose results combine by a named combiner
 // (combine_kernels.cc); Handlers() includes them.
 HandlerTable CombineHandlers();
+// The same for the kernels local along their core dims (halo_kernels.cc);
+// Handlers() includes them.
+HandlerTable HaloHandlers();
 
 // Batch elements processed by all test kernels in this process.
 int64_t BatchElementsProcessed();

@@ -1,0 +1,47 @@
+"""One process of a two-process jax.distributed job (4 CPU devices each)
+calling a halo stencil whose halo dim n is split across the processes.
+
+Run by test_halo_multiprocess.py as ``python halo_multiprocess_worker.py
+PORT ID OUT``. Each process builds the global operand from its own elements
+of n only, runs the stencil (lo 2, hi 1, reflect) with n split 8 ways, and
+writes, to OUT.<ID>.npz, each of its devices' part of the result (where it
+starts in n, and its values) and the compiled program.
+"""
+
+import os
+import sys
+
+port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           initialization_timeout=120)
+
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import batchpart as bp  # noqa: E402
+import batchpart.testing as kernels  # noqa: E402
+
+kernels.register()
+assert jax.device_count() == 8 and jax.local_device_count() == 4
+devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+mesh = Mesh(np.array(devices), ("x",))
+x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+sharding = NamedSharding(mesh, P(None, "x"))
+xs = jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+attrs = dict(rank=np.int64(1), lo=np.int64(2), hi=np.int64(1),
+             mode=np.int64(kernels.HALO_MODES["reflect"]))
+f = jax.jit(lambda x: bp.ffi_call("batchpart_test_stencil",
+                                  jax.ShapeDtypeStruct(x.shape, x.dtype), signature="(n)->(n)",
+                                  halo={"n": bp.Halo(2, 1)})(x, **attrs))
+compiled = f.lower(xs).compile()
+y = jax.block_until_ready(compiled(xs))
+parts = sorted((s.index[1].start or 0, np.asarray(s.data)) for s in y.addressable_shards)
+np.savez(f"{out}.{process_id}.npz", starts=np.array([p[0] for p in parts]),
+         values=np.stack([p[1] for p in parts]), hlo=np.array(compiled.as_text()))
+jax.distributed.shutdown()
