@@ -54,6 +54,9 @@ TARGETS = {
     "batchpart_test_stencil": "stencil",
     # (...,n,m) -> (...,n,m): the 5-point Laplacian, zero outside; f32, f64.
     "batchpart_test_laplacian": "laplacian",
+    # (...,n,m) -> (...,n): the stencil's window along n of the row sums over
+    # m (attrs lo, hi, mode); f32, f64, s32. halo={"n": ...}, reduce={"m": "sum"}.
+    "batchpart_test_row_stencil": "row_stencil",
 }
 #: the stencil kernel's boundary rules (scipy.ndimage's names)
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}
