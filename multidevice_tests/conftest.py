@@ -49,5 +49,12 @@ def mesh2x4():
   return jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
 
 
+@pytest.fixture
+def explicit_mesh2x4():
+  """The 2x4 mesh in Explicit mode, for results typed with their sharding
+  (under ``jax.set_mesh``)."""
+  return jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+
+
 def pytest_configure(config):
   assert jax.device_count() == 8, "multidevice_tests need 8 simulated devices"

@@ -8,28 +8,18 @@ writes, to OUT.<ID>.npz, each of its devices' part of the result (where it
 starts in n, and its values) and the compiled program.
 """
 
-import os
 import sys
 
-port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import jax  # noqa: E402
+import batchpart as bp
+import batchpart.testing as kernels
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.config.update("jax_cpu_enable_async_dispatch", False)
-jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-                           initialization_timeout=120)
+from helpers import join_two_processes
 
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
-
-import batchpart as bp  # noqa: E402
-import batchpart.testing as kernels  # noqa: E402
-
-kernels.register()
-assert jax.device_count() == 8 and jax.local_device_count() == 4
-devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+process_id, out, devices = join_two_processes(sys.argv)
 mesh = Mesh(np.array(devices), ("x",))
 x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
 sharding = NamedSharding(mesh, P(None, "x"))

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings, strategies as st
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from batchpart import _hlo
 
@@ -67,6 +67,25 @@ def run_two_processes(worker: str, out: str, timeout: float = 240) -> None:
   assert all(p.returncode == 0 for p in procs), "\n\n".join(logs)
 
 
+def join_two_processes(argv):
+  """In a worker run by ``run_two_processes``: joins the job named by
+  ``argv`` (``worker PORT PROCESS_ID OUT``) with 4 CPU devices, gloo
+  collectives and synchronous dispatch, and registers batchpart's test
+  kernels. Call it before anything starts jax's backend, which reads the
+  device count once. Returns the process id, OUT, and the 8 devices in
+  process order (process 0's first)."""
+  port, process_id, out = argv[1], int(argv[2]), argv[3]
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                             initialization_timeout=120)
+  from batchpart import testing
+  testing.register()
+  assert jax.device_count() == 8 and jax.local_device_count() == 4
+  return process_id, out, sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+
+
 def random_spec(data, mesh, rank: int, label: str, *, shuffle: bool = False) -> P:
   """A drawn PartitionSpec: each mesh axis tiles one random dim, or none;
   axes on one dim stack (in drawn order too, with ``shuffle``)."""
@@ -117,6 +136,26 @@ def auto_mesh(shape: tuple[int, ...]):
   (a drawn test compiles against the same mesh object each time)."""
   return jax.make_mesh(shape, ("a", "b", "c")[:len(shape)],
                        axis_types=(AxisType.Auto,) * len(shape))
+
+
+#: the meshes of all 8 devices the drawn tests sample from
+MESH_SHAPES = ((8,), (2, 4), (4, 2), (2, 2, 2))
+
+
+def draw_mesh(data, shapes=MESH_SHAPES):
+  """``auto_mesh`` of one of ``shapes`` (drawn)."""
+  return auto_mesh(data.draw(st.sampled_from(shapes), label="mesh"))
+
+
+def constrained_call(mesh, specs, fn, *arrays):
+  """``fn`` jitted with each argument constrained to its spec inside the jit
+  (uneven splits included, which device_put refuses), and ``arrays`` put
+  with those specs (replicated where a spec does not divide its array)."""
+  def constrained(*args):
+    return fn(*(jax.lax.with_sharding_constraint(a, NamedSharding(mesh, s))
+                for a, s in zip(args, specs)))
+  return jax.jit(constrained), [put(a, mesh, s if divides(mesh, s, a.shape) else P())
+                                for a, s in zip(arrays, specs)]
 
 
 def draw_auto_mesh(data, shapes, names=("a", "b", "c")):
@@ -182,15 +221,17 @@ _PERSISTENT_CACHE_PREAMBLE = textwrap.dedent("""
 def run_sharing_a_cache(body: str, cache_dir, args, timeout: float = 240) -> list[str]:
   """Runs the script ``body`` (after the preamble above) once per entry of
   ``args``, each in a fresh process reading and writing the persistent
-  cache in ``cache_dir``; asserts each exits cleanly and that the cache was
-  written, and returns their outputs."""
+  cache in ``cache_dir``; asserts each ran to the end of ``body`` with its
+  own argument and exited cleanly, and that the cache was written; returns
+  their outputs."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  script = _PERSISTENT_CACHE_PREAMBLE + textwrap.dedent(body)
+  script = _PERSISTENT_CACHE_PREAMBLE + textwrap.dedent(body) + '\nprint("ok", sys.argv[2])\n'
   outputs = []
   for arg in args:
     proc = subprocess.run([sys.executable, "-c", script, str(cache_dir), str(arg)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["ok", str(arg)], proc.stdout[-3000:]
     outputs.append(proc.stdout)
   assert any(os.scandir(cache_dir))
   return outputs

@@ -11,29 +11,19 @@ supplied, the rows its kernels processed and the compiled program; then a
 max_k over n split across the processes, and the result it holds.
 """
 
-import os
 import sys
 
-port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import jax  # noqa: E402
+import batchpart.testing as kernels
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.config.update("jax_cpu_enable_async_dispatch", False)
-jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-                           initialization_timeout=120)
+from helpers import join_two_processes
 
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
-
-import batchpart.testing as kernels  # noqa: E402
-
-kernels.register()
-assert jax.device_count() == 8 and jax.local_device_count() == 4
+process_id, out, devices = join_two_processes(sys.argv)
 # Devices in process order: process 0 holds mesh rows 0-3 of the flat mesh
 # and row 0 of the 2x4 one.
-devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
 flat = Mesh(np.array(devices), ("x",))
 grid = Mesh(np.array(devices).reshape(2, 4), ("p", "d"))
 B, N, K = 4, 64, 3

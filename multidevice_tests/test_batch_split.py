@@ -11,14 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from batchpart.testing import (
-  DTYPES,
-  SPLIT_OPS,
-  SPLIT_SIZES,
-  assert_same_bits,
-  split_function,
-  split_operands,
-)
+from batchpart.testing import SPLIT_OPS, assert_same_bits, split_case
 
 from helpers import property_settings
 
@@ -44,16 +37,9 @@ def sharded(f, devices: int):
 @property_settings(EXAMPLES)
 @given(data=st.data())
 def test_device_counts_agree(name, data):
-  dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-  n = data.draw(st.sampled_from(SPLIT_SIZES), label="n")
-  batch = data.draw(st.integers(1, 12 if n > 64 else 40), label="batch")
-  flags = tuple(data.draw(st.lists(st.booleans(), min_size=5, max_size=5), label="flags"))
-  wide = data.draw(st.booleans(), label="wide")
-  f = split_function(name, flags=flags)
+  batch, f, operands, what = split_case(
+      data.draw, name, lambda n: data.draw(st.integers(1, 12 if n > 64 else 40), label="batch"))
   with jax.enable_x64(True):
-    operands = split_operands(np.random.default_rng(n * 41 + batch), name, batch, n, dtype,
-                              flags=flags, wide=wide)
     results = {k: jax.device_get(sharded(f, k)(*operands)) for k in DEVICE_COUNTS}
   for k in DEVICE_COUNTS[1:]:
-    assert_same_bits(results[k], results[1],
-                     f"{name} {np.dtype(dtype).name} n={n}, batch {batch}: {k} devices")
+    assert_same_bits(results[k], results[1], f"{what}, batch {batch}: {k} devices")

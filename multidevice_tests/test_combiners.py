@@ -19,21 +19,13 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import (
-  auto_mesh,
-  collective_kinds,
-  divides,
-  local_shapes,
-  property_settings,
-  put,
-  random_spec,
-  the_custom_call,
-)
+import helpers
+from helpers import collective_kinds, local_shapes, put, the_custom_call
 
 ARG = "batchpart_test_arg_rows"
 ATTENTION = "batchpart_test_attention"
@@ -152,8 +144,8 @@ def test_attention_with_masked_parts(partitioner, mesh2x4, dtype):
   assert collective_kinds(text) == {"all-reduce"}
 
 
-def test_explicit_mode_types_the_results_unsharded_over_the_dim(partitioner):
-  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+def test_explicit_mode_types_the_results_unsharded_over_the_dim(partitioner, explicit_mesh2x4):
+  mesh = explicit_mesh2x4
   q, k, v, bias = attention_data(seed=3)
   x = arg_rows_data(np.float32, batch=4, n=64)
   with jax.set_mesh(mesh):
@@ -228,18 +220,18 @@ def test_pure_callback_argmin_and_logsumexp(partitioner, mesh2x4):
 # ---- property test ---------------------------------------------------------------------
 
 @pytest.mark.timeout(600)
-@property_settings(40)
+@helpers.property_settings(40)
 @given(data=st.data())
 def test_drawn_meshes_shardings_and_sizes(partitioner, data):
   """Values equal NumPy (exactly for argmax/argmin, to rounding for
   logsumexp) on drawn 1-D and 2-D meshes, shardings and sizes (uneven ones
   included), and no collective but all-reduces runs after a call whose n
   splits evenly."""
-  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2)]), label="mesh"))
+  mesh = helpers.draw_mesh(data, helpers.MESH_SHAPES[:3])
   B = data.draw(st.sampled_from([1, 2, 3, 4, 8]), label="B")
   n = data.draw(st.sampled_from([1, 3, 4, 8, 10, 16, 24]), label="n")
   op = data.draw(st.sampled_from(["argmax", "argmin", "logsumexp"]), label="op")
-  spec = random_spec(data, mesh, 2, "x", shuffle=True)
+  spec = helpers.random_spec(data, mesh, 2, "x", shuffle=True)
   seed = data.draw(st.integers(0, 2**16), label="seed")
   rng = np.random.default_rng(seed)
   if op == "logsumexp":
@@ -253,15 +245,8 @@ def test_drawn_meshes_shardings_and_sizes(partitioner, data):
     x[rng.random((B, n)) < 0.1] = np.nan
     operand_specs, operands = [P(*spec)], (x,)
     call = lambda x: kernels.arg_rows(x, op)
-
-  def f(*args):
-    args = [jax.lax.with_sharding_constraint(a, NamedSharding(mesh, s))
-            for a, s in zip(args, operand_specs)]
-    return call(*args)
-
-  args = [put(a, mesh, s if divides(mesh, s, a.shape) else P())
-          for a, s in zip(operands, operand_specs)]
-  out = jax.jit(f)(*args)
+  f, args = helpers.constrained_call(mesh, operand_specs, call, *operands)
+  out = f(*args)
   if op == "logsumexp":
     assert_attention_close(out, *operands)
   else:

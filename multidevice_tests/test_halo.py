@@ -242,6 +242,18 @@ def test_explain_names_the_permutes_as_the_declared_halo(partitioner, mesh8):
   assert "whole on every device (a halo dim stays split only where" in str(whole)
 
 
+def test_explain_counts_two_parts_whose_window_is_the_whole_dim(partitioner, mesh2x4):
+  """Two parts of 4 with lo + hi = 4: each device's window is 8 elements,
+  the dim's global size, yet the dim is split (the permutes say so)."""
+  x = rng(14).standard_normal((3, 8)).astype(np.float32)
+  f = jax.jit(lambda x: stencil(x, 1, 3, "reflect"))
+  split = bp.explain(f, put(x, mesh2x4, P(None, "a")))
+  assert [(h.size, h.parts) for h in split.calls[0].halo_dims] == [(8, 2)]
+  assert "in 2 parts of 4, each device's window 8 elements" in str(split)
+  whole = bp.explain(f, put(x, mesh2x4, P()))
+  assert [(h.size, h.parts) for h in whole.calls[0].halo_dims] == [(8, 1)]
+
+
 def test_inside_shard_map_each_device_runs_its_block(partitioner, mesh8):
   """Manual mode: the body sees its block, and an exchange is the body's
   job, as for every batchpart call; the kernel runs on the block as is."""

@@ -27,12 +27,9 @@ SCRIPT = textwrap.dedent("""
     text = f.lower(x).compile().as_text()
     assert f"f32[2,{8 + 2 * width}]" in text, text
     np.testing.assert_array_equal(np.asarray(f(x)), want)
-    print("ok", width)
 """)
 
 
 @pytest.mark.timeout(400)
 def test_the_persistent_cache_keeps_halo_widths_apart(tmp_path):
-  widths = ("1", "2", "1")
-  outputs = run_sharing_a_cache(SCRIPT, tmp_path, widths, timeout=300)
-  assert [out.split()[-1] for out in outputs] == list(widths)
+  run_sharing_a_cache(SCRIPT, tmp_path, ("1", "2", "1"), timeout=300)

@@ -156,3 +156,14 @@ def test_operands_without_the_halo_dim_or_with_fewer_batch_dims(partitioner, mes
   np.testing.assert_array_equal(np.asarray(out), correlate_and_scale(x, w, g))
   assert out.sharding.spec == P("a", None, "b")
   assert collective_kinds(text) == {"collective-permute"}
+
+
+def test_explain_counts_two_parts_whose_window_is_the_whole_dim(partitioner, mesh2x4):
+  """The callback's block vector leads its operands: the explain still
+  finds the slabs of n in the callback's own operand."""
+  x = rng(7).standard_normal((3, 8)).astype(np.float32)
+  f = jax.jit(lambda x: bp.pure_callback(lambda v: 2 * v, S(x.shape, x.dtype), x,
+                                         signature="(n)->(n)", halo={"n": bp.Halo(1, 3)}))
+  for spec, parts in ((P(None, "a"), 2), (P(), 1)):
+    report = bp.explain(f, put(x, mesh2x4, spec))
+    assert [(h.size, h.parts) for h in report.calls[0].halo_dims] == [(8, parts)]

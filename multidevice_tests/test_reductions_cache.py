@@ -33,12 +33,9 @@ SCRIPT = textwrap.dedent("""
     assert text.count(" all-reduce(") == 1, text
     np.testing.assert_allclose(np.asarray(f(xs, ws)),
                                testing.reduce_rows_reference(x, w, op), rtol=1e-5, atol=1e-5)
-    print("ok", op)
 """)
 
 
 @pytest.mark.timeout(400)
 def test_the_persistent_cache_keeps_reductions_apart(tmp_path):
-  ops = ("sum", "max", "sum")
-  outputs = run_sharing_a_cache(SCRIPT, tmp_path, ops, timeout=300)
-  assert [out.split()[-1] for out in outputs] == list(ops)
+  run_sharing_a_cache(SCRIPT, tmp_path, ("sum", "max", "sum"), timeout=300)

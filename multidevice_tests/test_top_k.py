@@ -13,21 +13,13 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import (
-  auto_mesh,
-  collective_kinds,
-  divides,
-  local_shapes,
-  property_settings,
-  put,
-  random_spec,
-  the_custom_call,
-)
+import helpers
+from helpers import collective_kinds, local_shapes, put, the_custom_call
 
 TOP_K = "batchpart_test_top_k_rows"
 
@@ -102,8 +94,8 @@ def test_explain_names_the_merge(partitioner, mesh2x4):
       ("all-gather", True)]
 
 
-def test_explicit_mode_types_the_results_unsharded_over_the_dim(partitioner):
-  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+def test_explicit_mode_types_the_results_unsharded_over_the_dim(partitioner, explicit_mesh2x4):
+  mesh = explicit_mesh2x4
   x = boundary_rows(np.float64)
   with jax.set_mesh(mesh):
     values, index = jax.jit(lambda x: kernels.top_k_rows(x, 4, "min_k"))(
@@ -133,27 +125,22 @@ def test_pure_callback_max_k(partitioner, mesh2x4):
 
 
 @pytest.mark.timeout(600)
-@property_settings(25)
+@helpers.property_settings(25)
 @given(data=st.data())
 def test_drawn_meshes_shardings_sizes_and_k(partitioner, data):
   """Values equal the stable NumPy sort on drawn meshes, shardings, sizes
   (uneven ones too) and k (up to the whole dim, near the part size)."""
-  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2), (2, 2, 2)]), label="mesh"))
+  mesh = helpers.draw_mesh(data)
   B = data.draw(st.sampled_from([1, 2, 3, 4]), label="B")
   n = data.draw(st.sampled_from([3, 8, 10, 16, 24]), label="n")
   k = data.draw(st.integers(1, n), label="k")
   op = data.draw(st.sampled_from(["max_k", "min_k"]), label="op")
-  spec = random_spec(data, mesh, 2, "x", shuffle=True)
+  spec = helpers.random_spec(data, mesh, 2, "x", shuffle=True)
   rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
   x = rng.integers(-3, 3, (B, n)).astype(np.float32)   # many ties
   x[rng.random((B, n)) < 0.1] = np.nan
-
-  def f(x):
-    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-    return kernels.top_k_rows(x, k, op)
-
-  xs = put(x, mesh, spec if divides(mesh, spec, x.shape) else P())
-  assert_top_k_equal(jax.jit(f)(xs), x, k, op)
+  f, args = helpers.constrained_call(mesh, [spec], lambda x: kernels.top_k_rows(x, k, op), x)
+  assert_top_k_equal(f(*args), x, k, op)
 
 
 def test_vmap_keeps_the_merge(partitioner, mesh2x4):

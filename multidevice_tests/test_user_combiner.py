@@ -14,20 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
 
-from helpers import (
-  auto_mesh,
-  divides,
-  local_shapes,
-  property_settings,
-  put,
-  random_spec,
-  the_custom_call,
-)
+import helpers
+from helpers import local_shapes, put, the_custom_call
 
 ARG = "batchpart_test_arg_rows"
 
@@ -144,30 +137,25 @@ def test_attention_merged_by_a_user_combiner(partitioner, mesh2x4):
 
 
 @pytest.mark.timeout(600)
-@property_settings(15)
+@helpers.property_settings(15)
 @given(data=st.data())
 def test_drawn_meshes_shardings_sizes_and_merges(partitioner, data):
-  mesh = auto_mesh(data.draw(st.sampled_from([(8,), (2, 4), (4, 2), (2, 2, 2)]), label="mesh"))
+  mesh = helpers.draw_mesh(data)
   B = data.draw(st.sampled_from([1, 2, 4]), label="B")
   n = data.draw(st.sampled_from([4, 8, 10, 16]), label="n")
   smallest = data.draw(st.booleans(), label="argmin (else argmax)")
-  spec = random_spec(data, mesh, 2, "x", shuffle=True)
+  spec = helpers.random_spec(data, mesh, 2, "x", shuffle=True)
   rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
   x = rng.integers(-2, 2, (B, n)).astype(np.float32)
   sign = -1 if smallest else 1
-
-  def f(x):
-    # argmin as the argmax of -x, merged by first_max.
-    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-    return user_argmax(sign * x)
-
-  xs = put(x, mesh, spec if divides(mesh, spec, x.shape) else P())
-  value, index = jax.jit(f)(xs)
+  # argmin as the argmax of -x, merged by first_max.
+  f, args = helpers.constrained_call(mesh, [spec], lambda x: user_argmax(sign * x), x)
+  value, index = f(*args)
   np.testing.assert_array_equal(np.asarray(index), np.argmax(sign * x, -1))
   np.testing.assert_array_equal(np.asarray(value), (sign * x).max(-1))
 
 
-def test_export_vmap_explain_and_explicit(partitioner, mesh2x4):
+def test_export_vmap_explain_and_explicit(partitioner, mesh2x4, explicit_mesh2x4):
   """An exported program carries the merge's digest in its derived name;
   vmap adds a batch dim the merge is mapped over; bp.explain names the merge
   and its all-gather; Explicit mode types the combined results unsharded
@@ -189,7 +177,7 @@ def test_export_vmap_explain_and_explicit(partitioner, mesh2x4):
   assert [(c.kind, c.declared_reduction) for c in report.calls[0].collectives_after] == [
       ("all-gather", True)]
 
-  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+  mesh = explicit_mesh2x4
   with jax.set_mesh(mesh):
     value, index = jax.jit(user_argmax)(put(x, mesh, P("a", "b")))
     assert jax.typeof(index).sharding.spec == P("a")

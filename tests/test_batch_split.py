@@ -11,18 +11,10 @@ multidevice_tests/test_batch_split.py checks the same across device counts."""
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from batchpart.testing import (
-  DTYPES,
-  SPLIT_OPS,
-  SPLIT_SIZES,
-  assert_same_bits,
-  split_function,
-  split_operands,
-)
+from batchpart.testing import SPLIT_OPS, assert_same_bits, split_case
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("x64")]
 
@@ -48,18 +40,11 @@ def splits(draw, largest: int = 40):
           suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
 @given(data=st.data())
 def test_slices_get_the_batch_bits(name, data):
-  dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-  n = data.draw(st.sampled_from(SPLIT_SIZES), label="n")
   # A large matrix is a chunk of its own on the thread pool: a few show it.
-  batch, slices = data.draw(splits(5 if n > 64 else 40), label="batch, slices")
-  flags = tuple(data.draw(st.lists(st.booleans(), min_size=5, max_size=5), label="flags"))
-  wide = data.draw(st.booleans(), label="wide")
-  f = split_function(name, flags=flags)
-  operands = split_operands(np.random.default_rng(n * 41 + batch), name, batch, n, dtype,
-                            flags=flags, wide=wide)
+  (batch, slices), f, operands, what = split_case(
+      data.draw, name, lambda n: data.draw(splits(5 if n > 64 else 40), label="batch, slices"))
   whole = f(*operands)
   for lo, hi in slices:
     part = f(*(x[lo:hi] for x in operands))
     assert_same_bits(part, jax.tree.map(lambda r, lo=lo, hi=hi: r[lo:hi], whole),
-                     f"{name} {np.dtype(dtype).name} n={n}: batch elements [{lo}, {hi}) of "
-                     f"{batch}")
+                     f"{what}: batch elements [{lo}, {hi}) of {batch}")

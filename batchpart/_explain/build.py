@@ -118,7 +118,8 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
   reduced = _reduced_dims(reductions(derived, hidden), global_operands, device_operands)
   if reduced and inst is not None:
     after = _mark_declared(module, inst, after, gathers=gathers(reduced[0].op))
-  halo_dims = _halo_dims(halos(derived), global_results, device_results)
+  halo_dims = _halo_dims(halos(derived, hidden), global_results, device_results, device_operands,
+                         _permuted_shapes(module, inst))
   if halo_dims and inst is not None:
     # The exchange is inlined from the call's per-device module: its
     # permutes carry the call's op name.
@@ -225,10 +226,11 @@ def _reduced_dims(declared, global_operands, device_operands) -> tuple[ReducedDi
   return tuple(out)
 
 
-def _halo_dims(declared, global_results, device_results) -> tuple[HaloDimReport, ...]:
+def _halo_dims(declared, global_results, device_results, device_operands,
+               permuted) -> tuple[HaloDimReport, ...]:
   """Each declared halo dim with its global size and how many parts the
   devices split it into, read off result 0 (every result has it): a split
-  dim's kernel sees windows of ``lo + part + hi``."""
+  dim's kernel sees windows of ``part + lo + hi``, a whole one the dim."""
   out = []
   for h in declared:
     size = parts = None
@@ -236,10 +238,44 @@ def _halo_dims(declared, global_results, device_results) -> tuple[HaloDimReport,
       dim = absolute_dim(dict(h.result_dims)[0], len(global_results[0]))
       size = global_results[0][dim]
       if device_results:
-        part = device_results[0][dim] - (0 if device_results[0][dim] == size else h.width)
+        local = device_results[0][dim]
+        part = local - h.width if local != size or _exchanged(
+            h, device_operands, permuted) else local
         parts = size // part if part > 0 and size % part == 0 else None
     out.append(HaloDimReport(h.name, h.lo, h.hi, h.periodic, size, parts))
   return tuple(out)
+
+
+def _exchanged(h, device_operands, permuted) -> bool:
+  """Whether the call's collective-permutes carry slabs of ``h``: ``lo + hi``
+  elements along its dim of an operand that has it, no more along the
+  others. This tells apart the one split the window alone cannot: two parts
+  of ``lo + hi`` make a window as long as the whole dim. Before its own
+  exchange the dim is a part of ``lo + hi`` only where it is split, and
+  after it a window of twice that, so no other dim's slabs match."""
+  if not h.width or device_operands is None:
+    return False
+  for k, axis in h.operand_dims:
+    if k >= len(device_operands):
+      continue
+    shape = device_operands[k]
+    dim = absolute_dim(axis, len(shape))
+    if any(len(s) == len(shape) and s[dim] == h.width and all(
+        a <= b for a, b in zip(s, shape)) for s in permuted):
+      return True
+  return False
+
+
+def _permuted_shapes(module: _hlo.Module, inst: _hlo.Instruction | None
+                     ) -> tuple[tuple[int, ...], ...]:
+  """The shapes the collective-permutes of ``inst``'s halo exchange carry
+  (the exchange is inlined from the call's per-device module, so its
+  permutes carry the call's op name)."""
+  if inst is None or not inst.op_name:
+    return ()
+  return tuple(t.shape for i in module.all_instructions()
+               if _hlo.collective_kind(i) == "collective-permute" and i.op_name == inst.op_name
+               for t in i.result_types)
 
 
 def _mark_declared(module: _hlo.Module, call: _hlo.Instruction, after, *, gathers: bool):

@@ -86,11 +86,15 @@ def reductions(derived_name: str | None, hidden: int = 0) -> tuple:
                for r in d.reductions)
 
 
-def halos(derived_name: str | None) -> tuple:
+def halos(derived_name: str | None, hidden: int = 0) -> tuple:
   """The halo dims a derived name declares (``_vocab/dims/halo``
-  ``HaloDim``s); () for none or a plain call."""
+  ``HaloDim``s), operands numbered without the first ``hidden``; () for none
+  or a plain call."""
   d = _description(derived_name)
-  return () if d is None else d.halos
+  if d is None:
+    return ()
+  return tuple(dataclasses.replace(h, operand_dims=tuple(
+      (k - hidden, a) for k, a in h.operand_dims if k >= hidden)) for h in d.halos)
 
 
 def _mlir_unescape(text: str) -> str:

@@ -15,6 +15,29 @@ import numpy as np
 import batchpart
 from batchpart import _core
 
+# batchpart.linalg's helpers, in a module of their own, under this name too.
+from batchpart.testing.linalg import (
+  DTYPES as DTYPES,
+  SPLIT_OPS as SPLIT_OPS,
+  SPLIT_SIZES as SPLIT_SIZES,
+  TOL as TOL,
+  assert_alone_as_in_batch as assert_alone_as_in_batch,
+  assert_close as assert_close,
+  assert_lu as assert_lu,
+  assert_same_bits as assert_same_bits,
+  bits as bits,
+  conj_transpose as conj_transpose,
+  generic_kernels as generic_kernels,
+  hermitian_pd as hermitian_pd,
+  lanes as lanes,
+  random_array as random_array,
+  small_path as small_path,
+  split_case as split_case,
+  split_function as split_function,
+  split_operands as split_operands,
+  switch_key as switch_key,
+)
+
 #: target name -> short kernel name in batchpart._core.testing.handlers()
 TARGETS = {
     "batchpart_test_softmax": "softmax",      # (n) -> (n), ()
@@ -52,6 +75,9 @@ TARGETS = {
     "batchpart_test_stencil": "stencil",
     # (...,n,m) -> (...,n,m): the 5-point Laplacian, zero outside; f32, f64.
     "batchpart_test_laplacian": "laplacian",
+    # (...,n,m) -> (...,n): the stencil's window along n of the row sums over
+    # m (attrs lo, hi, mode); f32, f64, s32. halo={"n": ...}, reduce={"m": "sum"}.
+    "batchpart_test_row_stencil": "row_stencil",
 }
 #: the stencil kernel's boundary rules (scipy.ndimage's names)
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}
@@ -237,25 +263,3 @@ def softmax_reference(x):
   s = e.sum(axis=-1, keepdims=True)
   return e / s, (m + np.log(s))[..., 0]
 
-# The batchpart.linalg helpers live in their own module; they are this
-# module's names too, as the tests import them.
-from batchpart.testing.linalg import (  # noqa: E402  (re-exports, after the kernels)
-  DTYPES as DTYPES,
-  SPLIT_OPS as SPLIT_OPS,
-  SPLIT_SIZES as SPLIT_SIZES,
-  TOL as TOL,
-  assert_alone_as_in_batch as assert_alone_as_in_batch,
-  assert_close as assert_close,
-  assert_lu as assert_lu,
-  assert_same_bits as assert_same_bits,
-  bits as bits,
-  conj_transpose as conj_transpose,
-  generic_kernels as generic_kernels,
-  hermitian_pd as hermitian_pd,
-  lanes as lanes,
-  random_array as random_array,
-  small_path as small_path,
-  split_function as split_function,
-  split_operands as split_operands,
-  switch_key as switch_key,
-)

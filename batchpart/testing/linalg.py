@@ -1,6 +1,7 @@
-"""batchpart.linalg test helpers shared by tests/ and multidevice_tests/:
-dtypes and tolerances, small-matrix path switches, random operands, and the
-batch-split invariance (a matrix's bits, whatever its batch)."""
+"""batchpart.linalg's test helpers, shared by tests/ and multidevice_tests/:
+operands, tolerances, switches to a kernel's other path, and the batch-split
+invariance (a matrix's bits, whatever batch it is in). ``batchpart.testing``
+exports every name."""
 
 from __future__ import annotations
 
@@ -145,6 +146,24 @@ def split_operands(rng, name: str, batch: int, n: int, dtype, *,
   if name == "triangular_solve":
     return a, random_array(rng, (batch, 3, n), dtype)
   return (a,)
+
+
+def split_case(draw, name: str, batch):
+  """A drawn case of SPLIT_OPS ``name``: ``draw`` is hypothesis's
+  ``data.draw``, ``batch(n)`` draws the batch size for matrices of size n
+  (or a tuple led by it). Returns the drawn batch, the function, its
+  operands and the case in words."""
+  from hypothesis import strategies as st  # a test dependency, not the package's
+  dtype = draw(st.sampled_from(DTYPES), label="dtype")
+  n = draw(st.sampled_from(SPLIT_SIZES), label="n")
+  drawn = batch(n)
+  size = drawn[0] if isinstance(drawn, tuple) else drawn
+  flags = tuple(draw(st.lists(st.booleans(), min_size=5, max_size=5), label="flags"))
+  wide = draw(st.booleans(), label="wide")
+  operands = split_operands(np.random.default_rng(n * 41 + size), name, size, n, dtype,
+                            flags=flags, wide=wide)
+  return drawn, split_function(name, flags=flags), operands, (
+      f"{name} {np.dtype(dtype).name} n={n}")
 
 
 def bits(x) -> np.ndarray:

@@ -2,10 +2,11 @@
 // each result element depends on the operand elements within a window
 // around it and on the kernel's own boundary rule at the array's ends.
 //
-// Both take any leading batch dims, float32 or float64, check their buffers'
-// shapes and return an FFI error, never abort. Every result element is one
-// sum in a fixed order, so a call on a window computes, for the elements
-// it keeps, exactly the bits the call on the whole array does.
+// Each takes any leading batch dims, float32 or float64 (row_stencil int32
+// too), checks its buffers' shapes and returns an FFI error, never aborts.
+// Every result element is one sum in a fixed order, so a call on a window
+// computes, for the elements it keeps, exactly the bits the call on the
+// whole array does.
 #include <cstdint>
 #include <string>
 
@@ -162,6 +163,68 @@ ffi::Error LaplacianImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// ---- row_stencil: (n,m) -> (n) ----------------------------------------------
+// y[i] = sum over a in [-lo, hi] of (1 + (a + lo)) * s[i + a], s[i] the sum
+// of row i over m, outside the rows by the boundary rule: local along n and
+// linear in x, so the sums over parts of m add up to the whole call's
+// (halo={"n": Halo(lo, hi)} with reduce={"m": "sum"}). f32, f64, s32 (exact).
+
+template <typename T>
+void RowStencil(const T* x, T* y, int64_t batch, int64_t n, int64_t m, int64_t lo,
+                int64_t hi, int64_t mode) {
+  for (int64_t e = 0; e < batch; ++e) {
+    const T* xe = x + e * n * m;
+    for (int64_t i = 0; i < n; ++i) {
+      T sum = 0;
+      for (int64_t a = -lo; a <= hi; ++a) {
+        const int64_t ii = Bound(i + a, n, mode);
+        if (ii < 0) continue;
+        T row = 0;
+        for (int64_t j = 0; j < m; ++j) row += xe[ii * m + j];
+        sum += static_cast<T>(1 + (a + lo)) * row;
+      }
+      y[e * n + i] = sum;
+    }
+  }
+}
+
+ffi::Error RowStencilImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int64_t lo,
+                          int64_t hi, int64_t mode) {
+  const auto xd = x.dimensions(), yd = y->dimensions();
+  if (lo < 0 || hi < 0 || mode < kZero || mode > kWrap) {
+    return KernelError("row_stencil", "lo, hi must be >= 0 and mode in 0..3");
+  }
+  if (xd.size() < 2 || yd.size() + 1 != xd.size()) {
+    return KernelError("row_stencil", "x must be (...,n,m) and y (...,n); got " +
+                                          DimsToString(xd) + ", " + DimsToString(yd));
+  }
+  for (size_t i = 0; i < yd.size(); ++i) {
+    if (xd[i] != yd[i]) return KernelError("row_stencil", "y must be x's shape less m");
+  }
+  const size_t r = xd.size();
+  const int64_t n = xd[r - 2], m = xd[r - 1];
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < r; ++i) batch *= xd[i];
+  if (x.element_type() != y->element_type()) {
+    return KernelError("row_stencil", "y must have x's dtype");
+  }
+  switch (x.element_type()) {
+    case ffi::F32:
+      RowStencil(x.typed_data<float>(), y->typed_data<float>(), batch, n, m, lo, hi, mode);
+      break;
+    case ffi::F64:
+      RowStencil(x.typed_data<double>(), y->typed_data<double>(), batch, n, m, lo, hi, mode);
+      break;
+    case ffi::S32:
+      RowStencil(x.typed_data<int32_t>(), y->typed_data<int32_t>(), batch, n, m, lo, hi,
+                 mode);
+      break;
+    default:
+      return KernelError("row_stencil", "x must be float32, float64 or int32");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kStencil, StencilImpl,
@@ -176,10 +239,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kStencil, StencilImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLaplacian, LaplacianImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowStencil, RowStencilImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("lo")
+                                  .Attr<int64_t>("hi")
+                                  .Attr<int64_t>("mode"));
+
 HandlerTable HaloHandlers() {
   return {
       {"stencil", reinterpret_cast<void*>(kStencil)},
       {"laplacian", reinterpret_cast<void*>(kLaplacian)},
+      {"row_stencil", reinterpret_cast<void*>(kRowStencil)},
   };
 }
 
