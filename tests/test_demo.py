@@ -1,7 +1,9 @@
 """The demo's guards (``batchpart._demo``): a baseline that can hang runs in a
-child process with a time limit, and XLA's C++ log lines are held back."""
+child process with a time limit, and XLA's C++ log lines are held back; and
+its named-combiner and halo sections print equal results."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -30,3 +32,42 @@ def test_xla_log_lines_are_held_back_and_the_rest_passed_on(capfd):
   err = capfd.readouterr().err
   assert "spmd_partitioner" not in err
   assert "a warning of our own" in err and "python stderr" in err
+
+
+_SECTIONS = """
+from batchpart import _demo
+from batchpart._demo import kinds
+_demo._configure(8)
+import jax
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+with _demo._without_xla_logs():
+  kinds.combiner(mesh, 8, 2)
+  print(flush=True)
+  kinds.halo(mesh, 8, 2)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_combiner_and_halo_sections_print_and_equal_the_unsharded_call():
+  # A child process: the sections need 8 simulated devices, which jax takes
+  # only before its first use in a process.
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  done = subprocess.run([sys.executable, "-c", _SECTIONS], capture_output=True, text=True,
+                        timeout=240, env=env)
+  assert done.returncode == 0, done.stderr[-2000:]
+  out = done.stdout
+  assert "named combiner: attention" in out and "reduce={'n': 'logsumexp'}" in out
+  assert "(o, lse) allclose to the unsharded call, all three: True" in out
+  assert "halo: a stencil (y" in out and "halo={'n': bp.Halo(2, 1)}" in out
+  assert "equal to the unsharded call bit for bit, all three: True" in out
+  combiner, halo = out.split("halo: a stencil (")
+  for name in ("bp.ffi_call", "jax.ffi.ffi_call", "shard_map by hand"):
+    assert f"  {name} " in combiner and f"  {name} " in halo
+  # Each device sees its own keys (4096 / 8), and the halo's windows come from
+  # collective-permutes, where jax's call gathers.
+  rows = {line.split()[0]: line for line in combiner.splitlines() if line.startswith("  bp.")}
+  assert " 512x16 " in rows["bp.ffi_call"] and "all-gather" not in rows["bp.ffi_call"]
+  rows = {line.split()[0]: line for line in halo.splitlines() if line.startswith("  bp.")}
+  assert "collective-permute" in rows["bp.ffi_call"] and "all-gather" not in rows["bp.ffi_call"]
+  assert "no result" not in out and not any(
+      _demo._XLA_LOG_LINE.match(line) for line in done.stderr.splitlines())

@@ -160,7 +160,8 @@ def _summary(report) -> tuple[str, str, str]:
   kinds: dict[str, int] = {}
   for c in (*call.collectives_before, *call.collectives_after):
     kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
-  collectives = ", ".join(f"{k} {v / 1024:.0f}KiB" for k, v in sorted(kinds.items()))
+  # One decimal below 10 KiB, so that a halo's few edge columns do not read as nothing.
+  collectives = ", ".join(f"{k} {v / 1024:.{int(v < 10240)}f}KiB" for k, v in sorted(kinds.items()))
   replication = "-" if call.replication is None else str(call.replication)
   return shape, collectives or "none", replication
 
@@ -382,9 +383,12 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
         "each call's time over batchpart's, measured interleaved (jnp.linalg's in a child\n"
         "process of its own, against batchpart's there). The shard_map wrapper is right here\n"
         "only because its in_specs name the batch dim; it cannot follow other specs.\n")
+  from batchpart._demo import kinds
   for section in (lambda: _callbacks(mesh, a, repeats),
                   lambda: _buffer_callbacks(mesh, a, repeats),
-                  lambda: _reductions(mesh, num_devices, repeats)):
+                  lambda: _reductions(mesh, num_devices, repeats),
+                  lambda: kinds.combiner(mesh, num_devices, repeats),
+                  lambda: kinds.halo(mesh, num_devices, repeats)):
     with _without_xla_logs():
       section()
     print(flush=True)

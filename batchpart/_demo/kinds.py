@@ -1,0 +1,138 @@
+"""The demo's sections on two kinds of core dim: a named combiner (attention
+over sharded keys, merged by logsumexp) and a halo (a stencil over a sharded
+dim, its windows exchanged with the neighbours)."""
+
+from __future__ import annotations
+
+from batchpart._demo import _interleaved_args, _print_row, _summary
+
+
+def _table(fns: dict, args, operand: str, index: int, times: dict) -> None:
+  """One row per call: what ``bp.explain`` reads off its program (the
+  per-device shape of operand ``index``, collectives, devices per element)
+  and its time over the first call's."""
+  import batchpart as bp
+  print(f"  {'call':<19} {'per-device ' + operand:<19} {'collectives':<34} "
+        f"{'devices/element':>15} {'time':>9} {'vs batchpart':>12}")
+  first = next(iter(fns))
+  for name, f in fns.items():
+    report = bp.explain(f, *args)
+    _, collectives, replication = _summary(report)
+    shapes = report.calls[0].device_operand_shapes or ()
+    shape = "x".join(map(str, shapes[index])) if index < len(shapes) else "?"
+    _print_row(name, shape, collectives, replication, times[name],
+               times[name] / times[first])
+
+
+def combiner(mesh, num_devices: int, repeats: int) -> None:
+  """Attention over keys and values sharded ``num_devices`` ways: batchpart's
+  logsumexp combiner against jax's call and a shard_map with the merge by hand."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from batchpart import testing
+
+  testing.register()
+  target = "batchpart_test_attention"
+  nq, nk, d, e = 32, 512 * num_devices, 16, 16
+  rng = np.random.default_rng(2)
+  q = rng.standard_normal((nq, d), dtype=np.float32) / np.float32(np.sqrt(d))
+  k = rng.standard_normal((nk, d), dtype=np.float32)
+  v = rng.standard_normal((nk, e), dtype=np.float32)
+  bias = np.zeros((nk,), np.float32)
+  out = (jax.ShapeDtypeStruct((nq, e), np.float32), jax.ShapeDtypeStruct((nq,), np.float32))
+  plain = lambda *a: jax.ffi.ffi_call(target, out)(*a)
+
+  def by_hand(q, k, v, bias):
+    # Each device's (o, lse) over its own keys, rescaled to the largest lse
+    # so that the exponentials cannot overflow, then summed.
+    o, lse = plain(q, k, v, bias)
+    top = jax.lax.pmax(lse, "x")
+    w = jnp.exp(lse - top)
+    z = jax.lax.psum(w, "x")
+    return jax.lax.psum(w[:, None] * o, "x") / z[:, None], top + jnp.log(z)
+
+  fns = {
+      "bp.ffi_call": jax.jit(bp.ffi_call(
+          target, out, signature="(q,d),(n,d),(n,e),(n)->(q,e),(q)",
+          reduce={"n": "logsumexp"})),
+      "jax.ffi.ffi_call": jax.jit(plain),
+      "shard_map by hand": jax.jit(jax.shard_map(
+          by_hand, mesh=mesh, in_specs=(P(), P("x"), P("x"), P("x")),
+          out_specs=(P(), P()), check_vma=False)),
+  }
+  args = (jax.device_put(q, NamedSharding(mesh, P())),
+          *(jax.device_put(a, NamedSharding(mesh, P("x"))) for a in (k, v, bias)))
+  # The unsharded call: jax's own, on one device.
+  want = jax.block_until_ready(jax.jit(plain)(q, k, v, bias))
+  print(f"named combiner: attention of {nq} queries over {nk} keys and values "
+        f"(d = e = {d}, float32), keys sharded over {num_devices} devices,\n"
+        f"signature '(q,d),(n,d),(n,e),(n)->(q,e),(q)', reduce={{'n': 'logsumexp'}}:")
+  same = True
+  for f in fns.values():
+    got = jax.block_until_ready(f(*args))
+    same &= all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want))
+  _table(fns, args, "keys", 1, _interleaved_args(fns, args, repeats))
+  print(f"  (o, lse) allclose to the unsharded call, all three: {same}")
+  print("  Each device attends to its own keys and a few all-reduces of (q,e) and (q)\n"
+        "  merge them; jax's call gathers every key and value onto every device. The\n"
+        "  docs' page 'Reductions' (Named combiners) says more.")
+
+
+def halo(mesh, num_devices: int, repeats: int) -> None:
+  """A stencil along a dim sharded ``num_devices`` ways: batchpart's halo
+  exchange against jax's call and a shard_map + ppermute by hand."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from batchpart import testing
+
+  testing.register()
+  target = "batchpart_test_stencil"
+  lo, hi = 2, 1
+  rows, n = 16, 4096 * num_devices
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((rows, n), dtype=np.float32)
+  out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  # The zero boundary rule: the hand-written exchange pads the array's ends
+  # with zeros, which is then the same sum as the kernel's own rule.
+  attrs = {"rank": np.int64(1), "lo": np.int64(lo), "hi": np.int64(hi),
+           "mode": np.int64(testing.HALO_MODES["zero"])}
+  plain = lambda x: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(
+      x, **attrs)
+
+  def by_hand(block):
+    # The last lo columns of the left neighbour and the first hi of the right
+    # one (zeros at the array's ends), the kernel on the window, its middle kept.
+    size, parts = block.shape[-1], num_devices
+    left = jax.lax.ppermute(block[:, size - lo:], "x", [(i, i + 1) for i in range(parts - 1)])
+    right = jax.lax.ppermute(block[:, :hi], "x", [(i + 1, i) for i in range(parts - 1)])
+    return plain(jnp.concatenate([left, block, right], axis=-1))[:, lo:lo + size]
+
+  spec = P(None, "x")
+  fns = {
+      "bp.ffi_call": jax.jit(lambda x: bp.ffi_call(
+          target, out, signature="(n)->(n)", halo={"n": bp.Halo(lo, hi)})(x, **attrs)),
+      "jax.ffi.ffi_call": jax.jit(plain),
+      "shard_map by hand": jax.jit(jax.shard_map(
+          by_hand, mesh=mesh, in_specs=spec, out_specs=spec)),
+  }
+  arg = jax.device_put(x, NamedSharding(mesh, spec))
+  want = np.asarray(jax.block_until_ready(jax.jit(plain)(x)))
+  print(f"halo: a stencil (y[i] = sum over a in [-{lo}, {hi}] of w_a x[i + a]) along {n} "
+        f"columns of {rows} rows\n(float32), columns sharded over {num_devices} devices, "
+        f"signature '(n)->(n)', halo={{'n': bp.Halo({lo}, {hi})}}:")
+  same = True
+  for f in fns.values():
+    same &= bool(np.array_equal(np.asarray(jax.block_until_ready(f(arg))), want))
+  _table(fns, (arg,), "window", 0, _interleaved_args(fns, (arg,), repeats))
+  print(f"  equal to the unsharded call bit for bit, all three: {same}")
+  print(f"  Each device calls the kernel on its part and {lo} + {hi} columns of its "
+        "neighbours,\n  exchanged by collective-permutes; jax's call gathers the whole "
+        "array onto every\n  device. The docs' page 'Halos' says more.")
