@@ -80,6 +80,25 @@ def interleaved(candidates: dict, args, *, repeats: int = 7, min_time: float = 0
   return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def fastest(f, args, *, repeats: int, min_time: float, min_loops: int = 1) -> float:
+  """The fastest of ``repeats`` rounds, seconds per call of ``f`` (each round
+  calls it enough times, at least ``min_loops``, to run for ``min_time``,
+  calibrated on one call). For comparing builds or paths run apart: on a
+  shared machine the minimum is the least disturbed round."""
+  jax.block_until_ready(f(*args))  # compile and warm up
+  t0 = time.perf_counter()
+  jax.block_until_ready(f(*args))
+  loops = max(min_loops, int(min_time / max(time.perf_counter() - t0, 1e-6)))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(loops):
+      out = f(*args)
+    jax.block_until_ready(out)
+    best = min(best, (time.perf_counter() - t0) / loops)
+  return best
+
+
 def under_both_partitioners(candidates, args, check, *, repeats: int) -> list[tuple]:
   """``(partitioner, name, seconds, bytes received per device)`` of each
   candidate under Shardy, then GSPMD, timed interleaved. ``candidates()``,

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS = ("cholesky", "solve_pos", "triangular_solve", "lu", "solve", "qr", "eigh")
@@ -38,26 +37,10 @@ def _cases(sizes, batches):
           yield op, dtype, n, batch
 
 
-def _seconds(jax, f, args, rounds: int, min_time: float) -> float:
-  """The fastest round's seconds per call."""
-  jax.block_until_ready(f(*args))
-  t0 = time.perf_counter()
-  jax.block_until_ready(f(*args))
-  loops = max(3, int(min_time / max(time.perf_counter() - t0, 1e-6)))
-  best = float("inf")
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    for _ in range(loops):
-      out = f(*args)
-    jax.block_until_ready(out)
-    best = min(best, (time.perf_counter() - t0) / loops)
-  return best
-
-
 def run(sizes, batches, rounds: int) -> dict[str, float]:
   """{"op dtype n batch": microseconds per call} for the installed build."""
   sys.path.insert(0, HERE)
-  from _timing import steady_allocator
+  from _timing import fastest, steady_allocator
   steady_allocator()
   import jax
   jax.config.update("jax_num_cpu_devices", 1)
@@ -73,7 +56,8 @@ def run(sizes, batches, rounds: int) -> dict[str, float]:
     args = split_operands(np.random.default_rng(0), op, batch, n, np.dtype(dtype))
     _core.lapack.set_intra_op_parallelism(batch != FULL)
     key = f"{op} {dtype} {n} {batch}"
-    out[key] = _seconds(jax, f, args, rounds, 0.02 if batch != FULL else 0.1) * 1e6
+    out[key] = fastest(f, args, repeats=rounds, min_time=0.02 if batch != FULL else 0.1,
+                       min_loops=3) * 1e6
     print(f"{key}: {out[key]:.1f} us", flush=True)
   _core.lapack.set_intra_op_parallelism(True)
   return out

@@ -13,7 +13,6 @@ The per-matrix path is what the kernels run with
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 
@@ -22,6 +21,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import fastest  # noqa: E402
 
 import batchpart as bp  # noqa: E402
 from batchpart import _core, _lapack_targets  # noqa: E402
@@ -33,18 +33,7 @@ def best_seconds(f, args, *, small_lu: bool, repeats: int = 5, min_time: float =
   shared: the minimum is the least disturbed)."""
   _core.lapack.set_small_path("lu", "auto" if small_lu else "never")
   try:
-    jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    loops = max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
-    best = float("inf")
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      for _ in range(loops):
-        out = f(*args)
-      jax.block_until_ready(out)
-      best = min(best, (time.perf_counter() - t0) / loops)
-    return best
+    return fastest(f, args, repeats=repeats, min_time=min_time)
   finally:
     _core.lapack.set_small_path("lu", "auto")
 
