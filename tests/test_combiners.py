@@ -27,11 +27,6 @@ ARG = "batchpart_test_arg_rows"
 OWNER = re.escape(f"batchpart.ffi_call('{ARG}')")
 
 
-@pytest.fixture(autouse=True)
-def _kernels():
-  kernels.register()
-
-
 def _declare(results, reduce, signature="(n)->(),()"):
   return bp.ffi_call(ARG, results, signature=signature, reduce=reduce)
 

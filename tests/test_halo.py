@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import batchpart as bp
-from batchpart import _compat as compat, testing as kernels
+from batchpart import _compat as compat
 from batchpart._partition import sharding_rule
 from batchpart._partition.plan import make_plan
 from batchpart._vocab import derived_names
@@ -23,11 +23,6 @@ from batchpart._vocab.dims.halo import HaloDim, splits_into
 S = jax.ShapeDtypeStruct
 STENCIL = "batchpart_test_stencil"
 OWNER = re.escape(f"batchpart.ffi_call('{STENCIL}')")
-
-
-@pytest.fixture(autouse=True)
-def _kernels():
-  kernels.register()
 
 
 def stencil(shape, halo, signature="(n)->(n)", dtype=np.float32):

@@ -18,11 +18,6 @@ from batchpart._vocab.dims.reduced import Reduction
 S = jax.ShapeDtypeStruct
 
 
-@pytest.fixture(autouse=True)
-def _kernels():
-  kernels.register()
-
-
 def test_the_signature_records_the_results_that_keep_the_dim():
   sig = parse_signature("(n,k),(n)->(k),(n),(...,n,2)", owner="t")
   (r,) = sig.reductions({"n": "sum"}, owner="t")

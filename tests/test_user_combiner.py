@@ -13,15 +13,9 @@ import numpy as np
 import pytest
 
 import batchpart as bp
-from batchpart import testing as kernels
 
 S = jax.ShapeDtypeStruct
 ARG = "batchpart_test_arg_rows"
-
-
-@pytest.fixture(autouse=True)
-def _kernels():
-  kernels.register()
 
 
 def first_max(a, b):
