@@ -167,11 +167,10 @@ class CallPlaces:
     result_avals = eqn.params["result_avals"]
     out = []
     for r in self.reductions:
-      where = [(k, at, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
-               if (at := batch_dims.reduced_at(dims, r.name)) is not None]
-      if not where:
+      placed = _operand_places(eqn, in_dims, operands, r.name)
+      if placed is None:
         continue
-      size = shape_of(eqn.invars[where[0][0]])[where[0][1]]
+      dims, size = placed
       kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
               if size in (*a.shape[:lead], *a.shape[lead + rank:])]
       if kept:
@@ -189,11 +188,7 @@ class CallPlaces:
                                    "kernel reads it along that dim cannot be told; it is "
                                    "computed whole", partitioned=True)
         continue
-      dims = []
-      for k, at, (lead, _) in where:
-        ndim = len(shape_of(eqn.invars[k]))
-        dims.append((k, at if at < lead else at - ndim))
-      out.append(Reduction(r.name, r.op, tuple(dims)))
+      out.append(Reduction(r.name, r.op, dims))
     check_results(f"batchpart.batch_partitionable({self.name}) (its call to '{target}')",
                   out, [a.shape for a in result_avals], [a.dtype for a in result_avals])
     return tuple(out)
@@ -207,11 +202,10 @@ class CallPlaces:
     target = eqn.params["target_name"]
     out = []
     for h in self.halos:
-      where = [(k, at, place) for k, (dims, place) in enumerate(zip(in_dims, operands))
-               if (at := batch_dims.reduced_at(dims, h.name)) is not None]
-      if not where:
+      placed = _operand_places(eqn, in_dims, operands, h.name)
+      if placed is None:
         continue
-      size = shape_of(eqn.invars[where[0][0]])[where[0][1]]
+      dims, size = placed
       result_dims = []
       for i, (a, (lead, rank)) in enumerate(zip(eqn.params["result_avals"], results)):
         fits = [j for j in [*range(lead), *range(lead + rank, len(a.shape))]
@@ -222,9 +216,26 @@ class CallPlaces:
                                      "kernel keeps it cannot be told; it is computed "
                                      "whole", partitioned=True)
           break
-        result_dims.append((i, fits[0] if fits[0] < lead else fits[0] - len(a.shape)))
+        result_dims.append((i, _signed(fits[0], lead, len(a.shape))))
       else:
-        dims = tuple((k, at if at < lead else at - len(shape_of(eqn.invars[k])))
-                     for k, at, (lead, _) in where)
         out.append(dataclasses.replace(h, operand_dims=dims, result_dims=tuple(result_dims)))
     return tuple(out)
+
+
+def _operand_places(eqn, in_dims, operands, name: str):
+  """Where the wrapper's core dim ``name`` lies in this call's operands, as
+  the flow says: ((operand, axis), ...) with leading core axes >= 0 and
+  trailing ones < 0, and the dim's size; None where no operand carries it."""
+  where = [(k, at, lead) for k, (dims, (lead, _)) in enumerate(zip(in_dims, operands))
+           if (at := batch_dims.reduced_at(dims, name)) is not None]
+  if not where:
+    return None
+  size = shape_of(eqn.invars[where[0][0]])[where[0][1]]
+  return tuple((k, _signed(at, lead, len(shape_of(eqn.invars[k]))))
+               for k, at, lead in where), size
+
+
+def _signed(at: int, lead: int, ndim: int) -> int:
+  """Axis ``at`` of an array with ``lead`` leading core dims, as a core axis:
+  itself where it leads, else counted from the end."""
+  return at if at < lead else at - ndim
