@@ -118,15 +118,13 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitions = compat.num_partitions(ctx)
   partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
-  kept = [(j, absolute_dim(at, len(result_shapes[j])), i)
-          for i, r in enumerate(reductions) for j, at in r.results]
+  halo_dims = halo_dims_of_results(halos, result_shapes)
   # Only a HostCall reads reduced parts, kept dims and halo windows: a buffer
   # callback takes neither reduce= nor halo=.
-  parts_kw: dict = {}
-  if reductions:
-    parts_kw.update(reduced=len(reductions), **({"kept": kept} if kept else {}))
-  if halos:
-    parts_kw["halos"] = halo_dims_of_results(halos, result_shapes)
+  parts_kw = {} if buffer else {
+      "reduced": len(reductions), "halos": halo_dims,
+      "kept": [(j, absolute_dim(at, len(result_shapes[j])), i)
+               for i, r in enumerate(reductions) for j, at in r.results]}
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
@@ -135,7 +133,7 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   index = compat.add_host_callback(ctx, host)
   reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
                    for k, axis in (r.dims[0] for r in reductions)]
-  halo_sizes = [result_shapes[0][dims[0]] for dims in parts_kw.get("halos", ())]
+  halo_sizes = [result_shapes[0][dims[0]] for dims in halo_dims]
   block = compat.ir_constant(whole_block(batch, reduced_sizes, halos, halo_sizes))
   block_shape = (2 * rank + 2 * len(reduced_sizes) + 4 * len(halos),)
   core = (1, *operand_core_ranks)
