@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "common/dims_string.h"
+#include "testing/kernel_checks.h"
 #include "testing/test_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,16 +22,6 @@ namespace ffi = xla::ffi;
 
 namespace batchpart::testing {
 namespace {
-
-ffi::Error KernelError(const char* kernel, const std::string& message) {
-  return ffi::Error::InvalidArgument("batchpart_test_" + std::string(kernel) + ": " + message);
-}
-
-int64_t Product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t i = begin; i < end; ++i) n *= dims[i];
-  return n;
-}
 
 // ---- arg_rows: (n) -> (), () : NumPy's argmax / argmin and the value there --
 // Attribute `op`: 0 argmax, 1 argmin. As NumPy: the first index among ties,

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/dims_string.h"
+#include "testing/kernel_checks.h"
 #include "testing/test_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -18,10 +19,6 @@ namespace ffi = xla::ffi;
 
 namespace batchpart::testing {
 namespace {
-
-ffi::Error KernelError(const char* kernel, const std::string& message) {
-  return ffi::Error::InvalidArgument("batchpart_test_" + std::string(kernel) + ": " + message);
-}
 
 // Boundary rules, scipy.ndimage's names: 0 zero (constant 0), 1 reflect
 // (d c b a | a b c d | d c b a), 2 nearest (a a a a | a b c d | d d d d),
@@ -87,13 +84,10 @@ ffi::Error StencilImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int64_t 
                                       std::to_string(rank) + "; got " + DimsToString(xd) + ", " +
                                       DimsToString(yd));
   }
-  for (size_t i = 0; i < xd.size(); ++i) {
-    if (xd[i] != yd[i]) return KernelError("stencil", "x and y must have one shape");
-  }
+  if (!SameDims(xd, yd)) return KernelError("stencil", "x and y must have one shape");
   const size_t r = xd.size();
   const int64_t n = rank == 2 ? xd[r - 2] : xd[r - 1], m = rank == 2 ? xd[r - 1] : 1;
-  int64_t batch = 1;
-  for (size_t i = 0; i + rank < r; ++i) batch *= xd[i];
+  const int64_t batch = Product(xd, 0, r - rank);
   if (n == 0 || m == 0 || batch == 0) return ffi::Error::Success();
   if (x.element_type() != y->element_type()) {
     return KernelError("stencil", "y must have x's dtype");
@@ -141,12 +135,9 @@ ffi::Error LaplacianImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
     return KernelError("laplacian", "x and y must have one shape (...,n,m); got " +
                                         DimsToString(xd) + ", " + DimsToString(yd));
   }
-  for (size_t i = 0; i < xd.size(); ++i) {
-    if (xd[i] != yd[i]) return KernelError("laplacian", "x and y must have one shape");
-  }
+  if (!SameDims(xd, yd)) return KernelError("laplacian", "x and y must have one shape");
   const size_t r = xd.size();
-  int64_t batch = 1;
-  for (size_t i = 0; i + 2 < r; ++i) batch *= xd[i];
+  const int64_t batch = Product(xd, 0, r - 2);
   if (x.element_type() != y->element_type()) {
     return KernelError("laplacian", "y must have x's dtype");
   }
@@ -203,8 +194,7 @@ ffi::Error RowStencilImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int64
   }
   const size_t r = xd.size();
   const int64_t n = xd[r - 2], m = xd[r - 1];
-  int64_t batch = 1;
-  for (size_t i = 0; i + 2 < r; ++i) batch *= xd[i];
+  const int64_t batch = Product(xd, 0, r - 2);
   if (x.element_type() != y->element_type()) {
     return KernelError("row_stencil", "y must have x's dtype");
   }

@@ -18,6 +18,7 @@
 #include "common/batch_broadcast.h"
 #include "common/dims_string.h"
 #include "common/ffi_helpers.h"
+#include "testing/kernel_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -26,21 +27,6 @@ namespace batchpart::testing {
 namespace {
 
 std::atomic<int64_t> g_batch_elements{0};
-
-int64_t Product(ffi::Span<const int64_t> dims, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t i = begin; i < end; ++i) n *= dims[i];
-  return n;
-}
-
-// Errors name the FFI target the kernel is registered as (batchpart/testing.py).
-ffi::Error ShapeError(const char* kernel, const std::string& message) {
-  return ffi::Error::InvalidArgument("batchpart_test_" + std::string(kernel) + ": " + message);
-}
-
-bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
 
 // The dtypes a kernel takes: Run calls fn(TypeTag<T>{}) for the T of
 // `dtype` and says whether it is one of them; kAccepted names them in errors.
@@ -63,7 +49,7 @@ struct Numbers : DtypeSet<ffi::F32, ffi::F64, ffi::S32, ffi::S64, ffi::C64, ffi:
 template <typename Set = Floats, typename Fn>
 ffi::Error OnDtype(const char* kernel, ffi::DataType dtype, int64_t elements, Fn&& fn) {
   if (!Set::Run(dtype, fn)) {
-    return ShapeError(kernel, std::string("unsupported dtype (") + Set::kAccepted + ")");
+    return KernelError(kernel, std::string("unsupported dtype (") + Set::kAccepted + ")");
   }
   g_batch_elements += elements;
   return ffi::Error::Success();
@@ -80,10 +66,10 @@ ffi::Error OnBroadcastPair(const char* kernel, Dims out_batch, Dims x_batch, Dim
                            const ffi::AnyBuffer& out, Fn&& fn, int64_t per_batch = 1) {
   if (!BatchBroadcast::Broadcasts(out_batch, x_batch) ||
       !BatchBroadcast::Broadcasts(out_batch, y_batch)) {
-    return ShapeError(kernel, "batch shapes do not broadcast to " + DimsToString(out_batch));
+    return KernelError(kernel, "batch shapes do not broadcast to " + DimsToString(out_batch));
   }
   if (x.element_type() != y.element_type() || x.element_type() != out.element_type()) {
-    return ShapeError(kernel, "operands and result must share one dtype");
+    return KernelError(kernel, "operands and result must share one dtype");
   }
   const BatchBroadcast x_index(out_batch, x_batch), y_index(out_batch, y_batch);
   const int64_t batch = Product(out_batch, 0, out_batch.size());
@@ -110,13 +96,13 @@ void Softmax(const T* x, T* y, T* lse, int64_t batch, int64_t n) {
 ffi::Error SoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                        ffi::Result<ffi::AnyBuffer> lse) {
   const auto dims = x.dimensions();
-  if (dims.size() == 0) return ShapeError("softmax", "input must have rank >= 1");
+  if (dims.size() == 0) return KernelError("softmax", "input must have rank >= 1");
   if (!SameDims(y->dimensions(), dims) ||
       !SameDims(lse->dimensions(), dims.first(dims.size() - 1))) {
-    return ShapeError("softmax", "result shapes do not match input " + DimsToString(dims));
+    return KernelError("softmax", "result shapes do not match input " + DimsToString(dims));
   }
   if (y->element_type() != x.element_type() || lse->element_type() != x.element_type()) {
-    return ShapeError("softmax", "results must have the input's dtype");
+    return KernelError("softmax", "results must have the input's dtype");
   }
   const int64_t n = dims.back();
   const int64_t batch = Product(dims, 0, dims.size() - 1);
@@ -146,11 +132,11 @@ ffi::Error MatvecImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::Result<ffi::AnyBu
                       double alpha) {
   const auto a_dims = a.dimensions(), x_dims = x.dimensions(), y_dims = y->dimensions();
   if (a_dims.size() < 2 || x_dims.size() == 0 || y_dims.size() == 0) {
-    return ShapeError("matvec", "operands need ranks >= 2 and >= 1");
+    return KernelError("matvec", "operands need ranks >= 2 and >= 1");
   }
   const int64_t m = a_dims[a_dims.size() - 2], n = a_dims.back();
   if (x_dims.back() != n || y_dims.back() != m) {
-    return ShapeError("matvec", "core dims disagree: A " + DimsToString(a_dims) + ", x " +
+    return KernelError("matvec", "core dims disagree: A " + DimsToString(a_dims) + ", x " +
                                     DimsToString(x_dims) + ", y " + DimsToString(y_dims));
   }
   return OnBroadcastPair(
@@ -174,10 +160,10 @@ ffi::Error AxpyImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuff
                     double alpha) {
   const auto dims = x.dimensions();
   if (dims.size() == 0 || !SameDims(y.dimensions(), dims) || !SameDims(out->dimensions(), dims)) {
-    return ShapeError("axpy", "x, y and the result must share one shape of rank >= 1");
+    return KernelError("axpy", "x, y and the result must share one shape of rank >= 1");
   }
   if (y.element_type() != x.element_type() || out->element_type() != x.element_type()) {
-    return ShapeError("axpy", "x, y and the result must share one dtype");
+    return KernelError("axpy", "x, y and the result must share one dtype");
   }
   const int64_t size = Product(dims, 0, dims.size());
   return OnDtype("axpy", x.element_type(), Product(dims, 0, dims.size() - 1), [&](auto tag) {
@@ -219,7 +205,7 @@ ffi::Error CoreSumImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
   };
   if (!fits(x_dims, x_lead, x_trail) || !fits(y_dims, y_lead, y_trail) ||
       !fits(o_dims, out_lead, out_trail)) {
-    return ShapeError("core_sum", "core dim counts exceed the ranks: x " +
+    return KernelError("core_sum", "core dim counts exceed the ranks: x " +
                                       DimsToString(x_dims) + ", y " + DimsToString(y_dims) +
                                       ", out " + DimsToString(o_dims));
   }
@@ -288,18 +274,18 @@ ffi::Error ReduceRowsImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::A
   const auto x_dims = x.dimensions(), w_dims = w.dimensions(), o_dims = out->dimensions();
   if (x_dims.size() < 2 || w_dims.size() < 1 || o_dims.size() < 1 ||
       w_dims.back() != x_dims[x_dims.size() - 2] || o_dims.back() != x_dims.back()) {
-    return ShapeError("reduce_rows", "shapes must be x (...,n,k), w (...,n), out (...,k); got " +
+    return KernelError("reduce_rows", "shapes must be x (...,n,k), w (...,n), out (...,k); got " +
                                          DimsToString(x_dims) + ", " + DimsToString(w_dims) +
                                          ", " + DimsToString(o_dims));
   }
-  if (op < 0 || op > 2) return ShapeError("reduce_rows", "op must be 0 (sum), 1 (max) or 2 (min)");
+  if (op < 0 || op > 2) return KernelError("reduce_rows", "op must be 0 (sum), 1 (max) or 2 (min)");
   const int64_t n = x_dims[x_dims.size() - 2], k = x_dims.back();
   if (rows >= 0 && rows != n) {
-    return ShapeError("reduce_rows", "attribute rows=" + std::to_string(rows) +
+    return KernelError("reduce_rows", "attribute rows=" + std::to_string(rows) +
                                          " but the call has " + std::to_string(n) + " rows");
   }
   const bool complex = x.element_type() == ffi::C64 || x.element_type() == ffi::C128;
-  if (op != 0 && complex) return ShapeError("reduce_rows", "complex inputs take op 0 (sum) only");
+  if (op != 0 && complex) return KernelError("reduce_rows", "complex inputs take op 0 (sum) only");
   return OnBroadcastPair<Numbers>(
       "reduce_rows", o_dims.first(o_dims.size() - 1), x_dims.first(x_dims.size() - 2),
       w_dims.first(w_dims.size() - 1), x, w, *out,
@@ -343,7 +329,7 @@ ffi::Error CopyBytesImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   const auto dims = x.dimensions();
   if (dims.size() < 2 || !SameDims(y->dimensions(), dims) ||
       x.element_type() != y->element_type()) {
-    return ShapeError("copy_bytes", "result must match the input's shape and dtype");
+    return KernelError("copy_bytes", "result must match the input's shape and dtype");
   }
   const size_t bytes = StorageBytes(x);
   if (bytes) std::memcpy(y->untyped_data(), x.untyped_data(), bytes);
@@ -359,8 +345,8 @@ std::atomic<double> g_counted_sum{0.0};
 
 ffi::Error CountImpl(ffi::AnyBuffer x) {
   const auto dims = x.dimensions();
-  if (dims.size() == 0) return ShapeError("count", "input must have rank >= 1");
-  if (x.element_type() != ffi::DataType::F32) return ShapeError("count", "input must be f32");
+  if (dims.size() == 0) return KernelError("count", "input must have rank >= 1");
+  if (x.element_type() != ffi::DataType::F32) return KernelError("count", "input must be f32");
   const float* v = x.typed_data<float>();
   double sum = 0;
   for (int64_t i = 0; i < Product(dims, 0, dims.size()); ++i) sum += v[i];
@@ -385,7 +371,7 @@ ffi::Error StatefulExecute(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   const auto dims = x.dimensions();
   if (dims.size() == 0 || x.element_type() != ffi::DataType::F32 ||
       !SameDims(y->dimensions(), dims) || y->element_type() != ffi::DataType::F32) {
-    return ShapeError("stateful", "(n) -> (n) on f32 arrays of rank >= 1");
+    return KernelError("stateful", "(n) -> (n) on f32 arrays of rank >= 1");
   }
   const int64_t n = Product(dims, 0, dims.size());
   const float* in = x.typed_data<float>();
