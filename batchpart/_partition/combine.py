@@ -101,7 +101,7 @@ def _arg_extreme(op: str, results, groups, part_offsets) -> list:
 def _global(index, part_offsets):
   """A part-local ``index`` plus this device's part offset."""
   offset = _broadcast(hlo.convert(ir.RankedTensorType.get([], _element(index)),
-                                  _scalar(emit.table_row(part_offsets.reshape(-1, 1)))),
+                                  emit.partition_scalar(part_offsets)),
                       index.type)
   return hlo.add(index, offset)
 
@@ -191,11 +191,6 @@ def _broadcast(value, to: ir.Type):
   """``value`` (of a leading part of ``to``'s dims) along ``to``'s trailing ones."""
   rank = len(ir.RankedTensorType(value.type).shape)
   return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(list(range(rank))))
-
-
-def _scalar(vector):
-  """A one-element vector as a scalar."""
-  return hlo.reshape(ir.RankedTensorType.get([], _element(vector)), vector)
 
 
 def _splat(value, to: ir.Type):

@@ -85,3 +85,10 @@ def table_row(table) -> ir.Value:
   zero = hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
   row = hlo.dynamic_slice(constant, [pid, zero], [1, n])
   return hlo.reshape(ir.RankedTensorType.get([n], i64), row)
+
+
+def partition_scalar(values) -> ir.Value:
+  """``values[partition_id]`` as an int64 scalar, for an int64 vector
+  indexed by partition id."""
+  row = table_row(np.asarray(values).reshape(-1, 1))
+  return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(64)), row)

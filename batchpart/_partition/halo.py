@@ -136,7 +136,7 @@ def kept(value, dims, exchanges_):
     if dim is not None:
       shape = list(ir.RankedTensorType(value.type).shape)
       shape[dim] -= x.halo.width
-      value = _slice_at(value, dim, emit.table_row(x.keep_start.reshape(-1, 1)), shape)
+      value = _slice_at(value, dim, emit.partition_scalar(x.keep_start), shape)
   return value
 
 
@@ -156,8 +156,7 @@ def _window(value, dim: int, x: Exchange):
   out = list(shape)
   out[dim] = p + w
   i32 = ir.IntegerType.get_signless(32)
-  index = hlo.convert(ir.RankedTensorType.get([], i32),
-                      _scalar(emit.table_row(x.kind.reshape(-1, 1))))
+  index = hlo.convert(ir.RankedTensorType.get([], i32), emit.partition_scalar(x.kind))
   element = ir.RankedTensorType(value.type).element_type
   case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], index, 3)
   for kind in (FIRST, INTERIOR, LAST):
@@ -173,11 +172,6 @@ def _concatenate(pieces, dim: int):
   return hlo.concatenate(pieces, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim))
 
 
-def _scalar(vector):
-  """A one-element int64 vector as a scalar."""
-  return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(64)), vector)
-
-
 def _static_slice(value, dim: int, start: int, stop: int):
   shape = list(ir.RankedTensorType(value.type).shape)
   begin, end = [0] * len(shape), list(shape)
@@ -186,10 +180,8 @@ def _static_slice(value, dim: int, start: int, stop: int):
                    ir.DenseI64ArrayAttr.get([1] * len(shape)))
 
 
-def _slice_at(value, dim: int, start_vector, sizes):
-  """``value`` cut to ``sizes`` from ``start_vector[0]`` along ``dim``."""
-  i64 = ir.IntegerType.get_signless(64)
-  start = hlo.reshape(ir.RankedTensorType.get([], i64), start_vector)
+def _slice_at(value, dim: int, start, sizes):
+  """``value`` cut to ``sizes`` from the int64 scalar ``start`` along ``dim``."""
   zero = hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
   starts = [start if i == dim else zero for i in range(len(sizes))]
   return hlo.dynamic_slice(value, starts, ir.DenseI64ArrayAttr.get(list(sizes)))
