@@ -51,8 +51,8 @@ def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partit
   if not tiled:
     return np.arange(partitions).reshape((1,) * rank + (partitions,) + (1,) * halos), 0
   shape, ref, _, halo_dims = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
-  dims = list(ref.tile_dims) + list(ref.subgroup_dims)
-  devices = np.asarray(ref.devices, dtype=np.int64).reshape(dims)
+  devices = sh.device_grid(ref)
+  dims = list(devices.shape)
   # Halo dims next to the batch dims; other core dims are whole in a plan:
   # drop their size-1 axes.
   cores = [k for k in range(rank, len(shape)) if k not in halo_dims]
@@ -90,9 +90,7 @@ def _reduction_coords(plan, d: CallDescription, operand_shapes
     tiles.append(n)
     if n == 1:
       continue
-    shape = list(sharding.tile_dims) + list(sharding.subgroup_dims)
-    devices = np.asarray(sharding.devices, dtype=np.int64).reshape(shape)
-    for index, device in np.ndenumerate(devices):
+    for index, device in np.ndenumerate(sh.device_grid(sharding)):
       coords.setdefault(int(device), [0] * len(d.reductions))[len(tiles) - 1] = index[dim]
   return {k: tuple(v) for k, v in coords.items()}, tiles
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from batchpart import _compat as compat, _core
-from batchpart._partition import emit, merge
+from batchpart._partition import emit, merge, shardings as sh
 from batchpart._vocab.dims.combined import ARG_COMBINERS, INDEX_COMBINERS
 from batchpart._vocab.dims.combiner import is_user_combiner, registered
 from batchpart._vocab.dims.core import absolute_dim
@@ -71,9 +71,8 @@ def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndar
   dim = absolute_dim(axis, len(local))
   if sharding.kind != _Kind.TILED:
     return np.zeros(max(1, len(sharding.devices)), np.int64)
-  shape = list(sharding.tile_dims) + list(sharding.subgroup_dims)
-  devices = np.asarray(sharding.devices, np.int64).reshape(shape)
-  offsets = np.zeros(max(math.prod(shape), int(devices.max()) + 1), np.int64)
+  devices = sh.device_grid(sharding)
+  offsets = np.zeros(max(devices.size, int(devices.max()) + 1), np.int64)
   for coord, device in np.ndenumerate(devices):
     offsets[device] = coord[dim] * int(local[dim])
   return offsets

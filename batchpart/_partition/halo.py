@@ -31,7 +31,7 @@ import dataclasses
 import numpy as np
 
 from batchpart import _compat as compat, _core
-from batchpart._partition import emit
+from batchpart._partition import emit, shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import HaloDim
@@ -68,9 +68,8 @@ def exchanges(d: CallDescription, result_shardings, halo_tiles) -> list[Exchange
 
 def _exchange(h: HaloDim, sharding, dim: int, rank: int) -> Exchange:
   assert sharding.kind == _Kind.TILED and len(sharding.tile_dims) == rank
-  shape = list(sharding.tile_dims) + list(sharding.subgroup_dims)
-  devices = np.asarray(sharding.devices, np.int64).reshape(shape)
-  t = shape[dim]
+  devices = sh.device_grid(sharding)
+  t = devices.shape[dim]
   size = int(devices.max()) + 1
   kind, keep = np.full(size, INTERIOR, np.int64), np.zeros(size, np.int64)
   up, down = [], []

@@ -52,9 +52,15 @@ def from_planner(sharding: _core.Sharding):
     raise ValueError("the planner never plans a maximal sharding")
   types = [_OpType.MANUAL if k == _Subgroup.MANUAL else _OpType.REPLICATED
            for k in sharding.subgroup_kinds]
-  devices = np.asarray(sharding.devices, dtype=np.int64).reshape(
+  return HloSharding.subgroup_with_device_ordering(device_grid(sharding),
+                                                   subgroup_types=types)
+
+
+def device_grid(sharding: _core.Sharding) -> np.ndarray:
+  """A tiled planned sharding's devices as an int64 array of its tile dims
+  followed by its subgroup dims."""
+  return np.asarray(sharding.devices, dtype=np.int64).reshape(
       list(sharding.tile_dims) + list(sharding.subgroup_dims))
-  return HloSharding.subgroup_with_device_ordering(devices, subgroup_types=types)
 
 
 def array_shapes(shape) -> list:
