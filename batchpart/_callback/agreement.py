@@ -122,12 +122,17 @@ class Agreement:
     r.done = True
     if not r.waits:
       self.needed = False
+    self._release(r)
+    self._rounds.pop(r.number, None)
+    _cond.notify_all()
+
+  def _release(self, r: _Round) -> None:
+    """``r`` ended (settled or given up): no longer the round that waits,
+    nor the one unkeyed calls join."""
     if _waiting[0] is r:
       _waiting[0] = None
     if self._open is r:
       self._open = _Round()
-    self._rounds.pop(r.number, None)
-    _cond.notify_all()
 
   def _wait(self, r: _Round) -> None:
     """Waits until every call of ``r`` settled, or gives up on a round in
@@ -144,10 +149,7 @@ class Agreement:
     before the callback skips that round, and later calls start afresh
     (else every later round would wait for its call in vain)."""
     r.gave_up = True
-    if _waiting[0] is r:
-      _waiting[0] = None
-    if self._open is r:
-      self._open = _Round()
+    self._release(r)
     if r.number is not None:
       self._floor = max(self._floor, r.number + 1)
       for n in [n for n in self._rounds if n < self._floor]:
