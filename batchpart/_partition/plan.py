@@ -75,7 +75,6 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
   tiles = dict(zip(halos, plan.batch_tiles))
   split = [int(t) for t in plan.batch_tiles[len(halos):]]
   whole = tuple(h.name for i, h in enumerate(d.halos) if i not in halos)
-  del coarse
   operand_views, result_views = view
   return RelabeledPlan(
       operand_shardings=[unview(s, v) for s, v in zip(plan.operand_shardings, operand_views)],
@@ -130,15 +129,11 @@ def _coarsened(sharding: _core.Sharding, dim: int, parts: int) -> _core.Sharding
     return sharding
   groups = list(sharding.subgroup_dims)
   rest = tiles[dim] // parts
-  devices = np.asarray(sharding.devices, np.int64).reshape(
-      tiles[:dim] + [parts, rest] + tiles[dim + 1:] + groups)
-  out = _core.Sharding()
-  out.kind = sharding.kind
-  out.tile_dims = tiles[:dim] + [parts] + tiles[dim + 1:]
-  out.subgroup_dims = groups + [rest]
-  out.subgroup_kinds = list(sharding.subgroup_kinds) + [_core.Sharding.Subgroup.REPLICATED]
-  out.devices = [int(v) for v in np.moveaxis(devices, dim + 1, -1).reshape(-1)]
-  return out
+  devices = sh.device_grid(sharding).reshape(tiles[:dim] + [parts, rest] + tiles[dim + 1:]
+                                             + groups)
+  return sh.tiled(tiles[:dim] + [parts] + tiles[dim + 1:], groups + [rest],
+                  [*sharding.subgroup_kinds, _core.Sharding.Subgroup.REPLICATED],
+                  np.moveaxis(devices, dim + 1, -1).reshape(-1))
 
 
 def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
@@ -165,16 +160,15 @@ def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
     problem.result_shardings = [
         viewed(h, s, v) for h, s, v in zip(result_shardings, result_shapes, result_views)]
   problem.split_axes = split_axes
-  table = reduced_dims_table(d.reductions, operand_ranks)
-  problem.operand_reduced_dims = [[-1 if e is None else row[e] for e in v.dims]
-                                  for row, v in zip(table, operand_views)]
+  problem.operand_reduced_dims = _in_views(reduced_dims_table(d.reductions, operand_ranks),
+                                           operand_views)
   if d.reductions:
     kept = kept_results(d.reductions)
     problem.reduced_min_parts = [min_part(combining_op(d.reductions), [
         s for i, s in enumerate(result_shapes) if i not in kept])] * len(d.reductions)
-    table = reduced_dims_table(d.reductions, [len(s) for s in result_shapes], results=True)
-    problem.result_reduced_dims = [[-1 if e is None else row[e] for e in v.dims]
-                                   for row, v in zip(table, result_views)]
+    problem.result_reduced_dims = _in_views(
+        reduced_dims_table(d.reductions, [len(s) for s in result_shapes], results=True),
+        result_views)
   return _core.make_plan(problem), (operand_views, result_views)
 
 
@@ -208,6 +202,12 @@ def _views(d: CallDescription, halos, operand_shapes, result_shapes):
            zip(result_shapes, d.result_leads, d.result_batch_ranks, result_halo)])
 
 
+def _in_views(table, views) -> list[list[int]]:
+  """A per-array, per-dim table of reduced-dim indices in each array's view
+  (-1 at an inserted dim); ``[]`` stays ``[]``."""
+  return [[-1 if e is None else row[e] for e in v.dims] for row, v in zip(table, views)]
+
+
 def _view_shape(shape, v: _View) -> list[int]:
   return [1 if e is None else int(shape[e]) for e in v.dims]
 
@@ -238,18 +238,9 @@ def unview(sharding: _core.Sharding, v: _View) -> _core.Sharding:
   if sharding.kind == _Kind.TILED and len(real) != len(v.dims):
     kept = [t for t, e in zip(sharding.tile_dims, v.dims) if e is not None]
     assert math.prod(kept) == math.prod(sharding.tile_dims), "an inserted dim is tiled"
-    copy = _core.Sharding()
-    copy.kind = sharding.kind
-    copy.tile_dims = kept
-    copy.subgroup_dims = list(sharding.subgroup_dims)
-    copy.subgroup_kinds = list(sharding.subgroup_kinds)
-    copy.devices = list(sharding.devices)
-    sharding = copy
+    sharding = sh.tiled(kept, sharding.subgroup_dims, sharding.subgroup_kinds,
+                        sharding.devices)
   return permute(sharding, inverse(real))
-
-
-def _take(shape, perm: list[int]) -> list[int]:
-  return [int(shape[p]) for p in perm]
 
 
 def permute(sharding: _core.Sharding, perm: list[int]) -> _core.Sharding:
@@ -259,12 +250,7 @@ def permute(sharding: _core.Sharding, perm: list[int]) -> _core.Sharding:
   if sharding.kind != _Kind.TILED or perm == sorted(perm):
     return sharding
   tiles, groups = list(sharding.tile_dims), list(sharding.subgroup_dims)
-  devices = np.asarray(sharding.devices, dtype=np.int64).reshape(tiles + groups)
-  devices = devices.transpose(perm + list(range(len(tiles), len(tiles) + len(groups))))
-  out = _core.Sharding()
-  out.kind = sharding.kind
-  out.tile_dims = [tiles[p] for p in perm]
-  out.subgroup_dims = groups
-  out.subgroup_kinds = list(sharding.subgroup_kinds)
-  out.devices = [int(v) for v in devices.reshape(-1)]
-  return out
+  devices = sh.device_grid(sharding).transpose(
+      perm + list(range(len(tiles), len(tiles) + len(groups))))
+  return sh.tiled([tiles[p] for p in perm], groups, sharding.subgroup_kinds,
+                  devices.reshape(-1))

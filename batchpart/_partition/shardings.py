@@ -34,11 +34,18 @@ def to_planner(sharding, rank: int) -> _core.Sharding:
              for t in sharding.subgroup_types()]
   if len(dims) - len(kinds) != rank:
     raise ValueError(f"sharding {sharding} does not fit an array of rank {rank}")
+  return tiled(dims[:rank], dims[rank:], kinds, sharding.tile_assignment_devices())
+
+
+def tiled(tile_dims, subgroup_dims, subgroup_kinds, devices) -> _core.Sharding:
+  """A tiled planner sharding (``devices`` in the order of tile dims then
+  subgroup dims)."""
+  out = _core.Sharding()
   out.kind = _Kind.TILED
-  out.tile_dims = dims[:rank]
-  out.subgroup_dims = dims[rank:]
-  out.subgroup_kinds = kinds
-  out.devices = list(sharding.tile_assignment_devices())
+  out.tile_dims = list(tile_dims)
+  out.subgroup_dims = list(subgroup_dims)
+  out.subgroup_kinds = list(subgroup_kinds)
+  out.devices = [int(v) for v in devices]
   return out
 
 
