@@ -27,7 +27,7 @@ from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.reduced import Reduction, refuse_kept_results
+from batchpart._vocab.dims.reduced import refuse_kept_results
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
@@ -139,8 +139,8 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos
             for s, c, lead in zip(shapes, cores, leads)]
 
   reduced = {}   # argument -> {dim: reduced or halo dim name}
-  for r in [*reductions, *((h.name, h.operand_dims) for h in halos)]:
-    name_, pairs = (r.name, r.dims) if isinstance(r, Reduction) else r
+  for name_, pairs in [*((r.name, r.dims) for r in reductions),
+                       *((h.name, h.operand_dims) for h in halos)]:
     for k, axis in pairs:
       reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = name_
   in_dims = dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads)
