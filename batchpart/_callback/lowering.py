@@ -134,8 +134,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
                    for k, axis in (r.dims[0] for r in reductions)]
   halo_sizes = [result_shapes[0][dims[0]] for dims in halo_dims]
-  block = compat.ir_constant(whole_block(batch, reduced_sizes, halos, halo_sizes))
-  block_shape = (2 * rank + 2 * len(reduced_sizes) + 4 * len(halos),)
+  whole = whole_block(batch, reduced_sizes, halos, halo_sizes)
+  block, block_shape = compat.ir_constant(whole), whole.shape
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
   aliases = tuple((i + 1, o) for i, o in input_output_aliases)
