@@ -92,7 +92,7 @@ def test_bad_arguments():
 
 
 def test_a_merge_this_process_never_lowered_is_named():
-  from batchpart._vocab.dims.combiner import registered
+  from batchpart._vocab.dims.user_combiner import registered
   with pytest.raises(ValueError, match="the call to 't' merges its parts with the Combiner "
                                        "'merge_0000000000000000', which this process has "
                                        "not declared"):

@@ -30,7 +30,7 @@ from batchpart._explain.report import (
   ReducedDim,
 )
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._vocab.dims.combined import gathers
+from batchpart._vocab.dims.named_combiners import gathers
 from batchpart._vocab.dims.core import absolute_dim
 
 

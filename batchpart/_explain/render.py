@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchpart import _dtypes
-from batchpart._vocab.dims.combined import gathers, is_combiner, merge_text
+from batchpart._vocab.dims.named_combiners import gathers, is_combiner, merge_text
 
 Shape = tuple[int, ...]
 

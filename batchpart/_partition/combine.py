@@ -1,7 +1,7 @@
 """Combining each device's results over the parts of its reduced dims.
 
 ``sum``, ``max`` and ``min`` all-reduce each result on its own. A named
-combiner (``_vocab/dims/combined``) reads its results together: argmax,
+combiner (``_vocab/dims/named_combiners``) reads its results together: argmax,
 argmin and logsumexp in elementwise ops around all-reduces of result-sized
 arrays, max_k and min_k by one all-gather of k candidates and a sort, a
 ``bp.Combiner`` by one all-gather and the user's merge (``merge``). Results
@@ -17,8 +17,8 @@ import numpy as np
 
 from batchpart import _compat as compat, _core
 from batchpart._partition import emit, merge, shardings as sh
-from batchpart._vocab.dims.combined import ARG_COMBINERS, INDEX_COMBINERS
-from batchpart._vocab.dims.combiner import is_user_combiner, registered
+from batchpart._vocab.dims.named_combiners import ARG_COMBINERS, INDEX_COMBINERS
+from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.reduced import combining_op, kept_results
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from batchpart import _compat as compat
 from batchpart._partition import emit
-from batchpart._vocab.dims.combiner import Registered
+from batchpart._vocab.dims.user_combiner import Registered
 
 ir = compat.ir
 _PREFIX = "batchpart_merge_"

@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 
 from batchpart._vocab.description import CallDescription, default_layout
-from batchpart._vocab.dims.combiner import is_user_combiner
+from batchpart._vocab.dims.user_combiner import is_user_combiner
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction

@@ -6,7 +6,7 @@ over any split of that dim into parts, of the results computed on the parts
 (a dot over its contraction dim, a NUFFT type 1 over its points, a
 log-likelihood over its data). Where that dim is sharded, each device runs
 the call on its own part and one all-reduce combines the results. A named
-combiner (``combined``) reads the results together instead. A result that
+combiner (``named_combiners``) reads the results together instead. A result that
 has the dim keeps it: it is split along it like the operands (each device
 writes its own part) and is not combined.
 
@@ -22,13 +22,13 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._vocab.dims.combined import (
+from batchpart._vocab.dims.named_combiners import (
   COMBINERS,
   check_combiner_dims,
   check_combining_results,
   is_combiner,
 )
-from batchpart._vocab.dims.combiner import Combiner, lowered_name
+from batchpart._vocab.dims.user_combiner import Combiner, lowered_name
 from batchpart._vocab.dims.core import absolute_dim
 
 OPS = ("sum", "max", "min")      # each result combined on its own

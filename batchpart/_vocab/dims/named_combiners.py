@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchpart._vocab.dims.combiner import (
+from batchpart._vocab.dims.user_combiner import (
   OP_PREFIX,
   Combiner,
   check_index_results,
