@@ -30,8 +30,8 @@ from batchpart._explain.report import (
   ReducedDim,
 )
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._vocab.dims.named_combiners import gathers
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.named_combiners import gathers
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:

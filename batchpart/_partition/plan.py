@@ -20,9 +20,9 @@ from batchpart import _core
 from batchpart._partition import shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.batch import batch_first, inverse
-from batchpart._vocab.dims.named_combiners import min_part
 from batchpart._vocab.dims.halo import halo_tables, splits_into
-from batchpart._vocab.dims.reduced import combining_op, kept_results, reduced_dims_table
+from batchpart._vocab.dims.named_combiners import min_part
+from batchpart._vocab.dims.reduced import reduced_dims_table
 
 _Kind = _core.Sharding.Kind
 
@@ -163,9 +163,7 @@ def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
   problem.operand_reduced_dims = _in_views(reduced_dims_table(d.reductions, operand_ranks),
                                            operand_views)
   if d.reductions:
-    kept = kept_results(d.reductions)
-    problem.reduced_min_parts = [min_part(combining_op(d.reductions), [
-        s for i, s in enumerate(result_shapes) if i not in kept])] * len(d.reductions)
+    problem.reduced_min_parts = [min_part(r, result_shapes) for r in d.reductions]
     problem.result_reduced_dims = _in_views(
         reduced_dims_table(d.reductions, [len(s) for s in result_shapes], results=True),
         result_views)
@@ -233,14 +231,38 @@ def view(sharding: _core.Sharding, v: _View) -> _core.Sharding:
 
 
 def unview(sharding: _core.Sharding, v: _View) -> _core.Sharding:
-  """``view`` undone: inserted dims (never tiled) dropped, dims put back."""
+  """``view`` undone: inserted dims dropped, dims put back. An array lacks
+  an inserted dim, so it is the same along it: the devices the planner
+  tiled it over (a batch dim of size 1 split into padding) replicate."""
   real = [e for e in v.dims if e is not None]
   if sharding.kind == _Kind.TILED and len(real) != len(v.dims):
-    kept = [t for t, e in zip(sharding.tile_dims, v.dims) if e is not None]
-    assert math.prod(kept) == math.prod(sharding.tile_dims), "an inserted dim is tiled"
-    sharding = sh.tiled(kept, sharding.subgroup_dims, sharding.subgroup_kinds,
-                        sharding.devices)
+    sharding = _replicate_inserted(sharding, [e is None for e in v.dims])
   return permute(sharding, inverse(real))
+
+
+def _replicate_inserted(sharding: _core.Sharding, inserted: list[bool]) -> _core.Sharding:
+  """``sharding`` without the dims flagged ``inserted``; their tiles join
+  its replicated subgroup (one is added where it has none)."""
+  tiles, groups = list(sharding.tile_dims), list(sharding.subgroup_dims)
+  kinds = list(sharding.subgroup_kinds)
+  devices = sh.device_grid(sharding)
+  extra = [i for i, flag in enumerate(inserted) if flag]
+  if math.prod(tiles[i] for i in extra) == 1:
+    return sh.tiled([t for t, flag in zip(tiles, inserted) if not flag], groups, kinds,
+                    sharding.devices)
+  kept = [i for i, flag in enumerate(inserted) if not flag]
+  rank = len(tiles)
+  rep = next((i for i, k in enumerate(kinds) if k == _core.Sharding.Subgroup.REPLICATED),
+             None)
+  if rep is None:
+    kinds.append(_core.Sharding.Subgroup.REPLICATED)
+    groups.append(1)
+    devices = devices.reshape(devices.shape + (1,))
+    rep = len(groups) - 1
+  others = [rank + g for g in range(len(groups)) if g != rep]
+  order = [*kept, *others[:rep], rank + rep, *extra, *others[rep:]]
+  groups[rep] *= math.prod(tiles[i] for i in extra)
+  return sh.tiled([tiles[i] for i in kept], groups, kinds, devices.transpose(order).reshape(-1))
 
 
 def permute(sharding: _core.Sharding, perm: list[int]) -> _core.Sharding:

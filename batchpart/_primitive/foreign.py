@@ -104,7 +104,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   result_dtypes = [_dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type))
                    for r in op.results]
   check_halo_sizes(caller, spec.halos, operand_shapes, result_shapes)
-  check_results(caller, spec.reductions, result_shapes, result_dtypes)
+  check_results(caller, spec.reductions, result_shapes, result_dtypes,
+                list(zip(spec.result_leads, spec.result_core_ranks)))
   rule = declaration.attribute_rule
   description = describe(
       target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
