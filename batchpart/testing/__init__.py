@@ -78,6 +78,9 @@ TARGETS = {
     # (...,n,m) -> (...,n): the stencil's window along n of the row sums over
     # m (attrs lo, hi, mode); f32, f64, s32. halo={"n": ...}, reduce={"m": "sum"}.
     "batchpart_test_row_stencil": "row_stencil",
+    # Any arrays, each read through the roles of its dims (attr roles): one
+    # kernel for every kind of dim in any layout (testing.layouts).
+    "batchpart_test_layout": "layout",
 }
 #: the stencil kernel's boundary rules (scipy.ndimage's names)
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}

@@ -127,7 +127,8 @@ def check_results(owner: str, reductions, shapes, dtypes, layouts) -> None:
   names = ", ".join(r.name for r in reductions)
   if is_combiner(op):
     check_combining_results(owner, op, names, [
-        ResultDims(i, tuple(int(v) for v in shapes[i]), *layouts[i], dtypes[i])
+        ResultDims(i, tuple(int(v) for v in shapes[i]), layouts[i][0], layouts[i][1],
+                   dtypes[i])
         for i in combining], reductions[0].k_dims)
     return
   for i in combining:
