@@ -17,7 +17,8 @@ own: they are read together, in result order.
 - ``"logsumexp"``: results ``(m_1, ..., m_j, lse)``, ``lse`` the part's
   log-normaliser and each ``m_i`` an average over the part weighted by
   ``exp(. - lse)`` (an attention output), with ``lse``'s batch dims and
-  core dims that start with ``lse``'s in core order (``lse_dims``). Combined: ``lse = logsumexp_p(lse_p)``,
+  core dims that start with ``lse``'s in core order (``lse_dims``).
+  Combined: ``lse = logsumexp_p(lse_p)``,
   ``m_i = sum_p exp(lse_p - lse) m_i,p``; a part with ``lse = -inf`` adds
   nothing, and where every part has it the results are ``lse = -inf`` and
   ``m_i = 0``.
