@@ -24,6 +24,7 @@ from batchpart._partition import sharding_rule, targets
 from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.dims.reduced import splits_reductions
+from batchpart._vocab.dims.scan import as_halos
 
 ir = compat.ir
 
@@ -49,7 +50,7 @@ def _add_sharding_rule(op, d) -> None:
       operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
       batch_shape, [v.type for v in op.operands], [r.type for r in op.results],
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=d.reductions, halos=d.halos)
+      reductions=d.reductions, halos=d.halos + as_halos(d.scans))
 
 
 def _drop_frontend_attribute(op, name: str) -> None:
@@ -77,8 +78,8 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
-      if (d.reductions or d.halos) and not splits_reductions(ctx):
-        d = dataclasses.replace(d, reductions=(), halos=())
+      if (d.reductions or d.halos or d.scans) and not splits_reductions(ctx):
+        d = dataclasses.replace(d, reductions=(), halos=(), scans=())
         name = derived_names.encode(d)
         if "sdy.sharding_rule" in op.attributes:
           del op.attributes["sdy.sharding_rule"]
