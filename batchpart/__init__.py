@@ -30,9 +30,9 @@ from batchpart._frontend.registry import (
     register_ffi_target,
 )
 from batchpart._partition import export as _export
-from batchpart._vocab.dims.user_combiner import Combiner
 from batchpart._vocab.dims.halo import Halo
 from batchpart._vocab.dims.scan import Scan
+from batchpart._vocab.dims.user_combiner import Combiner
 
 _export.install()
 

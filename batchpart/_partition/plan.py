@@ -21,8 +21,8 @@ from batchpart._partition import shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.named_combiners import min_part
 from batchpart._vocab.dims.halo import halo_tables, splits_into
+from batchpart._vocab.dims.named_combiners import min_part
 from batchpart._vocab.dims.reduced import combining_op, kept_results, reduced_dims_table
 from batchpart._vocab.dims.scan import as_halos
 

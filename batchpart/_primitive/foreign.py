@@ -21,8 +21,8 @@ from batchpart._primitive.lowering import declaration_text, place
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.description import describe
 from batchpart._vocab.dims.halo import Halo, check_halo_sizes
-from batchpart._vocab.dims.scan import Scan, check_scan_arrays
 from batchpart._vocab.dims.reduced import check_results
+from batchpart._vocab.dims.scan import Scan, check_scan_arrays
 
 ir = compat.ir
 

@@ -29,8 +29,8 @@ from batchpart import _compat as compat
 from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_shapes
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import splits_into
-from batchpart._vocab.dims.scan import as_halos
 from batchpart._vocab.dims.reduced import reduced_dims_table
+from batchpart._vocab.dims.scan import as_halos
 
 
 def _axes(entry) -> tuple:

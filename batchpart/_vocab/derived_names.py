@@ -53,11 +53,11 @@ from __future__ import annotations
 import re
 
 from batchpart._vocab.description import CallDescription, default_layout
-from batchpart._vocab.dims.user_combiner import is_user_combiner
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
 from batchpart._vocab.dims.scan import ScanDim
+from batchpart._vocab.dims.user_combiner import is_user_combiner
 
 MARKER = "$bp1"
 FRONTEND_ATTRIBUTE = "batchpart.derived_name"
@@ -66,7 +66,8 @@ _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
 _REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?$")
 _HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
-_SCAN = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.r)?(?:\.(scan_[0-9a-f]{{16}}))?:({_PAIRS}):({_PAIRS})?$")
+_SCAN = re.compile(
+    rf"^:(\w+)=(\d+)\.(\d+)(\.r)?(?:\.(scan_[0-9a-f]{{16}}))?:({_PAIRS}):({_PAIRS})?$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 

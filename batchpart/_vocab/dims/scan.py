@@ -175,7 +175,8 @@ class Registered:
   def apply(self, summary, state):
     """The state after a stretch with ``summary`` entered with ``state``."""
     if self.scan.apply is None:
-      out = self.scan.merge((state,), tuple(summary))   # type: ignore[misc]
+      assert self.scan.merge is not None, "a registered scan is parallel"
+      out = self.scan.merge((state,), tuple(summary))
       return out[0]
     out = self.scan.apply(tuple(summary), state)
     return out[0] if isinstance(out, (tuple, list)) else out
@@ -208,6 +209,7 @@ def lowered_name(where: str, scan: Scan, summary_types, state_type, state_slot: 
   with _lock:
     if key in _lowered:
       return _lowered[key]
+  assert scan.merge is not None, "only a parallel scan is lowered"
   if scan.apply is None and len(types) != 1:
     raise ValueError(f"{where}: the summary (the results without the scanned dim) is "
                      f"{_fmt(types)}, more than the state; pass apply=(summary, state) -> "
