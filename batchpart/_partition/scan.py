@@ -72,7 +72,7 @@ def carry(d: CallDescription, operand_shardings, scan_tiles) -> Carry | None:
   part = np.zeros(int(devices.max()) + 1, np.int64)
   for index, device in np.ndenumerate(devices):
     part[device] = index[dim]
-  groups = np.moveaxis(devices, dim, -1).reshape(-1, parts)
+  groups = np.ascontiguousarray(np.moveaxis(devices, dim, -1).reshape(-1, parts))
   return Carry(s, parts, groups, part)
 
 
