@@ -38,6 +38,7 @@ from batchpart._frontend.signature import (
   declared_spec,
   halos_for,
   parse_declaration,
+  scans_for,
 )
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
@@ -314,7 +315,8 @@ def _hook() -> None:
 def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                        signature: str | None = None,
                        reduce: dict[str, str] | None = None,
-                       arrays: str = "jax", halo: dict[str, Any] | None = None) -> Callable:
+                       arrays: str = "jax", halo: dict[str, Any] | None = None,
+                       scan: dict[str, Any] | None = None) -> Callable:
   """Makes every jax host callback whose function is ``callback`` run per
   batch shard.
 
@@ -334,7 +336,7 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
   Args:
     callback: the function (or the class's method) the package passes to
       ``jax.pure_callback`` / ``io_callback`` / ``buffer_callback``.
-    num_batch_dims, signature, reduce, halo: the batch declaration, as for
+    num_batch_dims, signature, reduce, halo, scan: the batch declaration, as for
       :func:`batchpart.pure_callback`, of the package's call (its flat
       operands and results); ``reduce`` and ``halo`` apply to
       ``jax.pure_callback`` calls only.
@@ -362,7 +364,9 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos_for(owner, parsed, halo, reductions)
+  halos = halos_for(owner, parsed, halo, reductions)
+  # Checked; the callbacks keep a scanned dim whole, as bp.pure_callback does.
+  scans_for(owner, parsed, scan, reductions, halos)
   check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)
