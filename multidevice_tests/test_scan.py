@@ -244,3 +244,21 @@ def test_io_callback_refuses_a_parallel_scan():
     bp.pure_callback(lambda x, s: (x, s), (S((4,), np.float32), S((), np.float32)),
                      np.zeros(4, np.float32), np.float32(0), signature="(t),()->(t),()",
                      scan={"t": bp.Scan((0, 1))})
+
+
+def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
+  a, x, h0 = _linear_data((4, 64), np.float32)
+  f = bt.linear_scan((4, 64), np.float32)
+  args = _put(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())])
+  report = bp.explain(lambda a, x, h: f(a, x, h, reverse=np.int64(0)), *args)
+  scanned = [c for c in report.calls if c.scan_dims]
+  assert len(scanned) == 2   # the two passes
+  t = scanned[0].scan_dims[0]
+  assert (t.name, t.parallel, t.size, t.parts) == ("t", True, 64, 8)
+  assert t.moved_bytes == 2 * 8 * 4 * 4   # (h_T, prod a) of 8 parts, 4 elements each
+  assert scanned[0].replication == 1
+  assert "scan:        t (size 64)" in str(report) and "parallel" in str(report)
+  g = tanh_rnn((3, 40), np.float32)
+  report = bp.explain(lambda x, h: g(x, h, w=0.5, reverse=np.int64(0)),
+                      *_put(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
+  assert "sequential: the state handed part to part" in str(report)

@@ -83,6 +83,12 @@ class Scan:
   def parallel(self) -> bool:
     return self.merge is not None
 
+  def __repr__(self):
+    name = lambda f: None if f is None else getattr(f, "__qualname__", type(f).__name__)
+    fns = "".join(f", {k}={name(getattr(self, k))}" for k in ("merge", "apply")
+                  if getattr(self, k) is not None)
+    return f"Scan(state={self.state}{fns}{', reverse=True' if self.reverse else ''})"
+
 
 @dataclasses.dataclass(frozen=True)
 class ScanDim:
