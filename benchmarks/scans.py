@@ -85,9 +85,9 @@ def candidates(jax, bt, b: int, t: int, partitioner: str):
 
 def main(argv):
   jax = _setup()
+  import _timing
   import numpy as np
 
-  import _timing
   import batchpart.testing as bt
   _timing.steady_allocator()
   bt.register()
