@@ -48,12 +48,13 @@ def _declare(results, reduce, signature="(n)->(),()"):
     ((S((4, 3), np.float32), S((4, 2), np.int32)), {"n": "max_k"},
      r"result 0 \(the values\) has shape \(4, 3\) and result 1 \(the indices\) \(4, 2\)"),
     ((S((4, 0), np.float32), S((4, 0), np.int32)), {"n": "max_k"},
-     r"result 0 \(the values\) has shape \(4, 0\); it must end in k >= 1"),
+     r"result 0 \(the values\) has shape \(4, 0\) with k = 0; k must be >= 1"),
     ((), {"n": "logsumexp"}, r"'logsumexp' over the dim\(s\) n needs at least one result"),
     ((S((4, 3), np.float32), S((4,), np.int32)), {"n": "logsumexp"},
      r"result 1 \(the lse\) has dtype int32"),
-    ((S((3, 4), np.float32), S((4,), np.float32)), {"n": "logsumexp"},
-     r"result 0 has shape \(3, 4\), which does not start with the lse's \(result 1\) shape"),
+    ((S((4, 3), np.float32), S((4, 2), np.float32)), {"n": "logsumexp"},
+     r"result 0 has shape \(4, 3\), which does not start with the lse's \(result 1\) shape "
+     r"\(4, 2\) in its core dims"),
     ((S((4, 3), np.int32), S((4,), np.float32)), {"n": "logsumexp"},
      r"result 0 has dtype int32; a weighted average"),
 ])

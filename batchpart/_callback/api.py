@@ -36,7 +36,7 @@ from batchpart._frontend.signature import (
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
-from batchpart._vocab.dims.reduced import Reduction, check_results
+from batchpart._vocab.dims.reduced import check_results
 from batchpart._vocab.dims.scan import check_scan_arrays
 
 
@@ -207,8 +207,9 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
-  check_results(owner, reductions, [a.shape for a in result_avals],
-                [a.dtype for a in result_avals])
+  if parsed is not None:
+    check_results(owner, reductions, [a.shape for a in result_avals],
+                  [a.dtype for a in result_avals], parsed.result_layouts())
   in_avals, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals,
                             reductions, halos)
   check_scan_arrays(owner, scans, [a.shape for a in in_avals], [a.dtype for a in in_avals],
@@ -280,7 +281,9 @@ def _reduction_params(spec: BatchSpec) -> dict:
   params: dict[str, Any] = {}
   if spec.reductions:
     params["reductions"] = tuple(
-        Reduction(r.name, r.op, trailing(r.dims, cores), trailing(r.results, res_cores))
+        dataclasses.replace(r, dims=trailing(r.dims, cores),
+                            results=trailing(r.results, res_cores),
+                            k_dims=trailing(r.k_dims, res_cores))
         for r in spec.reductions)
   if spec.halos:
     params["halos"] = tuple(

@@ -111,6 +111,7 @@ from batchpart._compat.primitives import (  # noqa: E402
   Literal as Literal,
   Primitive as Primitive,
   ShapedArray as ShapedArray,
+  Tracer as Tracer,
   abstract_token as abstract_token,
   moveaxis as moveaxis,
   no_effects as no_effects,

@@ -22,6 +22,7 @@ Primitive = jax_extend_core.Primitive
 ClosedJaxpr = jax_extend_core.ClosedJaxpr
 Literal = jax_extend_core.Literal
 ShapedArray = core.ShapedArray
+Tracer = core.Tracer
 abstract_token = core.abstract_token
 typeof = core.typeof
 no_effects = core.no_effects

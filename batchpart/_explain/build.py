@@ -18,22 +18,22 @@ from batchpart._explain.lowered import (
   LoweredCall,
   batch_dims,
   halos,
-  scans,
   leading_core_dims,
   lowered_calls,
   reductions,
+  scans,
 )
 from batchpart._explain.report import (
   CallReport,
   Collective,
   ExplainReport,
   HaloDimReport,
-  ScanDimReport,
   ReducedDim,
+  ScanDimReport,
 )
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
-from batchpart._vocab.dims.named_combiners import gathers
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.named_combiners import gathers
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExplainReport:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from batchpart import _compat as compat
 from batchpart._frontend import batch_dims
 from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.dims.named_combiners import TOP_K_COMBINERS
 from batchpart._vocab.dims.reduced import Reduction, check_results
 
 
@@ -188,9 +189,18 @@ class CallPlaces:
                                    "kernel reads it along that dim cannot be told; it is "
                                    "computed whole", partitioned=True)
         continue
-      out.append(Reduction(r.name, r.op, dims))
+      k_dims = _k_dims(eqn, operands, results) if r.op in TOP_K_COMBINERS else ()
+      if k_dims is None:
+        self._warn_unclear(target, f"reduce {r.op!r} over {r.name!r}: the results do not "
+                                   "each have one core dim of a size no operand's core "
+                                   "dims have, so where they hold the k candidates cannot "
+                                   "be told; it is computed whole", partitioned=True)
+        continue
+      out.append(Reduction(r.name, r.op, dims, k_dims=k_dims))
     check_results(f"batchpart.batch_partitionable({self.name}) (its call to '{target}')",
-                  out, [a.shape for a in result_avals], [a.dtype for a in result_avals])
+                  out, [a.shape for a in result_avals], [a.dtype for a in result_avals],
+                  [(lead, len(a.shape) - lead - rank)
+                   for a, (lead, rank) in zip(result_avals, results)])
     return tuple(out)
 
   def call_halos(self, eqn, in_dims, operands, results) -> tuple:
@@ -220,6 +230,27 @@ class CallPlaces:
       else:
         out.append(dataclasses.replace(h, operand_dims=dims, result_dims=tuple(result_dims)))
     return tuple(out)
+
+
+def _core_dims(shape, place) -> list[int]:
+  """The dims of an array at ``(lead, rank)`` that are not batch dims."""
+  lead, rank = place
+  return [*range(lead), *range(lead + rank, len(shape))]
+
+
+def _k_dims(eqn, operands, results):
+  """Where each result of a top-k call holds its k candidates: its one core
+  dim of a size no operand core dim has, as (result, core axis) pairs; None
+  where a result has no such dim or several."""
+  sizes = {shape_of(v)[j] for v, place in zip(eqn.invars, operands)
+           for j in _core_dims(shape_of(v), place)}
+  out = []
+  for i, (a, place) in enumerate(zip(eqn.params["result_avals"], results)):
+    fresh = [j for j in _core_dims(a.shape, place) if a.shape[j] not in sizes]
+    if len(fresh) != 1:
+      return None
+    out.append((i, _signed(fresh[0], place[0], len(a.shape))))
+  return tuple(out)
 
 
 def _operand_places(eqn, in_dims, operands, name: str):

@@ -128,8 +128,9 @@ def ffi_call(
   if any(r is compat.abstract_token for r in result_avals):
     raise ValueError(f"{owner}: token results are not "
                      "supported; use jax.ffi.ffi_call for ordered effects.")
-  check_results(owner, reductions, [r.shape for r in result_avals],
-                [r.dtype for r in result_avals])
+  if parsed is not None:
+    check_results(owner, reductions, [r.shape for r in result_avals],
+                  [r.dtype for r in result_avals], parsed.result_layouts())
   out_layouts = output_layouts if multiple_results else (output_layouts,)
   if output_layouts is None:
     out_layouts = None

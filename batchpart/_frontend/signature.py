@@ -16,6 +16,7 @@ import numpy as np
 from batchpart._vocab.batch_spec import BatchSpec, broadcast_batch_shapes, fmt as _fmt
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim, check_halo_mapping
+from batchpart._vocab.dims.named_combiners import TOP_K_COMBINERS
 from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
 from batchpart._vocab.dims.scan import ScanDim, check_scan_mapping
 
@@ -46,6 +47,10 @@ class Signature:
                      tuple(len(lead) for lead, _ in outs),
                      reductions=tuple(reductions), halos=tuple(halos), scans=tuple(scans),
                      dim_names=self.dim_names() if reductions or named else ())
+
+  def result_layouts(self) -> list[tuple[int, int]]:
+    """Each result's core dims before and after its ``...``: ``(lead, core)``."""
+    return [(len(lead), len(trail)) for lead, trail in map(_split, self.outputs)]
 
   def dim_names(self) -> tuple[DimName, ...]:
     """Each named (not numeric) core dim where it first appears, operands
@@ -83,7 +88,28 @@ class Signature:
       if problem:
         raise ValueError(f"{owner}: reduce names the dim '{name}', which {problem} "
                          f"(signature '{self}').")
-      out.append(Reduction(name, op, tuple(where), tuple(kept)))
+      out.append(Reduction(name, op, tuple(where), tuple(kept),
+                           self._k_dims(name, op, {i for i, _ in kept}, owner=owner)))
+    return tuple(out)
+
+  def _k_dims(self, name: str, op, kept, *, owner: str) -> tuple[tuple[int, int], ...]:
+    """For ``max_k`` / ``min_k``: where each combining result holds its k
+    candidates, the one core dim of it that no operand has."""
+    if op not in TOP_K_COMBINERS:
+      return ()
+    operand_dims = {n for group in self.inputs for n in group}
+    out = []
+    for i, group in enumerate(self.outputs):
+      fresh = [(n, axis) for n, axis in _core_axes(group) if n not in operand_dims]
+      if i in kept or not fresh:
+        continue
+      if len(fresh) > 1:
+        raise ValueError(
+            f"{owner}: reduce {{{name!r}: {op!r}}}: result {i} has the core dims "
+            f"{', '.join(n for n, _ in fresh)}, which no operand has; which one holds the "
+            f"k candidates cannot be told: give the result one such dim (signature "
+            f"'{self}').")
+      out.append((i, fresh[0][1]))
     return tuple(out)
 
   def halos(self, halo, reductions, *, owner: str) -> tuple[HaloDim, ...]:

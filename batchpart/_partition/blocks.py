@@ -52,22 +52,18 @@ def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partit
     return np.arange(partitions).reshape((1,) * rank + (partitions,) + (1,) * halos), 0
   shape, ref, _, halo_dims = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
   devices = sh.device_grid(ref)
-  dims = list(devices.shape)
-  # Halo dims next to the batch dims; other core dims are whole in a plan:
-  # drop their size-1 axes.
-  cores = [k for k in range(rank, len(shape)) if k not in halo_dims]
-  devices = devices.transpose([*range(rank), *halo_dims, *cores,
-                               *range(len(shape), len(dims))])
-  kept = rank + halos
-  devices = devices.reshape(list(devices.shape[:kept]) + dims[len(shape):])
+  dims, n = list(devices.shape), len(shape)
   kinds = list(ref.subgroup_kinds)
-  rep = [kept + i for i, k in enumerate(kinds) if k == _Subgroup.REPLICATED]
-  man = [kept + i for i, k in enumerate(kinds) if k != _Subgroup.REPLICATED]
-  devices = devices.transpose(list(range(rank)) + rep + man + list(range(rank, kept)))
-  batch_dims = list(devices.shape[:rank])
-  rep_size = math.prod(devices.shape[rank:rank + len(rep)])
-  rest = list(devices.shape[rank + len(rep):])
-  return devices.reshape(batch_dims + [rep_size] + rest), len(man)
+  # A core dim the reference splits that is no halo dim is a reduced dim a
+  # result keeps: its devices share a batch block as replicated ones do
+  # (``split_reductions`` sorts them into parts); the other core dims are
+  # whole (size 1).
+  rep = [*(k for k in range(rank, n) if k not in halo_dims),
+         *(n + i for i, k in enumerate(kinds) if k == _Subgroup.REPLICATED)]
+  man = [n + i for i, k in enumerate(kinds) if k != _Subgroup.REPLICATED]
+  devices = devices.transpose([*range(rank), *rep, *man, *halo_dims])
+  rest = [dims[k] for k in (*man, *halo_dims)]
+  return devices.reshape(dims[:rank] + [math.prod(dims[k] for k in rep)] + rest), len(man)
 
 
 def result_halo_dims(d: CallDescription, k: int, rank: int) -> list[int]:

@@ -10,48 +10,67 @@ that keep a reduced dim pass through; no operand ever moves.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 
 from batchpart import _compat as compat, _core
 from batchpart._partition import emit, merge, shardings as sh
-from batchpart._vocab.dims.named_combiners import ARG_COMBINERS, INDEX_COMBINERS
-from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
+from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.named_combiners import (
+  ARG_COMBINERS,
+  INDEX_COMBINERS,
+  TOP_K_COMBINERS,
+  lse_dims,
+)
 from batchpart._vocab.dims.reduced import combining_op, kept_results
+from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
 
 ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
 
 
-def combine(reductions, results, groups, part_offsets=None, target: str = "") -> list:
+def combine(d: CallDescription, results, groups, part_offsets=None) -> list:
   """``results`` (this device's) combined over each device group in
-  ``groups`` by the reductions' op; ``part_offsets[partition]`` is the
-  global start of that partition's part (the combiners with an index).
-  Results that keep a reduced dim are each device's own part: they pass
-  through."""
+  ``groups`` by the op of the description's reductions;
+  ``part_offsets[partition]`` is the global start of that partition's part
+  (the combiners with an index). Results that keep a reduced dim are each
+  device's own part: they pass through. Every dim is read by its declared
+  core position in the description, never by its place in the array."""
+  reductions = d.reductions
   kept = kept_results(reductions)
-  if kept:
-    combining = iter(combine([dataclasses.replace(r, results=()) for r in reductions],
-                             [r for i, r in enumerate(results) if i not in kept],
-                             groups, part_offsets, target) if len(kept) < len(results)
-                     else [])
-    return [r if i in kept else next(combining) for i, r in enumerate(results)]
+  combining = [i for i in range(len(results)) if i not in kept]
+  layouts = [(d.result_leads[i], d.result_ranks[i] - d.result_leads[i]
+              - d.result_batch_ranks[i]) for i in combining]
+  out = _combine(d.target, reductions, [results[i] for i in combining], layouts, groups,
+                 part_offsets)
+  merged = dict(zip(combining, out))
+  return [merged.get(i, r) for i, r in enumerate(results)]
+
+
+def _combine(target: str, reductions, results, layouts, groups, part_offsets) -> list:
+  """The combining ``results`` (each with its ``(lead, core)`` ranks)
+  merged by the reductions' op."""
   op = combining_op(reductions)
+  if not results:
+    return []
   if is_user_combiner(op):
     assert part_offsets is not None, "a Combiner merges its parts in order"
     reg = registered(str(op), target)
     results = [_global(r, part_offsets) if i in reg.combiner.index_results else r
                for i, r in enumerate(results)]
     return merge.fold(reg, results, groups, merge.part_order(groups, part_offsets))
-  if op in INDEX_COMBINERS:
+  if op in ARG_COMBINERS:
     assert part_offsets is not None, "an index combines with the parts' offsets"
-    by_index = _arg_extreme if op in ARG_COMBINERS else _top_k
-    return by_index(op, list(results), groups, part_offsets)
+    return _arg_extreme(op, list(results), groups, part_offsets)
+  if op in TOP_K_COMBINERS:
+    assert part_offsets is not None, "an index combines with the parts' offsets"
+    (axis,) = {a for _, a in reductions[0].k_dims}   # checked: one axis for both
+    rank = len(ir.RankedTensorType(results[0].type).shape)
+    return _top_k(op, list(results), groups, part_offsets, absolute_dim(axis, rank))
   if op == "logsumexp":
-    return _logsumexp(list(results), groups)
+    return _logsumexp(list(results), layouts, groups)
   assert op is not None, "reduce groups come only with reductions"
   return [emit.all_reduce(r, str(op), groups) for r in results]
 
@@ -105,23 +124,27 @@ def _global(index, part_offsets):
   return hlo.add(index, offset)
 
 
-def _top_k(op: str, results, groups, part_offsets) -> list:
-  """The k best of every part's k candidates: each part's indices made
-  global, one all-gather of values and indices along k, then a sort by
-  (NaN first, value, global index) along the gathered candidates, keeping
-  the first k. The index breaks every tie, so the order is the stable sort
-  of the whole dim whatever the order the devices are gathered in."""
+def _top_k(op: str, results, groups, part_offsets, k_dim: int) -> list:
+  """The k best of every part's k candidates (along dim ``k_dim``): each
+  part's indices made global, one all-gather of values and indices, then a
+  sort by (NaN first, value, global index) along the gathered candidates,
+  keeping the first k. The index breaks every tie, so the order is the
+  stable sort of the whole dim whatever the order the devices are gathered
+  in."""
   values, index = results
   shape = list(ir.RankedTensorType(values.type).shape)
-  last, parts = len(shape) - 1, len(groups[0])
-  # Gathered along a new leading dim, then moved next to k: (..., parts * k).
-  # (A variadic all-gather along the minor dim mixed rows on XLA's CPU runtime.)
+  parts = len(groups[0])
+  # Gathered along a new leading dim, then moved just before k and merged
+  # with it: shape with k -> parts * k. (A variadic all-gather along the
+  # minor dim mixed rows on XLA's CPU runtime.)
+  order = [*range(1, k_dim + 1), 0, *range(k_dim + 1, len(shape) + 1)]
+  wide = [*shape[:k_dim], parts * shape[k_dim], *shape[k_dim + 1:]]
   cands = []
   for c in emit.all_gather([emit.reshaped(v, [1, *shape]) for v in
                             (values, _global(index, part_offsets))], 0, groups):
-    moved = hlo.transpose(c, ir.DenseI64ArrayAttr.get([*range(1, last + 1), 0, last + 1]))
-    cands.append(emit.reshaped(moved, [*shape[:-1], parts * shape[-1]]))
-  sort = hlo.SortOp([c.type for c in cands], cands, dimension=last, is_stable=False)
+    moved = hlo.transpose(c, ir.DenseI64ArrayAttr.get(order))
+    cands.append(emit.reshaped(moved, wide))
+  sort = hlo.SortOp([c.type for c in cands], cands, dimension=k_dim, is_stable=False)
   scalars = [ir.RankedTensorType.get([], _element(c)) for c in cands]
   block = sort.regions[0].blocks.append(scalars[0], scalars[0], scalars[1], scalars[1])
   with ir.InsertionPoint(block):
@@ -143,34 +166,41 @@ def _ranks_before(a, b, ia, ib, descending: bool):
   return hlo.select(_compare(nan_a, nan_b, "NE"), nan_a, hlo.select(tie, by_index, by_value))
 
 
-def _logsumexp(results, groups) -> list:
+def _logsumexp(results, layouts, groups) -> list:
   """The parts' log-normalisers merged by logsumexp and each average
   re-weighted by exp(lse_p - lse); parts with lse = -inf add nothing, and
-  where every part has it the averages are 0."""
+  where every part has it the averages are 0. ``layouts``: each result's
+  ``(lead, core)`` ranks, which say where the lse's dims lie in an
+  average's (``named_combiners.lse_dims``)."""
   *averages, lse = results
   top = emit.all_reduce(lse, "max", groups)
   # Every part masked: -inf - -inf would be NaN; shift by 0 instead.
   shift = hlo.select(hlo.is_finite(top), top, _splat(0.0, top.type))
   weight = hlo.exponential(hlo.subtract(lse, shift))
   total = emit.all_reduce(weight, "sum", groups)
-  out = [_reweighted(m, weight, total, groups) for m in averages]
+  out = [_reweighted(m, weight, total, groups, lse_dims((_rank(m), *layout), layouts[-1]))
+         for m, layout in zip(averages, layouts)]
   return [*out, hlo.add(shift, hlo.log(total))]
 
 
-def _reweighted(average, weight, total, groups):
-  """sum_p weight_p * average_p / total, each weight broadcast over the
-  average's trailing dims; a part of weight 0 adds 0 even where its own
-  average is NaN (a kernel's 0/0 on a fully masked part)."""
+def _reweighted(average, weight, total, groups, dims):
+  """sum_p weight_p * average_p / total, each weight broadcast into the
+  average's ``dims``; a part of weight 0 adds 0 even where its own average
+  is NaN (a kernel's 0/0 on a fully masked part)."""
   kind = _element(average)
-  w = _broadcast(hlo.convert(_like(weight, kind), weight), average.type)
+  w = _broadcast(hlo.convert(_like(weight, kind), weight), average.type, dims)
   empty = _broadcast(_compare(weight, _splat(0.0, weight.type), "EQ"),
-                     _like(average, ir.IntegerType.get_signless(1)))
+                     _like(average, ir.IntegerType.get_signless(1)), dims)
   zero = _splat(0.0, average.type)
   summed = emit.all_reduce(hlo.select(empty, zero, hlo.multiply(w, average)), "sum", groups)
-  z = _broadcast(hlo.convert(_like(total, kind), total), average.type)
+  z = _broadcast(hlo.convert(_like(total, kind), total), average.type, dims)
   none = _broadcast(_compare(total, _splat(0.0, total.type), "EQ"),
-                    _like(average, ir.IntegerType.get_signless(1)))
+                    _like(average, ir.IntegerType.get_signless(1)), dims)
   return hlo.select(none, zero, hlo.divide(summed, z))
+
+
+def _rank(value) -> int:
+  return len(ir.RankedTensorType(value.type).shape)
 
 
 def _element(value) -> ir.Type:
@@ -186,10 +216,11 @@ def _compare(a, b, direction: str):
   return hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction))
 
 
-def _broadcast(value, to: ir.Type):
-  """``value`` (of a leading part of ``to``'s dims) along ``to``'s trailing ones."""
-  rank = len(ir.RankedTensorType(value.type).shape)
-  return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(list(range(rank))))
+def _broadcast(value, to: ir.Type, dims=None):
+  """``value`` broadcast to ``to``, its dims at ``to``'s ``dims`` (default:
+  its leading ones)."""
+  dims = list(range(_rank(value))) if dims is None else list(dims)
+  return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(dims))
 
 
 def _splat(value, to: ir.Type):

@@ -25,6 +25,7 @@ from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.dims.reduced import splits_reductions
 from batchpart._vocab.dims.scan import as_halos
+from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
 
 ir = compat.ir
 
@@ -78,6 +79,9 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
+      for r in d.reductions:
+        if is_user_combiner(r.op):
+          registered(str(r.op), d.target)   # raises naming the target and the merge
       if (d.reductions or d.halos or d.scans) and not splits_reductions(ctx):
         d = dataclasses.replace(d, reductions=(), halos=(), scans=())
         name = derived_names.encode(d)

@@ -23,7 +23,7 @@ from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import halo_tables, splits_into
 from batchpart._vocab.dims.named_combiners import min_part
-from batchpart._vocab.dims.reduced import combining_op, kept_results, reduced_dims_table
+from batchpart._vocab.dims.reduced import reduced_dims_table
 from batchpart._vocab.dims.scan import as_halos
 
 _Kind = _core.Sharding.Kind
@@ -173,9 +173,7 @@ def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
   problem.operand_reduced_dims = _in_views(reduced_dims_table(d.reductions, operand_ranks),
                                            operand_views)
   if d.reductions:
-    kept = kept_results(d.reductions)
-    problem.reduced_min_parts = [min_part(combining_op(d.reductions), [
-        s for i, s in enumerate(result_shapes) if i not in kept])] * len(d.reductions)
+    problem.reduced_min_parts = [min_part(r, result_shapes) for r in d.reductions]
     problem.result_reduced_dims = _in_views(
         reduced_dims_table(d.reductions, [len(s) for s in result_shapes], results=True),
         result_views)
@@ -251,24 +249,39 @@ def view(sharding: _core.Sharding, v: _View) -> _core.Sharding:
 
 
 def unview(sharding: _core.Sharding, v: _View) -> _core.Sharding:
-  """``view`` undone: inserted dims dropped, dims put back. A phantom dim's
-  tiles (a scanned dim a result lacks) become a replicated subgroup: the
-  result is the same on every part."""
+  """``view`` undone: inserted dims dropped, dims put back. An array lacks
+  an inserted dim, so it is the same along it: the devices the planner
+  tiled it over (a batch dim of size 1 split into padding, or a scanned dim
+  a result lacks) replicate."""
   real = [e for e in v.dims if e is not None]
   if sharding.kind == _Kind.TILED and len(real) != len(v.dims):
-    tiles, groups = list(sharding.tile_dims), list(sharding.subgroup_dims)
-    keep = [i for i, e in enumerate(v.dims) if e is not None]
-    lacking = [i for i, e in enumerate(v.dims) if e is None]
-    rest = math.prod(tiles[i] for i in lacking)
-    assert rest == 1 or all(i in dict(v.phantom) for i in lacking if tiles[i] > 1), (
-        "an inserted dim is tiled")
-    devices = sh.device_grid(sharding).transpose(
-        keep + list(range(len(tiles), len(tiles) + len(groups))) + lacking)
-    sharding = sh.tiled([tiles[i] for i in keep], groups + ([rest] if rest > 1 else []),
-                        [*sharding.subgroup_kinds,
-                         *([_core.Sharding.Subgroup.REPLICATED] if rest > 1 else [])],
-                        devices.reshape(-1))
+    sharding = _replicate_inserted(sharding, [e is None for e in v.dims])
   return permute(sharding, inverse(real))
+
+
+def _replicate_inserted(sharding: _core.Sharding, inserted: list[bool]) -> _core.Sharding:
+  """``sharding`` without the dims flagged ``inserted``; their tiles join
+  its replicated subgroup (one is added where it has none)."""
+  tiles, groups = list(sharding.tile_dims), list(sharding.subgroup_dims)
+  kinds = list(sharding.subgroup_kinds)
+  devices = sh.device_grid(sharding)
+  extra = [i for i, flag in enumerate(inserted) if flag]
+  if math.prod(tiles[i] for i in extra) == 1:
+    return sh.tiled([t for t, flag in zip(tiles, inserted) if not flag], groups, kinds,
+                    sharding.devices)
+  kept = [i for i, flag in enumerate(inserted) if not flag]
+  rank = len(tiles)
+  rep = next((i for i, k in enumerate(kinds) if k == _core.Sharding.Subgroup.REPLICATED),
+             None)
+  if rep is None:
+    kinds.append(_core.Sharding.Subgroup.REPLICATED)
+    groups.append(1)
+    devices = devices.reshape(devices.shape + (1,))
+    rep = len(groups) - 1
+  others = [rank + g for g in range(len(groups)) if g != rep]
+  order = [*kept, *others[:rep], rank + rep, *extra, *others[rep:]]
+  groups[rep] *= math.prod(tiles[i] for i in extra)
+  return sh.tiled([tiles[i] for i in kept], groups, kinds, devices.transpose(order).reshape(-1))
 
 
 def permute(sharding: _core.Sharding, perm: list[int]) -> _core.Sharding:

@@ -66,7 +66,6 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
         if exchanges:
           results = [halo.kept(r, dim, exchanges) for r, dim in zip(results, dims)]
         if len(reduce_groups):
-          results = combine.combine(d.reductions, results, reduce_groups, part_offsets,
-                                    d.target)
+          results = combine.combine(d, results, reduce_groups, part_offsets)
         compat.func_dialect.ReturnOp(results)
     return compat.module_to_bytecode(module)

@@ -111,7 +111,8 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
                     for v in op.operands]
   check_scan_arrays(caller, spec.scans, operand_shapes, operand_dtypes, result_shapes,
                     result_dtypes)
-  check_results(caller, spec.reductions, result_shapes, result_dtypes)
+  check_results(caller, spec.reductions, result_shapes, result_dtypes,
+                list(zip(spec.result_leads, spec.result_core_ranks)))
   rule = declaration.attribute_rule
   description = describe(
       target, operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,

@@ -29,7 +29,8 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``, or
   ``merge_<digest>`` for a ``bp.Combiner``), and its core axis in each
   operand that has it (``>= 0`` leading, ``< 0`` trailing), one field per dim;
-  then ``:r<result>.<axis>,...`` where results keep the dim
+  then ``:r<result>.<axis>,...`` where results keep the dim, and
+  ``:k<result>.<axis>,...`` where a ``max_k`` / ``min_k``'s results hold k
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
 - ``$h:<name>=<lo>.<hi>[.p]:<operand>.<axis>,...:<result>.<axis>,...``: a
@@ -64,7 +65,7 @@ FRONTEND_ATTRIBUTE = "batchpart.derived_name"
 _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
-_REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?$")
+_REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?(?::k({_PAIRS}))?$")
 _HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
 _SCAN = re.compile(
     rf"^:(\w+)=(\d+)\.(\d+)(\.r)?(?:\.(scan_[0-9a-f]{{16}}))?:({_PAIRS}):({_PAIRS})?$")
@@ -93,6 +94,7 @@ def encode(d: CallDescription) -> str:
   fields += [f"$a{i}:{o}" for i, o in sorted(d.aliases)]
   fields += [f"$x:{r.name}={r.op}:{_write_pairs(r.dims)}"
              + (f":r{_write_pairs(r.results)}" if r.results else "")
+             + (f":k{_write_pairs(r.k_dims)}" if r.k_dims else "")
              for r in d.reductions]
   fields += [f"$h:{h.name}={h.lo}.{h.hi}{'.p' if h.periodic else ''}"
              f":{_write_pairs(h.operand_dims)}:{_write_pairs(h.result_dims)}" for h in d.halos]
@@ -179,7 +181,8 @@ def _decode_fields(target: str, body: str) -> CallDescription:
     elif tag == "x" and (x := _REDUCTION.match(value)) and (
         x.group(2) in ALL_OPS or is_user_combiner(x.group(2))):
       reductions.append(Reduction(x.group(1), x.group(2), _read_pairs(x.group(3)),
-                                  _read_pairs(x.group(4) or "")))
+                                  _read_pairs(x.group(4) or ""),
+                                  _read_pairs(x.group(5) or "")))
     elif tag == "h" and (h := _HALO.match(value)):
       halos.append(HaloDim(h.group(1), int(h.group(2)), int(h.group(3)), bool(h.group(4)),
                            _read_pairs(h.group(5)), _read_pairs(h.group(6))))

@@ -91,9 +91,12 @@ class CallDescription:
         reduced_axes.add((k, axis))
       if len({k for k, _ in r.results}) != len(r.results):
         raise ValueError(f"{self.target}: reduction {r} names one result twice")
-      for k, axis in r.results:
+      for k, axis in (*r.results, *r.k_dims):
         self._check_core_axis("result", k, axis, self.result_batch_ranks,
                               self.result_leads, self.result_ranks)
+      if {k for k, _ in r.k_dims} & {k for k, _ in r.results}:
+        raise ValueError(f"{self.target}: reduction {r} holds k in a result that keeps "
+                         "the dim")
     if len({n.name for n in self.dim_names}) != len(self.dim_names):
       raise ValueError(f"{self.target}: dim names {self.dim_names} name a dim twice")
     for n in self.dim_names:

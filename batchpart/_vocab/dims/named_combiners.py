@@ -24,11 +24,17 @@ own: they are read together, in result order.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import jax
 import numpy as np
 
+from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.user_combiner import (
   OP_PREFIX,
   Combiner,
+  check_closure,
   check_index_results,
   is_user_combiner,
 )
@@ -82,64 +88,123 @@ def check_combiner_dims(owner: str, op: str, names) -> None:
                      f"result counts along one dim; declare '{op}' on one dim only.")
 
 
-def check_combining_results(owner: str, op: str | Combiner, dims: str, shapes,
-                            dtypes) -> None:
-  """Refuses results that do not fit combiner ``op`` over the dim(s) ``dims``:
-  their number, dtypes and shapes."""
-  shapes = [tuple(int(v) for v in s) for s in shapes]
-  dtypes = [np.dtype(t) for t in dtypes]
+@dataclasses.dataclass(frozen=True)
+class ResultDims:
+  """One combining result as the checks read it: its index among the call's
+  results, its shape, its core dims before (``lead``) and after (``core``)
+  its batch dims, and its dtype."""
+  index: int
+  shape: tuple[int, ...]
+  lead: int
+  core: int
+  dtype: Any
+
+  @property
+  def core_shape(self) -> tuple[int, ...]:
+    """The core dims' sizes in core order: leading ones, then trailing ones."""
+    return self.shape[:self.lead] + self.shape[len(self.shape) - self.core:]
+
+  @property
+  def batch_shape(self) -> tuple[int, ...]:
+    return self.shape[self.lead:len(self.shape) - self.core]
+
+
+def core_order_dims(rank: int, lead: int, core: int) -> list[int]:
+  """An array's core dims in core order (leading ones, then trailing ones),
+  as dims of the array."""
+  return [*range(lead), *range(rank - core, rank)]
+
+
+def lse_dims(average: tuple[int, int, int], lse: tuple[int, int]) -> list[int]:
+  """Where each dim of a logsumexp's ``lse`` lies in an average's: batch dims
+  on batch dims, and the lse's core dims on the average's first core dims
+  in core order. The average is given as ``(rank, lead, core)``, the lse as
+  ``(lead, core)``."""
+  (rank, lead, core), (lse_lead, lse_core) = average, lse
+  cores = core_order_dims(rank, lead, core)
+  batch = rank - lead - core
+  out = [cores[j] for j in range(lse_lead)]
+  out += [lead + b for b in range(batch)]
+  out += [cores[lse_lead + j] for j in range(lse_core)]
+  return out
+
+
+def check_combining_results(owner: str, op: str | Combiner, dims: str, results,
+                            k_dims=()) -> None:
+  """Refuses results (``ResultDims``, the combining ones in order) that do
+  not fit combiner ``op`` over the dim(s) ``dims``: their number, dtypes and
+  shapes, read by declared core position; ``k_dims``: where a top-k's
+  results hold k, as (result, core axis) pairs."""
+  results = [dataclasses.replace(r, dtype=np.dtype(r.dtype)) for r in results]
   where = f"{owner}: reduce {op if isinstance(op, Combiner) else repr(op)} over the dim(s) {dims}"
   if isinstance(op, Combiner):
-    check_index_results(where, op, dtypes)
+    check_index_results(where, op, [r.dtype for r in results])
+    check_closure(where, op, [jax.ShapeDtypeStruct(r.core_shape, r.dtype) for r in results])
   elif op in INDEX_COMBINERS:
-    _check_index_results(where, op, shapes, dtypes)
+    _check_index_results(where, op, results, dict(k_dims))
   else:
-    _check_logsumexp_results(where, shapes, dtypes)
+    _check_logsumexp_results(where, results)
 
 
-def _check_index_results(where: str, op: str, shapes, dtypes) -> None:
+def _check_index_results(where: str, op: str, results, k_dims: dict[int, int]) -> None:
   names = ("value", "index") if op in ARG_COMBINERS else ("values", "indices")
-  if len(shapes) != 2:
+  if len(results) != 2:
     raise ValueError(f"{where} needs exactly two results, ({', '.join(names)}); the call "
-                     f"has {len(shapes)}.")
-  if dtypes[0] == np.bool_ or np.issubdtype(dtypes[0], np.complexfloating):
-    raise ValueError(f"{where}: result 0 (the {names[0]}) has dtype {dtypes[0].name}, "
-                     "which has no order to take an extreme in.")
-  if not np.issubdtype(dtypes[1], np.integer):
-    raise ValueError(f"{where}: result 1 (the {names[1]}) has dtype {dtypes[1].name}; it "
-                     "must be an integer dtype.")
-  if shapes[0] != shapes[1]:
-    raise ValueError(f"{where}: result 0 (the {names[0]}) has shape {shapes[0]} and "
-                     f"result 1 (the {names[1]}) {shapes[1]}; they must be the same.")
-  if op in TOP_K_COMBINERS and (not shapes[0] or shapes[0][-1] < 1):
-    raise ValueError(f"{where}: result 0 (the values) has shape {shapes[0]}; it must end "
-                     "in k >= 1, the candidates kept.")
+                     f"has {len(results)}.")
+  value, index = results
+  if value.dtype == np.bool_ or np.issubdtype(value.dtype, np.complexfloating):
+    raise ValueError(f"{where}: result {value.index} (the {names[0]}) has dtype "
+                     f"{value.dtype.name}, which has no order to take an extreme in.")
+  if not np.issubdtype(index.dtype, np.integer):
+    raise ValueError(f"{where}: result {index.index} (the {names[1]}) has dtype "
+                     f"{index.dtype.name}; it must be an integer dtype.")
+  if (value.shape, value.lead, value.core) != (index.shape, index.lead, index.core):
+    raise ValueError(f"{where}: result {value.index} (the {names[0]}) has shape "
+                     f"{value.shape} and result {index.index} (the {names[1]}) "
+                     f"{index.shape}, with their core dims at different places; they must "
+                     "be the same.")
+  if op not in TOP_K_COMBINERS:
+    return
+  if value.index not in k_dims or index.index not in k_dims:
+    raise ValueError(f"{where}: result {value.index} (the values) has no core dim k that "
+                     "no operand has, to hold each part's k candidates; declare it in the "
+                     "signature, e.g. '(n)->(k),(k)'.")
+  if k_dims[value.index] != k_dims[index.index]:
+    raise ValueError(f"{where}: the values (result {value.index}) and the indices (result "
+                     f"{index.index}) hold k at different core axes "
+                     f"({k_dims[value.index]} and {k_dims[index.index]}); they must be the "
+                     "same.")
+  k = value.shape[absolute_dim(k_dims[value.index], len(value.shape))]
+  if k < 1:
+    raise ValueError(f"{where}: result {value.index} (the values) has shape {value.shape} "
+                     f"with k = {k}; k must be >= 1, the candidates kept.")
 
 
-def min_part(op: str | Combiner | None, result_shapes) -> int:
+def min_part(reduction, result_shapes) -> int:
   """The smallest part of the reduced dim a device may see: k for max_k and
   min_k (each part must give k candidates), 1 otherwise."""
-  if op in TOP_K_COMBINERS and result_shapes and len(result_shapes[0]):
-    return int(result_shapes[0][-1])
-  return 1
+  if reduction is None or reduction.op not in TOP_K_COMBINERS or not reduction.k_dims:
+    return 1
+  i, axis = reduction.k_dims[0]
+  return int(result_shapes[i][absolute_dim(axis, len(result_shapes[i]))])
 
 
-def _check_logsumexp_results(where: str, shapes, dtypes) -> None:
-  if not shapes:
+def _check_logsumexp_results(where: str, results) -> None:
+  if not results:
     raise ValueError(f"{where} needs at least one result, (m_1, ..., m_j, lse); the call "
                      "has none.")
-  last = len(shapes) - 1
-  if not _is_real_float(dtypes[last]):
-    raise ValueError(f"{where}: result {last} (the lse) has dtype {dtypes[last].name}; it "
-                     "must be a real floating dtype.")
-  lse = shapes[last]
-  for i, (shape, dtype) in enumerate(zip(shapes[:last], dtypes[:last])):
-    if not (_is_real_float(dtype) or np.issubdtype(dtype, np.complexfloating)):
-      raise ValueError(f"{where}: result {i} has dtype {dtype.name}; a weighted average "
-                       "must be floating or complex.")
-    if shape[:len(lse)] != lse:
-      raise ValueError(f"{where}: result {i} has shape {shape}, which does not start with "
-                       f"the lse's (result {last}) shape {lse}.")
+  lse = results[-1]
+  if not _is_real_float(lse.dtype):
+    raise ValueError(f"{where}: result {lse.index} (the lse) has dtype {lse.dtype.name}; "
+                     "it must be a real floating dtype.")
+  for m in results[:-1]:
+    if not (_is_real_float(m.dtype) or np.issubdtype(m.dtype, np.complexfloating)):
+      raise ValueError(f"{where}: result {m.index} has dtype {m.dtype.name}; a weighted "
+                       "average must be floating or complex.")
+    if m.core_shape[:len(lse.core_shape)] != lse.core_shape:
+      raise ValueError(f"{where}: result {m.index} has shape {m.shape}, which does not "
+                       f"start with the lse's (result {lse.index}) shape {lse.shape} in its "
+                       f"core dims ({m.core_shape} against {lse.core_shape}).")
 
 
 def _is_real_float(dtype: np.dtype) -> bool:

@@ -22,14 +22,15 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
+from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.named_combiners import (
   COMBINERS,
+  ResultDims,
   check_combiner_dims,
   check_combining_results,
   is_combiner,
 )
 from batchpart._vocab.dims.user_combiner import Combiner, lowered_name
-from batchpart._vocab.dims.core import absolute_dim
 
 OPS = ("sum", "max", "min")      # each result combined on its own
 ALL_OPS = OPS + COMBINERS
@@ -39,11 +40,14 @@ ALL_OPS = OPS + COMBINERS
 class Reduction:
   """One reduced dim: its signature name, the op, where each operand that
   has it holds it, as ``(operand, core axis)`` pairs, and where each result
-  that keeps it does, as ``(result, core axis)`` pairs."""
+  that keeps it does, as ``(result, core axis)`` pairs. For ``max_k`` and
+  ``min_k``, ``k_dims``: where each combining result holds its k candidates,
+  as ``(result, core axis)`` pairs."""
   name: str
   op: str | Combiner
   dims: tuple[tuple[int, int], ...]
   results: tuple[tuple[int, int], ...] = ()
+  k_dims: tuple[tuple[int, int], ...] = ()
 
 
 def reduced_dims_table(reductions, operand_ranks, *, results: bool = False
@@ -108,22 +112,27 @@ def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
   return dict(reduce)
 
 
-def check_results(owner: str, reductions, shapes, dtypes) -> None:
+def check_results(owner: str, reductions, shapes, dtypes, layouts) -> None:
   """Refuses results the combining op is not defined on (their dtypes, and
-  for a combiner their number and shapes); results that keep a reduced dim
-  do not combine and are not checked."""
+  for a combiner their number and shapes, read by declared core position:
+  ``layouts[i]`` is result i's ``(lead, core)``, its core dims before and
+  after its batch dims); results that keep a reduced dim do not combine and
+  are not checked."""
   op = combining_op(reductions)
   if op is None:
     return
   kept = kept_results(reductions)
-  shapes = [s for i, s in enumerate(shapes) if i not in kept]
-  dtypes = [t for i, t in enumerate(dtypes) if i not in kept]
+  layouts = list(layouts)
+  combining = [i for i in range(len(shapes)) if i not in kept]
   names = ", ".join(r.name for r in reductions)
   if is_combiner(op):
-    check_combining_results(owner, op, names, shapes, dtypes)
+    check_combining_results(owner, op, names, [
+        ResultDims(i, tuple(int(v) for v in shapes[i]), layouts[i][0], layouts[i][1],
+                   dtypes[i])
+        for i in combining], reductions[0].k_dims)
     return
-  for i, dtype in enumerate(dtypes):
-    dtype = np.dtype(dtype)
+  for i in combining:
+    dtype = np.dtype(dtypes[i])
     if dtype == np.bool_ or (op != "sum" and np.issubdtype(dtype, np.complexfloating)):
       raise ValueError(
           f"{owner}: result {i} has dtype {dtype.name}, which reduce '{op}' over the "

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from batchpart import _compat as compat
+
 OP_PREFIX = "merge_"
 OP_NAME = re.compile(r"^merge_[0-9a-f]{16}$")
 
@@ -87,6 +89,26 @@ def check_index_results(where: str, combiner: Combiner, dtypes) -> None:
     if not np.issubdtype(np.dtype(dtypes[i]), np.integer):
       raise TypeError(f"{where}: result {i} is an index result (index_results) but has "
                       f"dtype {np.dtype(dtypes[i]).name}; it must be an integer dtype.")
+
+
+def check_closure(where: str, combiner: Combiner, element_types) -> None:
+  """Refuses a merge that closes over traced values (arrays computed inside
+  the function being traced): the per-device module runs the merge apart
+  from the program those values live in. A merge that fails to trace is
+  left to ``lowered_name``, which says why."""
+  types = tuple(jax.ShapeDtypeStruct(t.shape, t.dtype) for t in element_types)
+  try:
+    jaxpr = jax.make_jaxpr(combiner.merge)(types, types)
+  except Exception:
+    return
+  traced = [c for c in jaxpr.consts if isinstance(c, compat.Tracer)]
+  if traced:
+    raise ValueError(
+        f"{where}: the Combiner's merge closes over {len(traced)} traced value(s) "
+        f"{_fmt(tuple(c.aval for c in traced))}, computed inside the function being "
+        "traced; the merge runs in the per-device module, apart from them. Close over "
+        "constants instead (Python numbers, NumPy arrays), or return the values as "
+        "results of the call.")
 
 
 def lowered_name(where: str, combiner: Combiner, element_types) -> str:
