@@ -84,10 +84,13 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
       locates the block in the batch only.
     scan: ``{core dim name: batchpart.Scan(state=(k, j), ...)}``, as for
       :func:`batchpart.ffi_call`: ``callback`` carries a state along the dim
-      from operand ``k`` to result ``j``. It is checked like an FFI call's;
-      a host callback keeps the dim whole (each call gets its block's whole
-      sequence and the state it starts in), its batch dims split as ever
-      (docs/scans.md).
+      from operand ``k`` to result ``j``. Where the dim is sharded, each
+      device calls it on its own part of the dim and the state that part
+      starts in: with a merge, twice (from a zero state, then from the true
+      one after one all-gather of the parts' summaries); without, one part
+      after the other, the state handed on by collective-permutes
+      (docs/scans.md). ``with_index`` then adds one slice: where the part
+      lies in the dim.
     vmap_method: accepted for compatibility with :func:`jax.pure_callback`
       and validated; not needed: a vmapped call is one call with one more
       leading batch dim (no loop), whatever the value.
@@ -201,8 +204,6 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   halos = halos_for(owner, parsed, halo, reductions)
-  # Checked here; a host callback keeps its scanned dim whole for now (each
-  # call gets the whole sequence of its block and the state it starts in).
   scans = scans_for(owner, parsed, scan, reductions, halos)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
@@ -211,7 +212,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     check_results(owner, reductions, [a.shape for a in result_avals],
                   [a.dtype for a in result_avals], parsed.result_layouts())
   in_avals, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals,
-                            reductions, halos)
+                            reductions, halos, scans)
   check_scan_arrays(owner, scans, [a.shape for a in in_avals], [a.dtype for a in in_avals],
                     [a.shape for a in result_avals], [a.dtype for a in result_avals])
   outs = bind_batch_first(
@@ -219,7 +220,7 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
       lambda layouts: FlatCallback(callback, in_tree, out_tree, with_index=with_index,
                                    kind=kind, arrays=arrays, layouts=layouts),
       broadcast_batch=parsed is not None, io=io,
-      declaration=declaration_text(num_batch_dims, signature, reduce, halo),
+      declaration=declaration_text(num_batch_dims, signature, reduce, halo, scan),
       **_reduction_params(spec))
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -234,7 +235,7 @@ def result_aval(owner: str, i: int, r):
 
 
 def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
-             reductions=(), halos=()) -> tuple[list, BatchSpec]:
+             reductions=(), halos=(), scans=()) -> tuple[list, BatchSpec]:
   """The operands' checked avals and the batch spec a callback's declaration
   gives its flat operands and results."""
   in_avals = checked_operand_avals(owner, flat_args, result_avals)
@@ -242,7 +243,7 @@ def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")
   spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
-                       [tuple(a.shape) for a in result_avals], reductions, halos)
+                       [tuple(a.shape) for a in result_avals], reductions, halos, scans)
   return in_avals, spec
 
 
@@ -272,9 +273,9 @@ def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **
 
 
 def _reduction_params(spec: BatchSpec) -> dict:
-  """The primitive's ``reductions`` and ``halos``: with batch dims moved in
-  front, every core dim trails, so each reduced or halo dim is named by its
-  trailing core axis."""
+  """The primitive's ``reductions``, ``halos`` and ``scans``: with batch
+  dims moved in front, every core dim trails, so each reduced, halo or
+  scanned dim is named by its trailing core axis."""
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
   res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
   trailing = lambda dims, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in dims)
@@ -290,6 +291,11 @@ def _reduction_params(spec: BatchSpec) -> dict:
         dataclasses.replace(h, operand_dims=trailing(h.operand_dims, cores),
                             result_dims=trailing(h.result_dims, res_cores))
         for h in spec.halos)
+  if spec.scans:
+    params["scans"] = tuple(
+        dataclasses.replace(t, operand_dims=trailing(t.operand_dims, cores),
+                            result_dims=trailing(t.result_dims, res_cores))
+        for t in spec.scans)
   return params
 
 

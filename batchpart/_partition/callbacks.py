@@ -101,7 +101,8 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
   replicated one) and its block vector (``_vocab/blocks``); with halo dims,
-  its windows (``halo``)."""
+  its windows (``halo``); with a scanned dim, its part and the state the
+  part starts in (``scan``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
   planner = lambda shardings, shapes: [sh.to_planner(h, len(s))
@@ -117,7 +118,10 @@ def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
                              planner(b.operand_shardings, b.operand_local_shapes),
                              b.operand_local_shapes),
                          exchanges=halo.exchanges(
-                             d, planner(b.result_shardings, b.result_local_shapes), tiles))
+                             d, planner(b.result_shardings, b.result_local_shapes), tiles),
+                         carry=scan.carry(
+                             d, planner(b.operand_shardings, b.operand_local_shapes),
+                             b.scan_tiles))
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 
