@@ -88,6 +88,11 @@ TARGETS = {
     # (...,t),(...) -> (...,t),(...): h[i] = tanh(w h[i-1] + x[i]); attrs w
     # (f64), reverse; f32, f64. Nonlinear: a sequential scan only.
     "batchpart_test_tanh_rnn": "tanh_rnn",
+    # (...,t,d),(...,t,d),(...,t,e),(...,d,e) -> (...,t,e),(...,d,e): causal
+    # linear attention, S[i] = S[i-1] + k[i] v[i]^T from S0, o[i] = q[i]^T
+    # S[i]; attr reverse; f32, f64. scan={"t": Scan((3, 1), merge=add)}
+    # (linear_attention()).
+    "batchpart_test_linear_attention": "linear_attention",
 }
 #: the stencil kernel's boundary rules (scipy.ndimage's names)
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}
@@ -122,6 +127,18 @@ def linear_scan(shape, dtype, *, reverse: bool = False):
   return batchpart.ffi_call(
       "batchpart_test_linear_scan", (jax.ShapeDtypeStruct(tuple(shape), dtype), state, state),
       signature="(t),(t),()->(t),(),()", scan={"t": scan})
+
+
+def linear_attention(q_shape, e: int, dtype, *, reverse: bool = False):
+  """``batchpart_test_linear_attention`` as a ``bp.ffi_call`` with ``t``
+  scanned (states add): call it with ``(q, k, v, s0, reverse=np.int64(...))``,
+  ``q`` of ``q_shape`` (..., t, d)."""
+  *lead, t, d = q_shape
+  scan = batchpart.Scan(state=(3, 1), merge=add_merge, reverse=reverse)
+  return batchpart.ffi_call(
+      "batchpart_test_linear_attention",
+      (jax.ShapeDtypeStruct((*lead, t, e), dtype), jax.ShapeDtypeStruct((*lead, d, e), dtype)),
+      signature="(t,d),(t,d),(t,e),(d,e)->(t,e),(d,e)", scan={"t": scan})
 
 
 def register() -> None:

@@ -209,6 +209,92 @@ ffi::Error TanhRnnImpl(ffi::AnyBuffer x, ffi::AnyBuffer h0, ffi::Result<ffi::Any
   return ffi::Error::Success();
 }
 
+// ---- linear_attention: (t,d),(t,d),(t,e),(d,e) -> (t,e),(d,e) ----------------
+// Causal linear attention per batch element (a head): S[i] = S[i-1] +
+// k[i] v[i]^T from S[-1] = S0, o[i] = q[i]^T S[i] (attr reverse != 0: from
+// the end); returns o and the final state. States compose by adding, so a
+// two-pass scan's merge is the sum of the parts' final states.
+
+template <typename T>
+void LinearAttention(const T* q, const T* k, const T* v, const T* s0, T* o, T* sT,
+                     int64_t batch, int64_t n, int64_t d, int64_t e, bool reverse) {
+  for (int64_t b = 0; b < batch; ++b) {
+    T* state = sT + b * d * e;
+    const T* init = s0 + b * d * e;
+    for (int64_t i = 0; i < d * e; ++i) state[i] = init[i];
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t i = reverse ? n - 1 - s : s;
+      const T* qi = q + (b * n + i) * d;
+      const T* ki = k + (b * n + i) * d;
+      const T* vi = v + (b * n + i) * e;
+      T* oi = o + (b * n + i) * e;
+      for (int64_t c = 0; c < e; ++c) oi[c] = T(0);
+      for (int64_t a = 0; a < d; ++a) {
+        T* row = state + a * e;
+        const T ka = ki[a], qa = qi[a];
+        for (int64_t c = 0; c < e; ++c) {
+          row[c] += ka * vi[c];
+          oi[c] += qa * row[c];
+        }
+      }
+    }
+  }
+}
+
+// Whether `dims` is (..., rows, cols) over the leading dims `lead`.
+bool Trailing2(ffi::Span<const int64_t> dims, ffi::Span<const int64_t> lead, int64_t rows,
+               int64_t cols) {
+  if (dims.size() != lead.size() + 2 || dims[lead.size()] != rows ||
+      dims[lead.size() + 1] != cols) {
+    return false;
+  }
+  for (size_t i = 0; i < lead.size(); ++i) {
+    if (dims[i] != lead[i]) return false;
+  }
+  return true;
+}
+
+ffi::Error LinearAttentionImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                               ffi::AnyBuffer s0, ffi::Result<ffi::AnyBuffer> o,
+                               ffi::Result<ffi::AnyBuffer> sT, int64_t reverse) {
+  const auto qd = q.dimensions(), vd = v.dimensions();
+  if (qd.size() < 2 || vd.size() != qd.size()) {
+    return KernelError("linear_attention", "q, k must be (...,t,d) and v (...,t,e); got " +
+                                               DimsToString(qd) + ", " + DimsToString(vd));
+  }
+  const auto lead = qd.first(qd.size() - 2);
+  const int64_t n = qd[qd.size() - 2], d = qd[qd.size() - 1], e = vd[vd.size() - 1];
+  if (!SameDims(qd, k.dimensions()) || !Trailing2(vd, lead, n, e) ||
+      !Trailing2(o->dimensions(), lead, n, e) || !Trailing2(s0.dimensions(), lead, d, e) ||
+      !Trailing2(sT->dimensions(), lead, d, e)) {
+    return KernelError("linear_attention",
+                       "q, k must be (...,t,d), v and o (...,t,e), S0 and S_T (...,d,e); got " +
+                           DimsToString(qd) + ", " + DimsToString(vd) + ", " +
+                           DimsToString(s0.dimensions()));
+  }
+  const auto type = q.element_type();
+  if (k.element_type() != type || v.element_type() != type || s0.element_type() != type ||
+      o->element_type() != type || sT->element_type() != type) {
+    return KernelError("linear_attention", "every buffer must have one dtype");
+  }
+  const int64_t batch = Product(qd, 0, qd.size() - 2);
+  switch (type) {
+    case ffi::F32:
+      LinearAttention(q.typed_data<float>(), k.typed_data<float>(), v.typed_data<float>(),
+                      s0.typed_data<float>(), o->typed_data<float>(), sT->typed_data<float>(),
+                      batch, n, d, e, reverse != 0);
+      break;
+    case ffi::F64:
+      LinearAttention(q.typed_data<double>(), k.typed_data<double>(), v.typed_data<double>(),
+                      s0.typed_data<double>(), o->typed_data<double>(),
+                      sT->typed_data<double>(), batch, n, d, e, reverse != 0);
+      break;
+    default:
+      return KernelError("linear_attention", "the dtype must be float32 or float64");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLinearScan, LinearScanImpl,
@@ -238,11 +324,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTanhRnn, TanhRnnImpl,
                                   .Attr<double>("w")
                                   .Attr<int64_t>("reverse"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLinearAttention, LinearAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("reverse"));
+
 HandlerTable ScanHandlers() {
   return {
       {"linear_scan", reinterpret_cast<void*>(kLinearScan)},
       {"prefix_sum", reinterpret_cast<void*>(kPrefixSum)},
       {"tanh_rnn", reinterpret_cast<void*>(kTanhRnn)},
+      {"linear_attention", reinterpret_cast<void*>(kLinearAttention)},
   };
 }
 
