@@ -168,11 +168,7 @@ class CallPlaces:
     target = eqn.params["target_name"]
     result_avals = eqn.params["result_avals"]
     out = []
-    for r in self.reductions:
-      placed = _operand_places(eqn, in_dims, operands, r.name)
-      if placed is None:
-        continue
-      dims, size = placed
+    for r, dims, size in _carried(eqn, in_dims, operands, self.reductions):
       kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
               if size in (*a.shape[:lead], *a.shape[lead + rank:])]
       if kept:
@@ -212,11 +208,7 @@ class CallPlaces:
     with a warning, never a guess."""
     target = eqn.params["target_name"]
     out = []
-    for h in self.halos:
-      placed = _operand_places(eqn, in_dims, operands, h.name)
-      if placed is None:
-        continue
-      dims, size = placed
+    for h, dims, size in _carried(eqn, in_dims, operands, self.halos):
       result_dims = []
       for i, (a, (lead, rank)) in enumerate(zip(eqn.params["result_avals"], results)):
         fits = [j for j in [*range(lead), *range(lead + rank, len(a.shape))]
@@ -243,11 +235,7 @@ class CallPlaces:
     guess."""
     target = eqn.params["target_name"]
     out = []
-    for t in self.scans:
-      placed = _operand_places(eqn, in_dims, operands, t.name)
-      if placed is None:
-        continue
-      dims, size = placed
+    for t, dims, size in _carried(eqn, in_dims, operands, self.scans):
       avals = eqn.params["result_avals"]
       result_dims = []
       for i, (a, place) in enumerate(zip(avals, results)):
@@ -306,6 +294,15 @@ def _k_dims(eqn, operands, results):
       return None
     out.append((i, _signed(fresh[0], place[0], len(a.shape))))
   return tuple(out)
+
+
+def _carried(eqn, in_dims, operands, declared):
+  """The declared dims this call's operands carry (as the flow says), each
+  with where it lies in them and its size (``_operand_places``)."""
+  for dim in declared:
+    placed = _operand_places(eqn, in_dims, operands, dim.name)
+    if placed is not None:
+      yield (dim, *placed)
 
 
 def _operand_places(eqn, in_dims, operands, name: str):
