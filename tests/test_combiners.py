@@ -133,6 +133,25 @@ def test_derived_names_carry_the_combiner_and_read_back(op):
   assert derived_names.decode(name) == d
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_derived_names_carry_where_a_top_k_holds_k(axis):
+  d = CallDescription("k", (1, 1), (1, 1), ((1, 0), (2, 1, 0)),
+                      ((2, 1, 0), (2, 1, 0)), operand_lead_ranks=(1, 0),
+                      result_lead_ranks=(1, 1),
+                      reductions=(Reduction("n", "max_k", ((0, 0), (1, -2)),
+                                            k_dims=((0, axis), (1, axis))),))
+  name = derived_names.encode(d)
+  assert name.endswith(f"$x:n=max_k:0.0,1.-2:k0.{axis},1.{axis}")
+  assert derived_names.decode(name) == d
+
+
+def test_a_top_k_holding_k_in_a_batch_dim_is_refused():
+  with pytest.raises(ValueError, match="result 0 has no core axis -2"):
+    CallDescription("k", (1,), (1, 1), ((1, 0),), ((1, 0), (1, 0)),
+                    reductions=(Reduction("n", "max_k", ((0, -1),),
+                                          k_dims=((0, -2), (1, -2))),))
+
+
 def test_names_written_before_the_combiners_still_read():
   d = derived_names.decode("k$bp1$o1,1$r1$no3,2$nr2$x:n=sum:0.-2,1.-1")
   assert d.reductions == (Reduction("n", "sum", ((0, -2), (1, -1))),)

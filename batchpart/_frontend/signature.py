@@ -110,6 +110,12 @@ class Signature:
             f"k candidates cannot be told: give the result one such dim (signature "
             f"'{self}').")
       out.append((i, fresh[0][1]))
+    values = next((i for i in range(len(self.outputs)) if i not in kept), None)
+    if values is not None and values not in dict(out):
+      raise ValueError(
+          f"{owner}: reduce {op!r} over the dim(s) {name}: result {values} (the values) has "
+          "no core dim k that no operand has, to hold each part's k candidates; declare it "
+          f"in the signature, e.g. '(n)->(k),(k)' (signature '{self}').")
     return tuple(out)
 
   def halos(self, halo, reductions, *, owner: str) -> tuple[HaloDim, ...]:

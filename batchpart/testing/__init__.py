@@ -93,6 +93,9 @@ TARGETS = {
     # S[i]; attr reverse; f32, f64. scan={"t": Scan((3, 1), merge=add)}
     # (linear_attention()).
     "batchpart_test_linear_attention": "linear_attention",
+    # Any arrays, each read through the roles of its dims (attr roles): one
+    # kernel for every kind of dim in any layout (testing.layouts).
+    "batchpart_test_layout": "layout",
 }
 #: the stencil kernel's boundary rules (scipy.ndimage's names)
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}

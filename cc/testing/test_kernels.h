@@ -20,6 +20,9 @@ HandlerTable HaloHandlers();
 // The same for the kernels that carry a state along a dim (scan_kernels.cc);
 // Handlers() includes them.
 HandlerTable ScanHandlers();
+// The same for the kernel that reads every array through declared roles
+// (layout_kernels.cc); Handlers() includes it.
+HandlerTable LayoutHandlers();
 
 // Batch elements processed by all test kernels in this process.
 int64_t BatchElementsProcessed();

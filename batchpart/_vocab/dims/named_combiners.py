@@ -7,16 +7,18 @@ own: they are read together, in result order.
   the part the call saw. Combined: NumPy's argmax (argmin) over the whole
   dim, the lowest global index among ties and the first NaN over any number;
   the value is the extreme value (NaN where a NaN wins).
-- ``"max_k"``, ``"min_k"``: results ``(values, indices)`` of one shape
-  ``(..., k)``, the values sorted (descending for max_k, ascending for
+- ``"max_k"``, ``"min_k"``: results ``(values, indices)`` of one shape,
+  holding k at the core dim no operand has (``Reduction.k_dims``), the
+  values sorted (descending for max_k, ascending for
   min_k; NaNs first, as they win argmax and argmin) and the indices local
   to the part. Combined: the k best of every part's candidates with their
   global indices, ties to the lower global index (a stable sort of the
   whole dim). A dim is split only into parts of at least k.
 - ``"logsumexp"``: results ``(m_1, ..., m_j, lse)``, ``lse`` the part's
   log-normaliser and each ``m_i`` an average over the part weighted by
-  ``exp(. - lse)`` (an attention output), its shape ``lse``'s followed by
-  any trailing dims. Combined: ``lse = logsumexp_p(lse_p)``,
+  ``exp(. - lse)`` (an attention output), with ``lse``'s batch dims and
+  core dims that start with ``lse``'s in core order (``lse_dims``).
+  Combined: ``lse = logsumexp_p(lse_p)``,
   ``m_i = sum_p exp(lse_p - lse) m_i,p``; a part with ``lse = -inf`` adds
   nothing, and where every part has it the results are ``lse = -inf`` and
   ``m_i = 0``.
