@@ -31,6 +31,7 @@ from batchpart._frontend.registry import (
 )
 from batchpart._partition import export as _export
 from batchpart._vocab.dims.halo import Halo
+from batchpart._vocab.dims.scan import Scan
 from batchpart._vocab.dims.user_combiner import Combiner
 
 _export.install()
@@ -52,6 +53,7 @@ __all__ = [
     "partition_primitive",
     "pure_callback",
     "register_ffi_target",
+    "Scan",
     "unpartition",
 ]
 # The version lives in pyproject.toml only; the installed metadata carries it.

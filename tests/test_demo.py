@@ -44,6 +44,8 @@ with _demo._without_xla_logs():
   kinds.combiner(mesh, 8, 2)
   print(flush=True)
   kinds.halo(mesh, 8, 2)
+  print(flush=True)
+  kinds.scan(mesh, 8, 2)
 """
 
 
@@ -60,6 +62,12 @@ def test_the_combiner_and_halo_sections_print_and_equal_the_unsharded_call():
   assert "(o, lse) allclose to the unsharded call, all three: True" in out
   assert "halo: a stencil (y" in out and "halo={'n': bp.Halo(2, 1)}" in out
   assert "equal to the unsharded call bit for bit, all three: True" in out
+  assert "scan: a linear recurrence" in out
+  assert "(y, h_T) allclose to the unsharded call, all three: True" in out
+  out, scanned = out.split("scan: a linear recurrence")
+  rows = {line.split()[0]: line for line in scanned.splitlines() if line.startswith("  bp.")}
+  # Each device holds its part of the steps; one all-gather of the summaries.
+  assert " 8x8192 " in rows["bp.ffi_call"] and "all-gather" in rows["bp.ffi_call"]
   combiner, halo = out.split("halo: a stencil (")
   for name in ("bp.ffi_call", "jax.ffi.ffi_call", "shard_map by hand"):
     assert f"  {name} " in combiner and f"  {name} " in halo

@@ -38,6 +38,7 @@ from batchpart._frontend.signature import (
   declared_spec,
   halos_for,
   parse_declaration,
+  scans_for,
 )
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
@@ -56,11 +57,13 @@ class CallbackDeclaration:
   leads: bool   # a signature's '...' stands after a core dim somewhere
   arrays: str = "jax"   # what a pure/io callback's function gets
   halo: tuple[tuple[str, Any], ...] | None = None
+  scan: tuple[tuple[str, Any], ...] | None = None
 
   def options(self) -> dict:
     return {"num_batch_dims": self.num_batch_dims, "signature": self.signature,
             "reduce": dict(self.reduce) if self.reduce is not None else None,
-            "halo": dict(self.halo) if self.halo is not None else None}
+            "halo": dict(self.halo) if self.halo is not None else None,
+            "scan": dict(self.scan) if self.scan is not None else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +163,7 @@ def _call_declaration(declaration: CallbackDeclaration, vmapped: Vmapped | None,
   # A signature (its batch dims broadcast) takes the size-1 dim expand_dims
   # gives an operand vmap does not batch, and the dim legacy_vectorized omits.
   return {"num_batch_dims": None, "signature": f"{ins}->{outs}", "reduce": None,
-          "halo": None}
+          "halo": None, "scan": None}
 
 
 def _batching(stock_rule):
@@ -209,6 +212,7 @@ def _lowering(kind: str):
               f"{declaration.owner}: {option}= applies to jax.pure_callback calls only; "
               f"this is a jax {kind}, whose side effects would happen once per part of "
               "the dim (and again in each window it overlaps).")
+      _check_scan_kind(declaration.owner, kind, options["scan"])
       body = _BODIES[kind](declaration, fn, in_tree, ctx.avals_out, options, params)
       try:
         return compat.lower_fun(body, multiple_results=True)(ctx, *args)
@@ -219,6 +223,23 @@ def _lowering(kind: str):
                          f"does not fit the declaration: {e}") from e
     return rule
   return wrap
+
+
+def _check_scan_kind(owner: str, kind: str, scan) -> None:
+  """A jax io_callback takes a sequential scan only (two passes would repeat
+  its side effects), a buffer_callback none (it writes its results in
+  place, whole)."""
+  if scan is None or kind == "pure_callback":
+    return
+  names = ", ".join(map(repr, scan))
+  if kind == "buffer_callback":
+    raise ValueError(f"{owner}: scan= over the dim(s) {names} applies to jax.pure_callback "
+                     "and io_callback calls; this is a jax buffer_callback, which takes "
+                     "no scan.")
+  if any(s.merge is not None for s in scan.values()):
+    raise ValueError(f"{owner}: scan={scan!r} over the dim(s) {names} has a merge; this is "
+                     "a jax io_callback, and a parallel scan runs every part twice, so its "
+                     "side effects would happen twice. Declare the scan without a merge.")
 
 
 def _explicit_retype(avals_in, avals_out, params):
@@ -239,8 +260,9 @@ def _explicit_retype(avals_in, avals_out, params):
     parsed, reductions = parse_declaration(declaration.owner, options["num_batch_dims"],
                                            options["signature"], options["reduce"])
     halos = halos_for(declaration.owner, parsed, options["halo"], reductions)
+    scans = scans_for(declaration.owner, parsed, options["scan"], reductions, halos)
     spec = declared_spec(declaration.owner, parsed, options["num_batch_dims"], in_shapes,
-                         out_shapes, reductions, halos)
+                         out_shapes, reductions, halos, scans)
     batch = check_spec(declaration.owner, spec, in_shapes, out_shapes)
   except ValueError:   # the lowering raises for a call that does not fit
     return avals_out
@@ -314,7 +336,8 @@ def _hook() -> None:
 def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                        signature: str | None = None,
                        reduce: dict[str, str] | None = None,
-                       arrays: str = "jax", halo: dict[str, Any] | None = None) -> Callable:
+                       arrays: str = "jax", halo: dict[str, Any] | None = None,
+                       scan: dict[str, Any] | None = None) -> Callable:
   """Makes every jax host callback whose function is ``callback`` run per
   batch shard.
 
@@ -334,10 +357,11 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
   Args:
     callback: the function (or the class's method) the package passes to
       ``jax.pure_callback`` / ``io_callback`` / ``buffer_callback``.
-    num_batch_dims, signature, reduce, halo: the batch declaration, as for
+    num_batch_dims, signature, reduce, halo, scan: the batch declaration, as for
       :func:`batchpart.pure_callback`, of the package's call (its flat
       operands and results); ``reduce`` and ``halo`` apply to
-      ``jax.pure_callback`` calls only.
+      ``jax.pure_callback`` calls only, ``scan`` to ``jax.pure_callback``
+      calls and (without a merge) ``io_callback`` ones.
     arrays: what the function gets from a ``pure_callback`` / ``io_callback``
       call: ``"jax"`` (the default: ``jax.Array`` objects, as jax hands them, made
       over the block's host memory without a transfer, so code written for
@@ -362,7 +386,8 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos_for(owner, parsed, halo, reductions)
+  halos = halos_for(owner, parsed, halo, reductions)
+  scans_for(owner, parsed, scan, reductions, halos)
   check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)
@@ -370,6 +395,7 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
       owner=owner, num_batch_dims=num_batch_dims, signature=signature,
       reduce=None if reduce is None else tuple(sorted(reduce.items())),
       halo=None if halo is None else tuple(sorted(halo.items())),
+      scan=None if scan is None else tuple(sorted(scan.items())),
       leads=parsed is not None and any(parsed.spec().operand_leads +
                                        parsed.spec().result_leads),
       arrays=arrays)

@@ -31,11 +31,13 @@ from batchpart._frontend.signature import (
   declared_spec,
   halos_for,
   parse_declaration,
+  scans_for,
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.reduced import check_results
+from batchpart._vocab.dims.scan import check_scan_arrays
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -43,7 +45,8 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                   reduce: dict[str, str] | None = None,
                   halo: dict[str, Any] | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
-                  arrays: str = DEFAULT_ARRAYS, **kwargs: Any) -> Any:
+                  arrays: str = DEFAULT_ARRAYS, scan: dict[str, Any] | None = None,
+                  **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.pure_callback`, but the leading dims of every operand and
@@ -79,6 +82,15 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
       where the dim is sharded, each device calls it on its own part and one
       all-reduce combines the results (docs/reductions.md). ``with_index``
       locates the block in the batch only.
+    scan: ``{core dim name: batchpart.Scan(state=(k, j), ...)}``, as for
+      :func:`batchpart.ffi_call`: ``callback`` carries a state along the dim
+      from operand ``k`` to result ``j``. Where the dim is sharded, each
+      device calls it on its own part of the dim and the state that part
+      starts in: with a merge, twice (from a zero state, then from the true
+      one after one all-gather of the parts' summaries); without, one part
+      after the other, the state handed on by collective-permutes
+      (docs/scans.md). ``with_index`` then adds one slice: where the part
+      lies in the dim.
     vmap_method: accepted for compatibility with :func:`jax.pure_callback`
       and validated; not needed: a vmapped call is one call with one more
       leading batch dim (no loop), whatever the value.
@@ -104,14 +116,15 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
                     "jax.pure_callback")
   return _call("pure_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=False, reduce=reduce, halo=halo, arrays=arrays)
+               io=False, reduce=reduce, halo=halo, arrays=arrays, scan=scan)
 
 
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
                 reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
-                halo: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+                halo: dict[str, Any] | None = None, scan: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 
   Like :func:`jax.experimental.io_callback` (the call is kept even when its
@@ -139,6 +152,8 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
     reduce: must be None: a callback with side effects would have them once
       per part, and a part's calls cannot be told from the whole's.
     halo: must be None: overlapping windows would repeat the side effects.
+    scan: as for :func:`batchpart.pure_callback`, without a merge: two
+      passes would repeat the side effects.
     arrays: ``"numpy"`` or ``"jax"``, as for :func:`batchpart.pure_callback`.
     **kwargs: more operands (arrays), passed to ``callback`` by keyword.
 
@@ -161,6 +176,13 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "the windows of neighbouring parts overlap, so its side effects would happen "
         "more than once for the halo elements. Use batchpart.pure_callback(..., halo=...) "
         "for a pure function.")
+  if scan is not None and any(getattr(v, "merge", None) is not None
+                              for v in (scan.values() if isinstance(scan, dict) else ())):
+    raise ValueError(
+        f"batchpart.io_callback({callback_name(callback)}): scan={scan!r} over the dim(s) "
+        f"{', '.join(map(repr, scan))} has a merge: a parallel scan runs every part "
+        "twice, so its side effects would happen twice. Declare it without a merge, or "
+        "use batchpart.pure_callback(..., scan=...) for a pure function.")
   if ordered:
     raise ValueError(
         f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "
@@ -169,11 +191,12 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "for an ordered callback (it runs once, on one device, on the whole batch).")
   return _call("io_callback", callback, result_shape_dtypes, args, kwargs,
                num_batch_dims=num_batch_dims, signature=signature, with_index=with_index,
-               io=True, arrays=arrays)
+               io=True, arrays=arrays, scan=scan)
 
 
 def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
-          signature, with_index, io, reduce=None, halo=None, arrays=DEFAULT_ARRAYS):
+          signature, with_index, io, reduce=None, halo=None, arrays=DEFAULT_ARRAYS,
+          scan=None):
   owner = f"batchpart.{kind}({callback_name(callback)})"
   if not callable(callback):
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
@@ -181,20 +204,23 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
   check_arrays(owner, arrays)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   halos = halos_for(owner, parsed, halo, reductions)
+  scans = scans_for(owner, parsed, scan, reductions, halos)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   if parsed is not None:
     check_results(owner, reductions, [a.shape for a in result_avals],
                   [a.dtype for a in result_avals], parsed.result_layouts())
-  _, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals, reductions,
-                     halos)
+  in_avals, spec = spec_for(owner, parsed, num_batch_dims, flat_args, result_avals,
+                            reductions, halos, scans)
+  check_scan_arrays(owner, scans, [a.shape for a in in_avals], [a.dtype for a in in_avals],
+                    [a.shape for a in result_avals], [a.dtype for a in result_avals])
   outs = bind_batch_first(
       flat_args, result_avals, spec,
       lambda layouts: FlatCallback(callback, in_tree, out_tree, with_index=with_index,
                                    kind=kind, arrays=arrays, layouts=layouts),
       broadcast_batch=parsed is not None, io=io,
-      declaration=declaration_text(num_batch_dims, signature, reduce, halo),
+      declaration=declaration_text(num_batch_dims, signature, reduce, halo, scan),
       **_reduction_params(spec))
   return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -209,7 +235,7 @@ def result_aval(owner: str, i: int, r):
 
 
 def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
-             reductions=(), halos=()) -> tuple[list, BatchSpec]:
+             reductions=(), halos=(), scans=()) -> tuple[list, BatchSpec]:
   """The operands' checked avals and the batch spec a callback's declaration
   gives its flat operands and results."""
   in_avals = checked_operand_avals(owner, flat_args, result_avals)
@@ -217,7 +243,7 @@ def spec_for(owner: str, parsed, num_batch_dims, flat_args, result_avals,
     raise ValueError(f"{owner}: num_batch_dims={num_batch_dims!r} with no operands: "
                      "the batch comes from the operands.")
   spec = declared_spec(owner, parsed, num_batch_dims, [tuple(a.shape) for a in in_avals],
-                       [tuple(a.shape) for a in result_avals], reductions, halos)
+                       [tuple(a.shape) for a in result_avals], reductions, halos, scans)
   return in_avals, spec
 
 
@@ -247,9 +273,9 @@ def bind_batch_first(flat_args, result_avals, spec: BatchSpec, make_callback, **
 
 
 def _reduction_params(spec: BatchSpec) -> dict:
-  """The primitive's ``reductions`` and ``halos``: with batch dims moved in
-  front, every core dim trails, so each reduced or halo dim is named by its
-  trailing core axis."""
+  """The primitive's ``reductions``, ``halos`` and ``scans``: with batch
+  dims moved in front, every core dim trails, so each reduced, halo or
+  scanned dim is named by its trailing core axis."""
   cores = [lead + core for lead, core in zip(spec.operand_leads, spec.operand_core_ranks)]
   res_cores = [lead + core for lead, core in zip(spec.result_leads, spec.result_core_ranks)]
   trailing = lambda dims, ranks: tuple((k, a - ranks[k] if a >= 0 else a) for k, a in dims)
@@ -265,6 +291,11 @@ def _reduction_params(spec: BatchSpec) -> dict:
         dataclasses.replace(h, operand_dims=trailing(h.operand_dims, cores),
                             result_dims=trailing(h.result_dims, res_cores))
         for h in spec.halos)
+  if spec.scans:
+    params["scans"] = tuple(
+        dataclasses.replace(t, operand_dims=trailing(t.operand_dims, cores),
+                            result_dims=trailing(t.result_dims, res_cores))
+        for t in spec.scans)
   return params
 
 

@@ -221,10 +221,13 @@ class HostCall:
   dim, its dim in each result; the block vector then ends with each one's
   window and kept part (``_vocab/blocks``), the results are the window's,
   and ``index`` adds ``(window, kept)`` slices per halo dim, after the
-  reduced dims' slices."""
+  reduced dims' slices. ``scans``: per scanned dim, its dim in each result
+  (None in a result without it); the block vector carries its part as a
+  halo dim of width 0, the results with it are the part's, and ``index``
+  adds the part's slice last."""
 
   __slots__ = ("flat", "batch", "operand_shapes", "operand_batch_ranks",
-               "result_shapes", "result_dtypes", "unit", "halos", "_trimmed_dims",
+               "result_shapes", "result_dtypes", "unit", "halos", "scans", "_trimmed_dims",
                "_blocks", "_agreement", "_kept", "_reduced", "__weakref__")
 
   # One entry per partition is all a program makes; the cap only bounds a
@@ -233,11 +236,12 @@ class HostCall:
 
   def __init__(self, flat: FlatCallback, *, batch, operand_shapes, operand_batch_ranks,
                result_shapes, result_dtypes, unit: bool, agreement: Agreement | None = None,
-               kept=(), reduced: int = 0, halos=()):
+               kept=(), reduced: int = 0, halos=(), scans=()):
     self.flat = flat
     self._kept = tuple(kept)
     self._reduced = int(reduced)
     self.halos = tuple(tuple(int(d) for d in dims) for dims in halos)
+    self.scans = tuple(tuple(None if d is None else int(d) for d in dims) for dims in scans)
     self._agreement = agreement
     self.batch = tuple(int(b) for b in batch)
     self.operand_shapes = [tuple(int(d) for d in s) for s in operand_shapes]
@@ -268,8 +272,10 @@ class HostCall:
     rank = len(self.batch)
     offsets, local, valid = block_extent(self.batch, block)
     parts = reduced_parts(self.batch, block, self._reduced)
-    windows = halo_extents(self.batch, block, self._reduced, len(self.halos))
+    windows = halo_extents(self.batch, block, self._reduced,
+                           len(self.halos) + len(self.scans))
     cores = self._part_cores(parts, windows)
+    windows, scanned = windows[:len(self.halos)], windows[len(self.halos):]
     local_results = [tuple(local) + c for c in cores]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
@@ -281,7 +287,8 @@ class HostCall:
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
     out.index = (*(index[1:] if self.unit else index), *parts,
-                 *((slice(a, b), slice(c, e)) for a, b, c, e in windows))
+                 *((slice(a, b), slice(c, e)) for a, b, c, e in windows),
+                 *(slice(c, e) for _, _, c, e in scanned))
     wants = [tuple(valid) + c for c in cores]
     out.wants = [w[1:] for w in wants] if self.unit else wants
     out.reshapes = wants if self.unit else [None] * len(wants)
@@ -291,14 +298,16 @@ class HostCall:
   def _part_cores(self, parts, windows) -> list[tuple[int, ...]]:
     """Each result's core shape for this block: a dim that keeps a reduced
     dim (``kept``: result, dim, reduction) has the size of the part
-    (``parts``), a halo dim the size of the window (``windows``)."""
+    (``parts``), a halo or scanned dim the size of the window (``windows``,
+    the halo dims' then the scanned dims')."""
     rank = len(self.batch)
     cores = [list(s[rank:]) for s in self.result_shapes]
     for i, dim, r in self._kept:
       cores[i][dim - rank] = parts[r].stop - parts[r].start
-    for dims, (start, stop, _, _) in zip(self.halos, windows):
+    for dims, (start, stop, _, _) in zip((*self.halos, *self.scans), windows):
       for k, dim in enumerate(dims):
-        cores[k][dim - rank] = stop - start
+        if dim is not None:
+          cores[k][dim - rank] = stop - start
     return [tuple(c) for c in cores]
 
   def __call__(self, block, *args):

@@ -38,6 +38,7 @@ from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.blocks import whole_block
 from batchpart._vocab.description import describe
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.scan import as_halos
 
 ir = compat.ir
 hlo = compat.hlo
@@ -61,29 +62,35 @@ def _with_unit_dim(values, avals, ctx):
 
 
 def halo_dims_of_results(halos, result_shapes) -> tuple:
-  """Per halo dim, its dim in each result (absolute, in the shapes the call
-  has here)."""
-  return tuple(tuple(absolute_dim(dict(h.result_dims)[k], len(s))
-                     for k, s in enumerate(result_shapes)) for h in halos)
+  """Per halo (or scanned) dim, its dim in each result (absolute, in the
+  shapes the call has here), None in a result without it (a scan's
+  summary)."""
+  def dim(h, k, s):
+    axis = dict(h.result_dims).get(k)
+    return None if axis is None else absolute_dim(axis, len(s))
+  return tuple(tuple(dim(h, k, s) for k, s in enumerate(result_shapes)) for h in halos)
 
 
 def _agreement(platform: str, partitions: int, partitioned: bool,
-               reductions) -> Agreement | None:
+               reductions, scans=()) -> Agreement | None:
   """How the devices of one execution of the lowered callback learn of each
   other's failures (``agreement``): where XLA partitions the call on the CPU
   devices of one process; None elsewhere. A fully manual region's calls are
   the user's to match; another process's devices cannot be waited for here;
   and a GPU's host callbacks run on threads whose waiting has not been
   checked. With reductions the devices of a reduce group share a block
-  vector, so rounds are counted rather than keyed by it."""
-  if not partitioned or partitions < 2 or platform != "cpu" or jax.process_count() > 1:
+  vector, so rounds are counted rather than keyed by it. A sequential scan
+  calls on one part's devices at a time, so no round of every device forms:
+  none there."""
+  if (not partitioned or partitions < 2 or platform != "cpu" or jax.process_count() > 1
+      or any(not s.parallel for s in scans)):
     return None
   return Agreement(partitions, keyed=not reductions)
 
 
 def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, io,
-              reductions=(), halos=(), declaration="", buffer=False, input_output_aliases=(),
-              **_):
+              reductions=(), halos=(), scans=(), declaration="", buffer=False,
+              input_output_aliases=(), **_):
   platforms = compat.lowering_platforms(ctx)
   if len(platforms) != 1:
     raise NotImplementedError(f"{callback.owner}: multi-platform lowering of host "
@@ -119,22 +126,28 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   partitioned = compat.xla_partitions(ctx)
   host_call = BufferHostCall if buffer else HostCall
   halo_dims = halo_dims_of_results(halos, result_shapes)
-  # Only a HostCall reads reduced parts, kept dims and halo windows: a buffer
-  # callback takes neither reduce= nor halo=.
+  # Only a HostCall reads reduced parts, kept dims, halo windows and scanned
+  # parts: a buffer callback takes none of reduce=, halo= and scan=.
   parts_kw = {} if buffer else {
       "reduced": len(reductions), "halos": halo_dims,
+      "scans": halo_dims_of_results(scans, result_shapes),
       "kept": [(j, absolute_dim(at, len(result_shapes[j])), i)
                for i, r in enumerate(reductions) for j, at in r.results]}
   host = host_call(callback, batch=batch, operand_shapes=operand_shapes,
                    operand_batch_ranks=operand_batch_ranks, result_shapes=result_shapes,
                    result_dtypes=[a.dtype for a in avals_out], unit=unit,
-                   agreement=_agreement(platforms[0], partitions, partitioned, reductions),
+                   agreement=_agreement(platforms[0], partitions, partitioned, reductions,
+                                        scans),
                    **parts_kw)
   index = compat.add_host_callback(ctx, host)
   reduced_sizes = [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
                    for k, axis in (r.dims[0] for r in reductions)]
   halo_sizes = [result_shapes[0][dims[0]] for dims in halo_dims]
-  whole = whole_block(batch, reduced_sizes, halos, halo_sizes)
+  # The block vector carries a scanned dim's part as a halo dim's window of
+  # width 0 (``_vocab/blocks``).
+  halo_sizes += [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
+                 for k, axis in (t.operand_dims[0] for t in scans)]
+  whole = whole_block(batch, reduced_sizes, (*halos, *as_halos(scans)), halo_sizes)
   block, block_shape = compat.ir_constant(whole), whole.shape
   core = (1, *operand_core_ranks)
   # Operand 0 of the custom call is the block vector.
@@ -143,13 +156,15 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                      for r in reductions)
   halos = tuple(dataclasses.replace(h, operand_dims=tuple((k + 1, a) for k, a in h.operand_dims))
                 for h in halos)
+  scans = tuple(dataclasses.replace(t, state=(t.state[0] + 1, t.state[1]), operand_dims=tuple(
+      (k + 1, a) for k, a in t.operand_dims)) for t in scans)
   d = describe(target, [block_shape, *operand_shapes], core, result_shapes,
                result_core_ranks,
                input_layouts=[(0,)] + [tuple(range(len(s) - 1, -1, -1))
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
                input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
-               result_dtypes=[a.dtype for a in avals_out], halos=halos)
+               result_dtypes=[a.dtype for a in avals_out], halos=halos, scans=scans)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:
@@ -163,7 +178,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
     operand_types += [compat.aval_to_ir_type(ctx.module_context, a) for a in avals_in]
     rule = sharding_rule.attribute(
         ctx, [block_shape, *operand_shapes], core, result_shapes, result_core_ranks,
-        batch, operand_types, result_types, reductions=reductions, halos=halos)
+        batch, operand_types, result_types, reductions=reductions,
+        halos=(*halos, *as_halos(scans)))
     if rule is not None:
       extra["sdy.sharding_rule"] = rule
   else:

@@ -388,7 +388,8 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
                   lambda: _buffer_callbacks(mesh, a, repeats),
                   lambda: _reductions(mesh, num_devices, repeats),
                   lambda: kinds.combiner(mesh, num_devices, repeats),
-                  lambda: kinds.halo(mesh, num_devices, repeats)):
+                  lambda: kinds.halo(mesh, num_devices, repeats),
+                  lambda: kinds.scan(mesh, num_devices, repeats)):
     with _without_xla_logs():
       section()
     print(flush=True)

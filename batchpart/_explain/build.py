@@ -21,6 +21,7 @@ from batchpart._explain.lowered import (
   leading_core_dims,
   lowered_calls,
   reductions,
+  scans,
 )
 from batchpart._explain.report import (
   CallReport,
@@ -28,6 +29,7 @@ from batchpart._explain.report import (
   ExplainReport,
   HaloDimReport,
   ReducedDim,
+  ScanDimReport,
 )
 from batchpart._primitive.lowering import FRONTEND_DECLARATION
 from batchpart._vocab.dims.core import absolute_dim
@@ -126,6 +128,8 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
     before = tuple(dataclasses.replace(c, declared_halo=True)
                    if c.kind == "collective-permute" and c.op_name == inst.op_name else c
                    for c in before)
+  scan_dims = _scan_dims(scans(derived, hidden), global_operands, device_operands,
+                         before + after, inst)
   if one_device is not None:
     shared_by = 1   # one device computes everything, so nothing twice
   elif low is not None and inst is not None and not low.in_shard_map:
@@ -133,7 +137,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
         num_devices, global_operands, global_results, device_operands,
         device_results, low.num_batch_dims, leads)
     parts = math.prod(r.parts or 1 for r in reduced) * math.prod(
-        h.parts or 1 for h in halo_dims)
+        h.parts or 1 for h in halo_dims) * math.prod(t.parts or 1 for t in scan_dims)
     if shared_by is not None and shared_by % parts == 0:
       shared_by //= parts
   frames = low.frames if low is not None and low.frames else (
@@ -162,7 +166,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
       in_shard_map=low.in_shard_map if low is not None else False,
       removed=inst is None, callback=callback,
       leading_core_dims=leads, reduced_dims=reduced, declaration=declaration,
-      single_device=one_device, halo_dims=halo_dims)
+      single_device=one_device, halo_dims=halo_dims, scan_dims=scan_dims)
 
 
 def _compiled(inst: _hlo.Instruction | None) -> _hlo.Instruction:
@@ -243,6 +247,29 @@ def _halo_dims(declared, global_results, device_results, device_operands,
             h, device_operands, permuted) else local
         parts = size // part if part > 0 and size % part == 0 else None
     out.append(HaloDimReport(h.name, h.lo, h.hi, h.periodic, size, parts))
+  return tuple(out)
+
+
+def _scan_dims(declared, global_operands, device_operands, around, inst
+               ) -> tuple[ScanDimReport, ...]:
+  """Each declared scanned dim with its global size, its parts (read off
+  the first operand that has it) and the bytes its own collectives (those
+  inlined from the call's per-device module, which carry its op name) bring
+  each device."""
+  out = []
+  kinds = ("all-gather", "collective-permute")
+  for t in declared:
+    size = parts = None
+    if global_operands and t.operand_dims:
+      k, axis = t.operand_dims[0]
+      dim = absolute_dim(axis, len(global_operands[k]))
+      size = global_operands[k][dim]
+      if device_operands:
+        local = device_operands[k][dim]
+        parts = size // local if local and size % local == 0 else None
+    moved = sum(c.bytes for c in around if c.kind in kinds and inst is not None and
+                c.op_name == inst.op_name) if (parts or 1) > 1 else 0
+    out.append(ScanDimReport(t.name, t.parallel, t.reverse, size, parts, moved))
   return tuple(out)
 
 

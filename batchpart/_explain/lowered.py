@@ -97,6 +97,16 @@ def halos(derived_name: str | None, hidden: int = 0) -> tuple:
       (k - hidden, a) for k, a in h.operand_dims if k >= hidden)) for h in d.halos)
 
 
+def scans(derived_name: str | None, hidden: int = 0) -> tuple:
+  """The scanned dims a derived name declares (``_vocab/dims/scan``
+  ``ScanDim``s), operands numbered without the first ``hidden``."""
+  d = _description(derived_name)
+  if d is None:
+    return ()
+  return tuple(dataclasses.replace(t, operand_dims=tuple(
+      (k - hidden, a) for k, a in t.operand_dims if k >= hidden)) for t in d.scans)
+
+
 def _mlir_unescape(text: str) -> str:
   if "\\" not in text:
     return text

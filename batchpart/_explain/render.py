@@ -95,6 +95,8 @@ def _call_lines(k: int, call: Any) -> list[str]:
     lines.append(f"    reduced:     {_reduced_text(call)}")
   if getattr(call, "halo_dims", ()):
     lines.append(f"    halo:        {_halo_text(call)}")
+  if getattr(call, "scan_dims", ()):
+    lines.append(f"    scan:        {_scan_text(call)}")
   lines.append(f"    replication: {_replication_text(call)}")
   return lines
 
@@ -189,6 +191,28 @@ def _halo_text(call: Any) -> str:
   text = "; ".join(parts)
   return text + (f"; exchanged by collective-permutes of {_bytes(sent)} per device"
                  if sent else "")
+
+
+def _scan_text(call: Any) -> str:
+  """The declared scanned dim and how its parts get their states."""
+  parts = []
+  for t in call.scan_dims:
+    size = f" (size {t.size})" if t.size is not None else ""
+    flow = "from the end" if t.reverse else "from the start"
+    if t.parts is None:
+      where = "split unknown"
+    elif t.parts == 1:
+      where = "whole on every device (one pass)"
+    elif t.parallel:
+      where = (f"in {t.parts} parts of {t.size // t.parts}, parallel: pass 1 from a zero "
+               "state, one all-gather of the parts' summaries, a fold, pass 2 from each "
+               "part's start (this call is one of the two passes)")
+    else:
+      where = (f"in {t.parts} parts of {t.size // t.parts}, sequential: the state handed "
+               f"part to part by collective-permutes, {t.parts} stages")
+    moved = f"; {_bytes(t.moved_bytes)} moved per device" if t.moved_bytes else ""
+    parts.append(f"{t.name}{size}, state flows {flow}: {where}{moved}")
+  return "; ".join(parts)
 
 
 def _counts(values) -> str:

@@ -112,6 +112,7 @@ class CallReport:
   declaration: str | None = None
   single_device: int | None = None
   halo_dims: tuple[HaloDimReport, ...] = ()
+  scan_dims: tuple[ScanDimReport, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,30 @@ class HaloDimReport:
   periodic: bool
   size: int | None
   parts: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanDimReport:
+  """A declared scanned dim of one call.
+
+  Attributes:
+    name: its name in the signature.
+    parallel: True for two passes around one all-gather of the parts'
+      summaries (the scan has a merge), False for the state handed from part
+      to part by collective-permutes.
+    reverse: the state flows from the end.
+    size: its global size (None where unknown).
+    parts: how many parts the devices split it into (1: whole on every
+      device; None where unknown).
+    moved_bytes: what the scan's own collectives bring each device (the
+      summaries, or the states).
+  """
+  name: str
+  parallel: bool
+  reverse: bool
+  size: int | None
+  parts: int | None
+  moved_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

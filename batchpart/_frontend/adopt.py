@@ -12,7 +12,7 @@ import jax
 from jax.extend.core import Primitive
 
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, halos_for, parse_declaration
+from batchpart._frontend.signature import batch_rank, halos_for, parse_declaration, scans_for
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
@@ -20,11 +20,13 @@ from batchpart._primitive import foreign
 def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
                  shard_attributes: Callable[..., Any] | None,
                  reduce: dict[str, str] | None = None,
-                 halo: dict[str, Any] | None = None) -> foreign.BatchDeclaration:
+                 halo: dict[str, Any] | None = None,
+                 scan: dict[str, Any] | None = None) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   halos = halos_for(owner, parsed, halo, reductions)
+  scans = scans_for(owner, parsed, scan, reductions, halos)
   if num_batch_dims is not None and not callable(num_batch_dims):
     num_batch_dims = batch_rank(owner, num_batch_dims)
   if shard_attributes is not None and not callable(shard_attributes):
@@ -34,7 +36,7 @@ def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
   rule = (None if shard_attributes is None else
           attributes.make_rule(shard_attributes, owner=owner))
   core_ranks = None if parsed is None else parsed.spec(
-      reductions, named=rule is not None and rule.takes_core_sizes, halos=halos)
+      reductions, named=rule is not None and rule.takes_core_sizes, halos=halos, scans=scans)
   return foreign.BatchDeclaration(owner=owner, num_batch_dims=num_batch_dims,
                                   core_ranks=core_ranks, signature=signature or "",
                                   attribute_rule=rule)
@@ -53,7 +55,8 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
                         signature: str | None = None,
                         shard_attributes: Callable[..., Any] | None = None,
                         reduce: dict[str, str] | None = None,
-                        halo: dict[str, Any] | None = None) -> Primitive:
+                        halo: dict[str, Any] | None = None,
+                        scan: dict[str, Any] | None = None) -> Primitive:
   """Makes every FFI custom call ``primitive``'s lowering rules emit batch
   partitionable.
 
@@ -112,7 +115,8 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
   if not hasattr(primitive, "bind") or not hasattr(primitive, "name"):
     raise TypeError(f"batchpart.partition_primitive: expected a JAX primitive, got "
                     f"{type(primitive).__name__}.")
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo,
+                             scan)
   declarations.declare_primitive(primitive, declaration, _same_declaration)
   return primitive
 
@@ -121,7 +125,8 @@ def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
                          signature: str | None = None,
                          shard_attributes: Callable[..., Any] | None = None,
                          reduce: dict[str, str] | None = None,
-                         halo: dict[str, Any] | None = None) -> None:
+                         halo: dict[str, Any] | None = None,
+                         scan: dict[str, Any] | None = None) -> None:
   """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
 
   From now on every ``jax.ffi.ffi_call`` to ``target_name`` lowered in this
@@ -158,7 +163,8 @@ def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
     raise TypeError(f"batchpart.partition_ffi_target: target_name must be a non-empty "
                     f"str, got {target_name!r}.")
   owner = f"batchpart.partition_ffi_target('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo,
+                             scan)
   declarations.declare_target(target_name, declaration, _same_declaration)
 
 
@@ -189,6 +195,7 @@ def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
                  shard_attributes: Callable[..., Any] | None = None,
                  reduce: dict[str, str] | None = None,
                  halo: dict[str, Any] | None = None,
+                 scan: dict[str, Any] | None = None,
                  operand_layouts: Sequence[Sequence[int] | None] | None = None,
                  result_layouts: Sequence[Sequence[int] | None] | None = None,
                  **lowering_args: Any) -> Callable[..., Any]:
@@ -229,7 +236,8 @@ def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
       (naming the target and the operand).
   """
   owner = f"batchpart.ffi_lowering('{target_name}')"
-  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo)
+  declaration = _declaration(owner, num_batch_dims, signature, shard_attributes, reduce, halo,
+                             scan)
   rule = jax.ffi.ffi_lowering(target_name, operand_layouts=operand_layouts,
                               result_layouts=result_layouts, **lowering_args)
   return foreign.wrap_rule(rule, lambda params: declaration)

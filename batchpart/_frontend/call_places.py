@@ -61,13 +61,14 @@ def unless_unclear(place, *args):
 class CallPlaces:
   """Placement of a call's operands and results in the wrapper's batch dims.
   Needs ``batch_shape``, ``leads`` (where a value the flow knows nothing of
-  may hold the batch shape), ``reductions``, ``halos``, ``name`` and
-  ``_warn_unclear`` from the class it is mixed into."""
+  may hold the batch shape), ``reductions``, ``halos``, ``scans``, ``name``
+  and ``_warn_unclear`` from the class it is mixed into."""
 
   batch_shape: tuple
   leads: list
   reductions: tuple
   halos: tuple
+  scans: tuple
   name: str
   _warn_unclear: Callable[..., None]
 
@@ -167,11 +168,7 @@ class CallPlaces:
     target = eqn.params["target_name"]
     result_avals = eqn.params["result_avals"]
     out = []
-    for r in self.reductions:
-      placed = _operand_places(eqn, in_dims, operands, r.name)
-      if placed is None:
-        continue
-      dims, size = placed
+    for r, dims, size in _carried(eqn, in_dims, operands, self.reductions):
       kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
               if size in (*a.shape[:lead], *a.shape[lead + rank:])]
       if kept:
@@ -211,11 +208,7 @@ class CallPlaces:
     with a warning, never a guess."""
     target = eqn.params["target_name"]
     out = []
-    for h in self.halos:
-      placed = _operand_places(eqn, in_dims, operands, h.name)
-      if placed is None:
-        continue
-      dims, size = placed
+    for h, dims, size in _carried(eqn, in_dims, operands, self.halos):
       result_dims = []
       for i, (a, (lead, rank)) in enumerate(zip(eqn.params["result_avals"], results)):
         fits = [j for j in [*range(lead), *range(lead + rank, len(a.shape))]
@@ -230,6 +223,56 @@ class CallPlaces:
       else:
         out.append(dataclasses.replace(h, operand_dims=dims, result_dims=tuple(result_dims)))
     return tuple(out)
+
+
+  def call_scans(self, eqn, in_dims, operands, results) -> tuple:
+    """The wrapper's scanned dim as this call keeps it: where an operand
+    carries it (as the flow says), each result has it at most once (one core
+    dim of its size, or none: part of the summary), and the call's state is
+    clear: its operand and result at the wrapper's state positions where
+    they lack the dim and agree in shape and dtype, else the one such pair.
+    Where any of that fails the dim is kept whole, with a warning, never a
+    guess."""
+    target = eqn.params["target_name"]
+    out = []
+    for t, dims, size in _carried(eqn, in_dims, operands, self.scans):
+      avals = eqn.params["result_avals"]
+      result_dims = []
+      for i, (a, place) in enumerate(zip(avals, results)):
+        fits = [j for j in _core_dims(a.shape, place) if a.shape[j] == size]
+        if len(fits) > 1:
+          self._warn_unclear(target, f"result {i} has {len(fits)} core dims of the size of "
+                                     f"the scanned dim {t.name!r} ({size}), so where the "
+                                     "kernel steps along it cannot be told; it is computed "
+                                     "whole", partitioned=True)
+          break
+        if fits:
+          result_dims.append((i, _signed(fits[0], place[0], len(a.shape))))
+      else:
+        state = _state_pair(eqn, {k for k, _ in dims}, {i for i, _ in result_dims}, t.state)
+        if state is None or (not t.parallel and len(result_dims) + 1 != len(avals)):
+          self._warn_unclear(target, f"which operand and result carry the state along the "
+                                     f"scanned dim {t.name!r} cannot be told (or, without a "
+                                     "merge, a result other than the state lacks the dim); "
+                                     "it is computed whole", partitioned=True)
+          continue
+        out.append(dataclasses.replace(t, state=state, operand_dims=dims,
+                                       result_dims=tuple(result_dims)))
+    return tuple(out)
+
+
+def _state_pair(eqn, stepped_operands, stepped_results, declared) -> tuple[int, int] | None:
+  """The call's (state operand, state result): ``declared`` where both exist,
+  lack the scanned dim and agree in shape and dtype; else the one operand
+  and result that do; None where that is not one pair."""
+  ins = [(k, shape_of(v), v.aval.dtype) for k, v in enumerate(eqn.invars)
+         if k not in stepped_operands]
+  outs = [(j, tuple(a.shape), a.dtype) for j, a in enumerate(eqn.params["result_avals"])
+          if j not in stepped_results]
+  pairs = [(k, j) for k, ks, kt in ins for j, js, jt in outs if ks == js and kt == jt]
+  if tuple(declared) in pairs:
+    return tuple(declared)
+  return pairs[0] if len(pairs) == 1 else None
 
 
 def _core_dims(shape, place) -> list[int]:
@@ -251,6 +294,15 @@ def _k_dims(eqn, operands, results):
       return None
     out.append((i, _signed(fresh[0], place[0], len(a.shape))))
   return tuple(out)
+
+
+def _carried(eqn, in_dims, operands, declared):
+  """The declared dims this call's operands carry (as the flow says), each
+  with where it lies in them and its size (``_operand_places``)."""
+  for dim in declared:
+    placed = _operand_places(eqn, in_dims, operands, dim.name)
+    if placed is not None:
+      yield (dim, *placed)
 
 
 def _operand_places(eqn, in_dims, operands, name: str):

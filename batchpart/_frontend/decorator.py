@@ -22,7 +22,7 @@ from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
 from batchpart._frontend.call_places import CallPlaces, LeftPlain, shape_of, trailing_core_ranks
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
-from batchpart._frontend.signature import declared_spec, halos_for, parse_declaration
+from batchpart._frontend.signature import declared_spec, halos_for, parse_declaration, scans_for
 from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
@@ -33,7 +33,8 @@ from batchpart._vocab.dims.reduced import refuse_kept_results
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
                         num_batch_dims: int | None = None,
                         reduce: dict[str, str] | None = None,
-                        halo: dict[str, Any] | None = None) -> Any:
+                        halo: dict[str, Any] | None = None,
+                        scan: dict[str, Any] | None = None) -> Any:
   """Makes the ``jax.ffi.ffi_call`` calls inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
@@ -78,6 +79,16 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       through the wrapper like a reduced dim; each ``jax.ffi.ffi_call`` that
       takes it and whose every result has exactly one core dim of its size is
       declared with that halo (the contract then holds for that kernel).
+    scan: ``{core dim name: batchpart.Scan(state=(k, j), ...)}``, with a
+      signature: the wrapper carries a state along the dim from its argument
+      ``k`` to its result ``j`` (docs/scans.md). The dim is followed through
+      the wrapper like a halo dim; each ``jax.ffi.ffi_call`` that takes it,
+      whose results have it at most once each, and whose state is clear (its
+      operand ``k`` and result ``j`` where they lack the dim and agree in
+      shape and dtype, else the one operand and result that do) is declared
+      with that scan (the contract then holds for that kernel; a merge then
+      composes that call's summaries). Elsewhere the dim is kept whole, with a
+      warning.
 
   Where the flow cannot tell (a primitive it does not know), a value has
   batch dims where the batch shape appears in its shape: at the position of a
@@ -92,7 +103,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   """
   if fn is None:
     return functools.partial(batch_partitionable, signature=signature,
-                             num_batch_dims=num_batch_dims, reduce=reduce, halo=halo)
+                             num_batch_dims=num_batch_dims, reduce=reduce, halo=halo,
+                             scan=scan)
   name = getattr(fn, "__name__", repr(fn))
   qualname = getattr(fn, "__qualname__", name)
   if not callable(fn):
@@ -103,6 +115,7 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   refuse_kept_results(owner, reductions, "a wrapper's results cannot be followed to "
                       "the call's")
   halos = halos_for(owner, parsed, halo, reductions)
+  scans = scans_for(owner, parsed, scan, reductions, halos)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -111,8 +124,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
     flat_args = jax.tree.leaves(args)
     batch_shape, in_dims, out_dims, leads = _wrapper_spec(
         name, parsed, num_batch_dims, flat_args, jax.tree.leaves(out_shapes), reductions,
-        halos)
-    rewriter = _Rewriter(name, qualname, batch_shape, leads, reductions, halos)
+        halos, scans)
+    rewriter = _Rewriter(name, qualname, batch_shape, leads, reductions, halos, scans)
     outs, _ = rewriter.eval(closed.jaxpr, closed.consts, flat_args, in_dims, out_dims)
     rewriter.finish_trace()
     return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
@@ -120,7 +133,8 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   return wrapper
 
 
-def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos=()):
+def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos=(),
+                  scans=()):
   """The wrapper's broadcast batch shape, the batch dims of its arguments
   (with their reduced dims' names) and results, and the positions (leading
   core dims) of the signature's ``...``s."""
@@ -128,7 +142,7 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos
   result_shapes = [tuple(o.shape) for o in outs]
   owner = f"batchpart.batch_partitionable({name})"
   spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
-                       reductions, halos)
+                       reductions, halos, scans)
   batch_shape = broadcast_batch_shapes(owner, [
       batch_slice(s, lead, c)
       for s, c, lead in zip(operand_shapes, spec.operand_core_ranks, spec.operand_leads)])
@@ -138,9 +152,9 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos
     return [batch_dims.of_array(len(s), lead, c, len(batch_shape))
             for s, c, lead in zip(shapes, cores, leads)]
 
-  reduced = {}   # argument -> {dim: reduced or halo dim name}
+  reduced = {}   # argument -> {dim: reduced, halo or scanned dim name}
   for name_, pairs in [*((r.name, r.dims) for r in reductions),
-                       *((h.name, h.operand_dims) for h in halos)]:
+                       *((h.name, h.operand_dims) for h in (*halos, *scans))]:
     for k, axis in pairs:
       reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = name_
   in_dims = dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads)
@@ -172,10 +186,12 @@ class _Rewriter(RewriteWarnings, CallPlaces):
   one the call stays plain, with a warning.
   """
 
-  def __init__(self, name, qualname, batch_shape, leads=(), reductions=(), halos=()):
+  def __init__(self, name, qualname, batch_shape, leads=(), reductions=(), halos=(),
+               scans=()):
     super().__init__(name, qualname, tuple(batch_shape))
     self.reductions = tuple(reductions)
     self.halos = tuple(halos)
+    self.scans = tuple(scans)
     # Where a value the flow knows nothing of may hold the batch shape: at
     # the signature's '...' positions, else in front.
     self.leads = [*dict.fromkeys(int(p) for p in leads if p), 0]
@@ -203,6 +219,9 @@ class _Rewriter(RewriteWarnings, CallPlaces):
     halos = self.call_halos(eqn, in_dims, operands, results)
     if halos:
       leads["halos"] = halos
+    scans = self.call_scans(eqn, in_dims, operands, results)
+    if scans:
+      leads["scans"] = scans
     if any(lead for lead, _ in operands + results):
       leads.update(operand_lead_ranks=tuple(lead for lead, _ in operands),
                    result_lead_ranks=tuple(lead for lead, _ in results))
@@ -223,8 +242,10 @@ class _Rewriter(RewriteWarnings, CallPlaces):
     rank = len(self.batch_shape)
     dims = [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
             for s, (lead, _) in zip(result_shapes, results)]
-    # The results carry the halo dims on, for the calls that take them next.
-    return outs, [batch_dims.with_reduced(d, {absolute_dim(a, len(d)): h.name for h in halos
+    # The results carry the halo and scanned dims on, for the calls that
+    # take them next.
+    return outs, [batch_dims.with_reduced(d, {absolute_dim(a, len(d)): h.name
+                                              for h in (*halos, *scans)
                                               for k2, a in h.result_dims if k2 == k})
                   for k, d in enumerate(dims)]
 

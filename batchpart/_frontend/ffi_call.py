@@ -11,10 +11,12 @@ from batchpart._frontend.signature import (
   declared_spec,
   halos_for,
   parse_declaration,
+  scans_for,
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.reduced import check_results
+from batchpart._vocab.dims.scan import check_scan_arrays
 
 
 def ffi_call(
@@ -25,6 +27,7 @@ def ffi_call(
     signature: str | None = None,
     reduce: dict[str, str] | None = None,
     halo: dict[str, Any] | None = None,
+    scan: dict[str, Any] | None = None,
     has_side_effect: bool = False,
     input_layouts: Sequence[Sequence[int] | None] | None = None,
     output_layouts: Sequence[int] | Sequence[Sequence[int] | None] | None = None,
@@ -74,6 +77,13 @@ def ffi_call(
       each device calls the kernel on a window of ``lo + part + hi``
       elements, taken from its neighbours by collective-permutes, and keeps
       its part of the results (docs/halos.md).
+    scan: ``{core dim name: batchpart.Scan(state=(k, j), merge=None,
+      apply=None, reverse=False)}``: a core dim along which the call carries
+      a state, from operand ``k`` (without the dim) to result ``j`` (one
+      shape and dtype). Where the dim is split, each device runs its part
+      from the state its part starts in: by two passes and one all-gather
+      of the parts' summaries with a ``merge``, handed from part to part
+      without one (docs/scans.md).
     has_side_effect: keep the call even when its results are unused.
     input_layouts: per operand, ``None`` (row-major) or a major-to-minor dim
       order, as in :func:`jax.ffi.ffi_call`.
@@ -111,6 +121,7 @@ def ffi_call(
                      legacy_backend_config)
   parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
   halos = halos_for(owner, parsed, halo, reductions)
+  scans = scans_for(owner, parsed, scan, reductions, halos)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals: list[Any] = list(compat.result_avals_from_shape_dtypes(results))
@@ -134,7 +145,9 @@ def ffi_call(
       spec = BatchSpec((), tuple(len(s) for s in result_shapes))
     else:
       spec = declared_spec(owner, parsed, num_batch_dims, operand_shapes, result_shapes,
-                           reductions, halos)
+                           reductions, halos, scans)
+      check_scan_arrays(owner, scans, operand_shapes, [a.dtype for a in in_avals],
+                        result_shapes, [r.dtype for r in result_avals])
     static_in = _static_layouts(target_name, "input", input_layouts, in_avals)
     static_out = _static_layouts(target_name, "output", out_layouts, result_avals)
     aliases = _static_aliases(target_name, input_output_aliases, in_avals,
@@ -153,7 +166,7 @@ def ffi_call(
         input_output_aliases=aliases,
         attributes=_primitive.typed_attributes(compat.wrap_kwargs_hashable(attributes)),
         broadcast_batch=parsed is not None,
-        declaration=declaration_text(num_batch_dims, signature, reduce, halo),
+        declaration=declaration_text(num_batch_dims, signature, reduce, halo, scan),
     )
     if multiple_results:
       return tuple(outs) if isinstance(result_shape_dtypes, tuple) else list(outs)

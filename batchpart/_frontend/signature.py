@@ -18,6 +18,7 @@ from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim, check_halo_mapping
 from batchpart._vocab.dims.named_combiners import TOP_K_COMBINERS
 from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
+from batchpart._vocab.dims.scan import ScanDim, check_scan_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
 _CORE = rf"\(\s*(?:{_DIM}(?:,{_DIM})*)?,?\s*\)"
@@ -34,7 +35,7 @@ class Signature:
   outputs: tuple[tuple[str, ...], ...]
 
   def spec(self, reductions: tuple[Reduction, ...] = (), named: bool = False,
-           halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
+           halos: tuple[HaloDim, ...] = (), scans: tuple[ScanDim, ...] = ()) -> BatchSpec:
     """The core dims before (lead) and after each group's ``...``; without
     one, every core dim trails and the batch dims lead. With ``reductions``
     (from ``reductions``), or ``named`` (a per-shard attribute rule that
@@ -44,7 +45,7 @@ class Signature:
     return BatchSpec(tuple(len(t) for _, t in ins), tuple(len(t) for _, t in outs),
                      tuple(len(lead) for lead, _ in ins),
                      tuple(len(lead) for lead, _ in outs),
-                     reductions=tuple(reductions), halos=tuple(halos),
+                     reductions=tuple(reductions), halos=tuple(halos), scans=tuple(scans),
                      dim_names=self.dim_names() if reductions or named else ())
 
   def result_layouts(self) -> list[tuple[int, int]]:
@@ -151,6 +152,52 @@ class Signature:
                          tuple(where["r"])))
     return tuple(out)
 
+  def scans(self, scan, reductions, halos, *, owner: str) -> tuple[ScanDim, ...]:
+    """The checked ``scan={name: Scan(...)}`` of a call with this signature:
+    the name a core dim of at least one operand, at most once per array,
+    neither reduced nor a halo; the state operand and result without it;
+    without a merge, every other result has it (a per-step result)."""
+    if scan is None:
+      return ()
+    out = []
+    taken = {r.name for r in reductions} | {h.name for h in halos}
+    for name, sc in check_scan_mapping(owner, scan).items():
+      where = {kind: [(i, axis) for i, group in enumerate(groups)
+                      for n, axis in _core_axes(group) if n == name]
+               for kind, groups in (("o", self.inputs), ("r", self.outputs))}
+      k, j = sc.state
+      problem = None
+      if name.isdigit() or name == ELLIPSIS:
+        problem = "is not a named core dim"
+      elif taken:
+        problem = ("is declared with reduce= or halo= as well; a call with a scanned dim "
+                   "declares no reduced or halo dims")
+      elif not where["o"]:
+        problem = "is not a core dim of any operand"
+      elif any(len({i for i, _ in w}) != len(w) for w in where.values()):
+        problem = "appears twice in one array"
+      elif k >= len(self.inputs):
+        problem = f"starts from operand {k}, but the call has {len(self.inputs)} operands"
+      elif j >= len(self.outputs):
+        problem = f"ends in result {j}, but the call has {len(self.outputs)} results"
+      elif any(i == k for i, _ in where["o"]):
+        problem = (f"is a dim of the state operand {k}; the state the call starts from "
+                   "has no scanned dim")
+      elif any(i == j for i, _ in where["r"]):
+        problem = (f"is a dim of the state result {j}; the state the call ends in has no "
+                   "scanned dim")
+      elif not sc.parallel and (missing := [
+          i for i in range(len(self.outputs))
+          if i != j and all(r != i for r, _ in where["r"])]):
+        problem = (f"is missing from result {missing[0]}; without a merge every result "
+                   "but the state is a per-step result, with the scanned dim")
+      if problem:
+        raise ValueError(f"{owner}: scan names the dim '{name}', which {problem} "
+                         f"(signature '{self}').")
+      out.append(ScanDim(name, sc.state, sc.reverse, tuple(where["o"]), tuple(where["r"]),
+                         sc if sc.parallel else ""))
+    return tuple(out)
+
   def __str__(self):
     fmt = lambda cores: ",".join("(" + ",".join(c) + ")" for c in cores)
     return f"{fmt(self.inputs)}->{fmt(self.outputs)}"
@@ -240,13 +287,14 @@ def parse_declaration(owner: str, num_batch_dims, signature, reduce=None
 
 def declared_spec(owner: str, signature: Signature | None, num_batch_dims,
                   operand_shapes, result_shapes, reductions: tuple[Reduction, ...] = (),
-                  halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
+                  halos: tuple[HaloDim, ...] = (), scans: tuple[ScanDim, ...] = ()
+                  ) -> BatchSpec:
   """The batch spec a parsed declaration gives operands and results of these
   shapes."""
   if signature is None:
     return spec_from_num_batch_dims(owner, num_batch_dims, operand_shapes, result_shapes)
   return spec_from_signature(owner, signature, operand_shapes, result_shapes, reductions,
-                             halos)
+                             halos, scans)
 
 
 # jax's vmap_method values (jax.ffi.ffi_call, jax.pure_callback).
@@ -286,6 +334,18 @@ def halos_for(owner: str, signature: Signature | None, halo,
                        ).halos(halo, reductions, owner=owner)
 
 
+def scans_for(owner: str, signature: Signature | None, scan,
+              reductions: tuple[Reduction, ...] = (), halos: tuple[HaloDim, ...] = ()
+              ) -> tuple[ScanDim, ...]:
+  """The checked ``scan=`` of a declaration. It names core dims, which only
+  a signature declares."""
+  if scan is None:
+    return ()
+  return _signature_of(owner, signature, f"scan={scan!r}",
+                       "signature='(t),()->(t),()', scan={'t': bp.Scan(state=(1, 1))}"
+                       ).scans(scan, reductions, halos, owner=owner)
+
+
 def _signature_of(owner: str, signature: Signature | None, option: str, example: str
                   ) -> Signature:
   """``signature``, which an option that names core dims needs."""
@@ -298,7 +358,8 @@ def _signature_of(owner: str, signature: Signature | None, option: str, example:
 
 def spec_from_signature(owner: str, signature: Signature, operand_shapes,
                         result_shapes, reductions: tuple[Reduction, ...] = (),
-                        halos: tuple[HaloDim, ...] = ()) -> BatchSpec:
+                        halos: tuple[HaloDim, ...] = (), scans: tuple[ScanDim, ...] = ()
+                        ) -> BatchSpec:
   if len(signature.inputs) != len(operand_shapes):
     raise ValueError(
         f"{owner}: signature '{signature}' names "
@@ -341,4 +402,4 @@ def spec_from_signature(owner: str, signature: Signature, operand_shapes,
           f"{owner}: result {i} has shape {_fmt(shape)}; "
           f"its batch dims {_fmt(result_batch)} must equal the operands' broadcast "
           f"batch shape {_fmt(batch)} (signature '{signature}').")
-  return signature.spec(reductions, halos=halos)
+  return signature.spec(reductions, halos=halos, scans=scans)

@@ -15,6 +15,7 @@ from batchpart._partition import shardings as sh
 from batchpart._vocab import blocks
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.scan import as_halos
 
 _Kind = _core.Sharding.Kind
 TILED = _Kind.TILED
@@ -23,31 +24,40 @@ _Subgroup = _core.Sharding.Subgroup
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-  """A callback's per-device picture: shardings (HloSharding), local shapes
-  and the (partitions, 2 * batch rank) table of block vectors."""
+  """A callback's per-device picture: shardings (HloSharding), local shapes,
+  the table of block vectors, the reduce groups and the parts of each
+  scanned dim (1 where it is whole)."""
   operand_shardings: list
   result_shardings: list
   operand_local_shapes: list
   result_local_shapes: list
   table: np.ndarray
   reduce_groups: list
+  scan_tiles: tuple = ()
+
+
+def windowed(d: CallDescription) -> tuple:
+  """The dims a callback's grid cuts into windows: the halo dims, then each
+  scanned dim as a halo dim of width 0 (its window is its part)."""
+  return (*d.halos, *as_halos(d.scans))
 
 
 def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partitions):
   """The device grid: an int array with one axis per batch dim, then one
-  replicated axis, then the manual axes, then one axis per halo dim; and the
-  manual axes' count. With reductions, the results' (whose replicated
-  devices include the reduced dims' parts); with halo dims, a result's (which
-  has every one)."""
+  replicated axis, then the manual axes, then one axis per halo and scanned
+  dim; and the manual axes' count. With reductions, the results' (whose
+  replicated devices include the reduced dims' parts); with halo dims, a
+  result's (which has every one); with a scanned dim, an array's that has
+  it."""
   rank = len(batch)
+  halos = len(windowed(d))
   operands = ([] if d.reductions or d.halos else
-              list(zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks,
-                       [()] * len(operand_shapes))))
-  results = [(s, sharding, b, result_halo_dims(d, k, len(s))) for k, (s, sharding, b) in
+              [(s, sharding, b, window_dims(d, "o", k, len(s))) for k, (s, sharding, b) in
+               enumerate(zip(operand_shapes, plan.operand_shardings, d.operand_batch_ranks))])
+  results = [(s, sharding, b, window_dims(d, "r", k, len(s))) for k, (s, sharding, b) in
              enumerate(zip(result_shapes, plan.result_shardings, d.result_batch_ranks))]
-  candidates = [c for c in [*results, *operands] if c[2] == rank]
+  candidates = [c for c in [*results, *operands] if c[2] == rank and len(c[3]) == halos]
   tiled = [c for c in candidates if c[1].kind == _Kind.TILED]
-  halos = len(d.halos)
   if not tiled:
     return np.arange(partitions).reshape((1,) * rank + (partitions,) + (1,) * halos), 0
   shape, ref, _, halo_dims = max(tiled, key=lambda c: math.prod(c[1].tile_dims[:rank]))
@@ -69,6 +79,14 @@ def _grid(plan, d: CallDescription, operand_shapes, result_shapes, batch, partit
 def result_halo_dims(d: CallDescription, k: int, rank: int) -> list[int]:
   """Result ``k``'s dim of each halo dim, in declaration order."""
   return [absolute_dim(dict(h.result_dims)[k], rank) for h in d.halos]
+
+
+def window_dims(d: CallDescription, which: str, k: int, rank: int) -> list[int]:
+  """Operand (``which`` "o") or result ("r") ``k``'s dim of each halo and
+  scanned dim (``windowed``) it has, in that order."""
+  dims = [dict(h.operand_dims if which == "o" else h.result_dims).get(k)
+          for h in windowed(d)]
+  return [absolute_dim(a, rank) for a in dims if a is not None]
 
 
 def _reduction_coords(plan, d: CallDescription, operand_shapes
@@ -145,7 +163,8 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
   grid = blocks.split_reductions(grid, rank, n_manual, coords, reduce_tiles)
   grid = blocks.fold(grid, rank, batch)
   first_halo = rank + 1 + n_manual
-  first_reduced = first_halo + len(d.halos)
+  halos = windowed(d)
+  first_reduced = first_halo + len(halos)
   split_axes: dict[tuple[str, int], dict[int, int]] = {}   # array -> {dim: grid axis}
   for i, r in enumerate(d.reductions):
     for k, axis in r.dims:
@@ -154,7 +173,7 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
     for k, axis in r.results:
       split_axes.setdefault(("r", k), {})[absolute_dim(axis, len(result_shapes[k]))] = (
           first_reduced + i)
-  for i, h in enumerate(d.halos):
+  for i, h in enumerate(halos):
     for which, dims, shapes in (("o", h.operand_dims, operand_shapes),
                                 ("r", h.result_dims, result_shapes)):
       for k, axis in dims:
@@ -167,11 +186,12 @@ def plan_blocks(d: CallDescription, plan, operand_shapes, result_shapes) -> Bloc
     k, axis = r.dims[0]
     parts.append((first_reduced + i, ops[k][1][absolute_dim(axis, len(operand_shapes[k]))]))
   table = blocks.block_table(
-      grid, batch, partitions, d.target, parts, d.halos,
-      [first_halo + i for i in range(len(d.halos))],
-      [result_shapes[0][dim] for dim in result_halo_dims(d, 0, len(result_shapes[0]))]
-      if d.halos else ())
+      grid, batch, partitions, d.target, parts, halos,
+      [first_halo + i for i in range(len(halos))],
+      [operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))]
+       for k, axis in (h.operand_dims[0] for h in halos)])
   res = [_sharding(grid, rank, n_manual, s, b, batch, split_axes.get(("r", k)))
          for k, (s, b) in enumerate(zip(result_shapes, d.result_batch_ranks))]
   return Blocks([o[0] for o in ops], [r[0] for r in res], [o[1] for o in ops],
-                [r[1] for r in res], table, blocks.reduce_groups(grid, first_reduced))
+                [r[1] for r in res], table, blocks.reduce_groups(grid, first_reduced),
+                tuple(grid.shape[first_halo + len(d.halos) + i] for i in range(len(d.scans))))

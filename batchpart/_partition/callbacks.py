@@ -13,7 +13,7 @@ import functools
 import threading
 
 from batchpart import _compat as compat
-from batchpart._partition import blocks, combine, halo, shard_module, shardings as sh
+from batchpart._partition import blocks, combine, halo, scan, shard_module, shardings as sh
 from batchpart._partition.plan import make_plan
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
@@ -71,7 +71,8 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
                                                    plan.result_local_shapes)),
       part_offsets=combine.part_offsets(d.reductions, plan.operand_shardings,
                                         plan.operand_local_shapes),
-      exchanges=exchanges)
+      exchanges=exchanges,
+      carry=scan.carry(d, plan.operand_shardings, getattr(plan, "scan_tiles", ())))
   if plan.passthrough:
     return module, list(arg_shardings), result_sharding
   return (module, [sh.from_planner(s) for s in plan.operand_shardings],
@@ -100,7 +101,8 @@ def core_sizes(d: CallDescription, operand_shapes, result_shapes) -> dict[str, i
 def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
   """A host callback: every device gets a block of its own (never a
   replicated one) and its block vector (``_vocab/blocks``); with halo dims,
-  its windows (``halo``)."""
+  its windows (``halo``); with a scanned dim, its part and the state the
+  part starts in (``scan``)."""
   result_shapes = sh.array_shapes(result_shape)
   b = blocks.plan_blocks(d, plan, _dims(arg_shapes), _dims(result_shapes))
   planner = lambda shardings, shapes: [sh.to_planner(h, len(s))
@@ -116,7 +118,10 @@ def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
                              planner(b.operand_shardings, b.operand_local_shapes),
                              b.operand_local_shapes),
                          exchanges=halo.exchanges(
-                             d, planner(b.result_shardings, b.result_local_shapes), tiles))
+                             d, planner(b.result_shardings, b.result_local_shapes), tiles),
+                         carry=scan.carry(
+                             d, planner(b.operand_shardings, b.operand_local_shapes),
+                             b.scan_tiles))
   return module, b.operand_shardings, sh.pack(result_shape, b.result_shardings)
 
 
@@ -161,7 +166,9 @@ def propagate_user_sharding(d: CallDescription, user_sharding, result_shape,
       result_batch_ranks=d.result_batch_ranks, operand_layouts=d.result_layouts,
       result_layouts=d.result_layouts, operand_lead_ranks=d.result_lead_ranks,
       result_lead_ranks=d.result_lead_ranks,
-      halos=tuple(dataclasses.replace(h, operand_dims=h.result_dims) for h in d.halos))
+      halos=tuple(dataclasses.replace(h, operand_dims=h.result_dims) for h in d.halos),
+      scans=tuple(dataclasses.replace(t, operand_dims=t.result_dims, state=(t.state[1],) * 2)
+                  for t in d.scans if t.result_dims))
   plan = make_plan(as_operands, result_shapes,
                    sh.element_shardings(user_sharding, result_shape), result_shapes,
                    split_axes=False)

@@ -24,6 +24,7 @@ from batchpart._partition import sharding_rule, targets
 from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.dims.reduced import splits_reductions
+from batchpart._vocab.dims.scan import as_halos
 from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
 
 ir = compat.ir
@@ -50,7 +51,7 @@ def _add_sharding_rule(op, d) -> None:
       operand_shapes, spec.operand_core_ranks, result_shapes, spec.result_core_ranks,
       batch_shape, [v.type for v in op.operands], [r.type for r in op.results],
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
-      reductions=d.reductions, halos=d.halos)
+      reductions=d.reductions, halos=d.halos + as_halos(d.scans))
 
 
 def _drop_frontend_attribute(op, name: str) -> None:
@@ -81,8 +82,8 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       for r in d.reductions:
         if is_user_combiner(r.op):
           registered(str(r.op), d.target)   # raises naming the target and the merge
-      if (d.reductions or d.halos) and not splits_reductions(ctx):
-        d = dataclasses.replace(d, reductions=(), halos=())
+      if (d.reductions or d.halos or d.scans) and not splits_reductions(ctx):
+        d = dataclasses.replace(d, reductions=(), halos=(), scans=())
         name = derived_names.encode(d)
         if "sdy.sharding_rule" in op.attributes:
           del op.attributes["sdy.sharding_rule"]

@@ -20,9 +20,11 @@ from batchpart import _core
 from batchpart._partition import shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.batch import batch_first, inverse
+from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import halo_tables, splits_into
 from batchpart._vocab.dims.named_combiners import min_part
 from batchpart._vocab.dims.reduced import reduced_dims_table
+from batchpart._vocab.dims.scan import as_halos
 
 _Kind = _core.Sharding.Kind
 
@@ -33,7 +35,8 @@ class RelabeledPlan:
   halo dims, ``halo_tiles`` (the parts of each declared halo dim, 1 where it
   is whole) and ``whole_halos`` (the halo dims the plan keeps whole although
   their sharding would split them: an uneven split or a part shorter than
-  ``lo + hi``)."""
+  ``lo + hi``); with a scanned dim, ``scan_tiles`` (its parts, 1 where it
+  is whole)."""
   operand_shardings: list
   result_shardings: list
   operand_local_shapes: list
@@ -47,6 +50,7 @@ class RelabeledPlan:
   uneven_reductions: list
   halo_tiles: tuple = ()
   whole_halos: tuple = ()
+  scan_tiles: tuple = ()
 
 
 def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shapes,
@@ -61,7 +65,9 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
   lacks one. A halo dim whose split the window cannot take is planned again
   split less finely (into fewer parts of its sharding, the rest of its
   devices replicated) and as a core dim (kept whole, or its axes moved onto
-  a batch dim), and the plan with less redundant work is taken."""
+  a batch dim), and the plan with less redundant work is taken. A scanned
+  dim is planned as a halo dim of width 0 (its axes stay on it, and the
+  state, which lacks it, is replicated over them)."""
   args = (operand_shapes, operand_shardings, result_shapes, result_shardings, split_axes)
   # Fewer parts than a mesh axis has split that axis, which propagation
   # (``split_axes=False``, a jit output's sharding) cannot express.
@@ -70,11 +76,12 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
     whole = _halo_plan(d, args, coarsen=False)
     if whole[0].replication < plan.replication:
       plan, view, halos, coarse = whole
-  if not (d.operand_lead_ranks or d.result_lead_ranks or d.halos):
+  if not (d.operand_lead_ranks or d.result_lead_ranks or d.halos or d.scans):
     return plan
   tiles = dict(zip(halos, plan.batch_tiles))
   split = [int(t) for t in plan.batch_tiles[len(halos):]]
   whole = tuple(h.name for i, h in enumerate(d.halos) if i not in halos)
+  n = len(d.halos)
   operand_views, result_views = view
   return RelabeledPlan(
       operand_shardings=[unview(s, v) for s, v in zip(plan.operand_shardings, operand_views)],
@@ -87,26 +94,29 @@ def make_plan(d: CallDescription, operand_shapes, operand_shardings, result_shap
       replication=plan.replication, passthrough=plan.passthrough,
       reduce_groups=[list(g) for g in plan.reduce_groups], reduce_tiles=plan.reduce_tiles,
       uneven_reductions=list(plan.uneven_reductions),
-      halo_tiles=tuple(int(tiles.get(i, 1)) for i in range(len(d.halos))),
-      whole_halos=whole)
+      halo_tiles=tuple(int(tiles.get(i, 1)) for i in range(n)),
+      whole_halos=whole,
+      scan_tiles=tuple(int(tiles.get(n + i, 1)) for i in range(len(d.scans))))
 
 
 def _halo_plan(d: CallDescription, args, *, coarsen: bool):
   """The plan whose halo dims are all split so that the windows take them:
   a halo dim split otherwise is cut into fewer parts (``coarsen``), or
   planned as a core dim. Returns the plan, the views, the halos planned as
-  halos and the parts of those cut into fewer."""
-  halos = list(range(len(d.halos)))
+  halos and the parts of those cut into fewer (scanned dims count as halo
+  dims after the declared ones)."""
+  planned = (*d.halos, *as_halos(d.scans))
+  halos = list(range(len(planned)))
   coarse: dict[int, int] = {}
   while True:
-    plan, view = _plan_view(d, [d.halos[i] for i in halos], *args,
+    plan, view = _plan_view(d, [planned[i] for i in halos], *args,
                             coarse={j: coarse[i] for j, i in enumerate(halos) if i in coarse})
     bad = [(j, i) for j, i in enumerate(halos) if not splits_into(
-        d.halos[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))]
+        planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))]
     if not bad:
       return plan, view, halos, coarse
     for j, i in bad:
-      fewer = _fewer_parts(d.halos[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))
+      fewer = _fewer_parts(planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))
       if coarsen and i not in coarse and fewer:
         coarse[i] = fewer
       else:
@@ -173,10 +183,13 @@ def _plan_view(d, halos, operand_shapes, operand_shardings, result_shapes,
 @dataclasses.dataclass(frozen=True)
 class _View:
   """How the planner sees one array: ``dims[i]`` is the array dim at view
-  dim i, or None for a size-1 dim the array lacks; the first
+  dim i, or None for a dim the array lacks (of size 1, or of the size
+  ``phantom`` gives: a scanned dim a result without it is planned with, as
+  the planner wants every result to have the whole batch); the first
   ``batch_rank`` view dims are batch dims."""
   dims: tuple
   batch_rank: int
+  phantom: tuple = ()
 
 
 def _views(d: CallDescription, halos, operand_shapes, result_shapes):
@@ -187,16 +200,20 @@ def _views(d: CallDescription, halos, operand_shapes, result_shapes):
   operand_halo, result_halo = halo_tables(halos, [len(s) for s in operand_shapes],
                                           [len(s) for s in result_shapes])
   full = max((*d.operand_batch_ranks, *d.result_batch_ranks), default=0)
+  sizes = [int(operand_shapes[k][absolute_dim(axis, len(operand_shapes[k]))])
+           for k, axis in (h.operand_dims[0] for h in halos)]
 
-  def one(rank, lead, b, halo_row):
+  def one(rank, lead, b, halo_row, result=False):
     pad = full - b if halos else 0
     order = [e for e in batch_first(rank, lead, b) if e not in halo_row]
+    phantom = tuple((i, n) for i, (e, n) in enumerate(zip(halo_row, sizes))
+                    if e is None and result)
     return _View((*halo_row, *(None,) * pad, *order[:b], *order[b:]),
-                 len(halo_row) + pad + b)
+                 len(halo_row) + pad + b, phantom)
 
   return ([one(len(s), lead, b, row) for s, lead, b, row in
            zip(operand_shapes, d.operand_leads, d.operand_batch_ranks, operand_halo)],
-          [one(len(s), lead, b, row) for s, lead, b, row in
+          [one(len(s), lead, b, row, True) for s, lead, b, row in
            zip(result_shapes, d.result_leads, d.result_batch_ranks, result_halo)])
 
 
@@ -207,7 +224,8 @@ def _in_views(table, views) -> list[list[int]]:
 
 
 def _view_shape(shape, v: _View) -> list[int]:
-  return [1 if e is None else int(shape[e]) for e in v.dims]
+  phantom = dict(v.phantom)
+  return [phantom.get(i, 1) if e is None else int(shape[e]) for i, e in enumerate(v.dims)]
 
 
 def _unview_shape(shape, v: _View) -> list[int]:
@@ -233,7 +251,8 @@ def view(sharding: _core.Sharding, v: _View) -> _core.Sharding:
 def unview(sharding: _core.Sharding, v: _View) -> _core.Sharding:
   """``view`` undone: inserted dims dropped, dims put back. An array lacks
   an inserted dim, so it is the same along it: the devices the planner
-  tiled it over (a batch dim of size 1 split into padding) replicate."""
+  tiled it over (a batch dim of size 1 split into padding, or a scanned dim
+  a result lacks) replicate."""
   real = [e for e in v.dims if e is not None]
   if sharding.kind == _Kind.TILED and len(real) != len(v.dims):
     sharding = _replicate_inserted(sharding, [e is None for e in v.dims])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import attributes, combine, emit, halo
+from batchpart._partition import attributes, combine, emit, halo, scan
 from batchpart._vocab.description import CallDescription
 
 ir = compat.ir
@@ -18,7 +18,7 @@ def _tensor_type(shape, dtype) -> ir.Type:
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           result_dtypes, backend_config: bytes, batch_shape, rule=None,
           block_table=None, reduce_groups=(), core_sizes=None, part_offsets=None,
-          exchanges=()) -> bytes:
+          exchanges=(), carry=None) -> bytes:
   """The same custom call on local shapes, under the user's target name (it
   needs no partitioner), restating everything the description holds, its FFI
   attributes rewritten by the per-shard attribute ``rule`` if any (given
@@ -29,7 +29,9 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
   description's reduction op (``combine``; an argmax or argmin reads each
   device's global start of its part in ``part_offsets``). With halo
   ``exchanges``, the call runs on each device's windows and its results are
-  cut back to the device's parts (``halo``)."""
+  cut back to the device's parts (``halo``). With a scanned dim's
+  ``carry``, the call runs on each device's part from the state the part
+  starts in (``scan``)."""
   with compat.make_ir_context() as context, ir.Location.unknown(context):
     module = ir.Module.create()
     arg_types = [_tensor_type(s, t) for s, t in zip(operand_shapes, operand_dtypes)]
@@ -55,7 +57,12 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
                   for k, s in enumerate(result_shapes)]
           call_types = [_tensor_type(halo.window_size(s, dim, exchanges), t)
                         for s, t, dim in zip(result_shapes, result_dtypes, dims)]
-        results = emit.custom_call(d.target, d, operands, call_types, config)
+        if carry is not None:
+          results = scan.scanned(
+              carry, lambda ops: emit.custom_call(d.target, d, ops, call_types, config),
+              operands, call_types, d.target)
+        else:
+          results = emit.custom_call(d.target, d, operands, call_types, config)
         if exchanges:
           results = [halo.kept(r, dim, exchanges) for r, dim in zip(results, dims)]
         if len(reduce_groups):

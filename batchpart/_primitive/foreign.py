@@ -22,6 +22,7 @@ from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.description import describe
 from batchpart._vocab.dims.halo import Halo, check_halo_sizes
 from batchpart._vocab.dims.reduced import check_results
+from batchpart._vocab.dims.scan import Scan, check_scan_arrays
 
 ir = compat.ir
 
@@ -43,7 +44,9 @@ class BatchDeclaration:
     if self.core_ranks is not None:
       reduce = {r.name: r.op for r in self.core_ranks.reductions}
       halo = {h.name: _halo_value(h) for h in self.core_ranks.halos}
-      return declaration_text(None, self.signature, reduce, halo)
+      scan = {t.name: t.fold if isinstance(t.fold, Scan) else Scan(t.state, reverse=t.reverse)
+              for t in self.core_ranks.scans}
+      return declaration_text(None, self.signature, reduce, halo, scan)
     return "" if callable(self.num_batch_dims) else declaration_text(self.num_batch_dims, None)
 
   def spec(self, target, operand_shapes, result_shapes) -> BatchSpec:
@@ -104,6 +107,10 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
   result_dtypes = [_dtypes.from_mlir(str(ir.RankedTensorType(r.type).element_type))
                    for r in op.results]
   check_halo_sizes(caller, spec.halos, operand_shapes, result_shapes)
+  operand_dtypes = [_dtypes.from_mlir(str(ir.RankedTensorType(v.type).element_type))
+                    for v in op.operands]
+  check_scan_arrays(caller, spec.scans, operand_shapes, operand_dtypes, result_shapes,
+                    result_dtypes)
   check_results(caller, spec.reductions, result_shapes, result_dtypes,
                 list(zip(spec.result_leads, spec.result_core_ranks)))
   rule = declaration.attribute_rule
@@ -117,7 +124,7 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
       attribute_rule=rule.digest if rule is not None else "",
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
       reductions=spec.reductions, dim_names=spec.dim_names, result_dtypes=result_dtypes,
-      halos=spec.halos)
+      halos=spec.halos, scans=spec.scans)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,
                       batch_shape=batch_shape, operand_types=[v.type for v in op.operands],

@@ -16,6 +16,7 @@ from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.description import CallDescription, describe
 from batchpart._vocab.dims.reduced import splits_reductions
+from batchpart._vocab.dims.scan import as_halos
 
 #: frontend attribute holding a call's batch declaration as the user wrote it
 #: (``signature='(n)->()'``), which the derived name's ranks cannot tell apart
@@ -23,7 +24,7 @@ from batchpart._vocab.dims.reduced import splits_reductions
 FRONTEND_DECLARATION = "batchpart.declaration"
 
 
-def declaration_text(num_batch_dims, signature, reduce=None, halo=None) -> str:
+def declaration_text(num_batch_dims, signature, reduce=None, halo=None, scan=None) -> str:
   """A batch declaration as the user wrote it: ``"signature='(n)->()',
   reduce={'n': 'sum'}"`` or ``"num_batch_dims=1"``."""
   if signature is not None:
@@ -33,7 +34,9 @@ def declaration_text(num_batch_dims, signature, reduce=None, halo=None) -> str:
     text = f"num_batch_dims={int(k) if isinstance(k, (int, np.integer)) else repr(k)}"
   if reduce:
     text = f"{text}, reduce={dict(reduce)!r}"
-  return text if not halo else f"{text}, halo={dict(halo)!r}"
+  if halo:
+    text = f"{text}, halo={dict(halo)!r}"
+  return text if not scan else f"{text}, scan={dict(scan)!r}"
 
 
 def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
@@ -47,8 +50,8 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   user's name, with the derived one in a frontend attribute."""
   if not splits_reductions(ctx):
     # Halo exchanges name devices of the whole program too: kept whole here.
-    d = dataclasses.replace(d, reductions=(), halos=())
-    spec = dataclasses.replace(spec, reductions=(), halos=())
+    d = dataclasses.replace(d, reductions=(), halos=(), scans=())
+    spec = dataclasses.replace(spec, reductions=(), halos=(), scans=())
   derived = targets.ensure_derived(d, compat.lowering_platforms(ctx), caller=caller,
                                    rule=rule)
   declared.declare(d.target)
@@ -64,7 +67,8 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
                                       operand_types, result_types,
                                       operand_lead_ranks=spec.operand_lead_ranks,
                                       result_lead_ranks=spec.result_lead_ranks,
-                                      reductions=spec.reductions, halos=spec.halos)
+                                      reductions=spec.reductions,
+                                      halos=spec.halos + as_halos(spec.scans))
   if rule_attr is not None:
     extra["sdy.sharding_rule"] = rule_attr
   return derived, extra
@@ -77,13 +81,13 @@ def _ir_types(ctx, avals):
 def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks,
               has_side_effect, input_layouts, output_layouts, input_output_aliases,
               attributes, operand_lead_ranks=(), result_lead_ranks=(), reductions=(),
-              dim_names=(), halos=(), declaration="", **_):
+              dim_names=(), halos=(), scans=(), declaration="", **_):
   avals_in, avals_out = ctx.avals_in, ctx.avals_out  # vmapped shapes, if any
   operand_shapes = [a.shape for a in avals_in]
   result_shapes = [a.shape for a in avals_out]
   caller = ffi_call_owner(target_name)
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks, reductions, dim_names, halos)
+                   result_lead_ranks, reductions, dim_names, halos, scans)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   description = describe(
       target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,
@@ -91,7 +95,7 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
       input_output_aliases=input_output_aliases, has_side_effect=has_side_effect,
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
       reductions=spec.reductions, dim_names=spec.dim_names,
-      result_dtypes=[a.dtype for a in avals_out], halos=spec.halos)
+      result_dtypes=[a.dtype for a in avals_out], halos=spec.halos, scans=spec.scans)
   result_types = _ir_types(ctx, avals_out)
   name, extra = place(ctx, description, caller=caller, rule=None, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

@@ -30,6 +30,7 @@ from batchpart._vocab.batch_spec import BatchSpec, check_spec, require_static_sh
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import splits_into
 from batchpart._vocab.dims.reduced import reduced_dims_table
+from batchpart._vocab.dims.scan import as_halos
 
 
 def _axes(entry) -> tuple:
@@ -138,8 +139,8 @@ def explicit_result_types(avals_in, result_avals, spec: BatchSpec, batch_shape
     parts = [None] * lead + list(entries) + [None] * c
     for dim, entry in kept.get(k, {}).items():
       parts[dim] = entry
-    for h in spec.halos:
-      if h.name in halo_axes:
+    for h in (*spec.halos, *as_halos(spec.scans)):
+      if h.name in halo_axes and k in dict(h.result_dims):
         parts[absolute_dim(dict(h.result_dims)[k], len(r.shape))] = _entry(halo_axes[h.name])
     out.append(r.update(sharding=NamedSharding(mesh, PartitionSpec(*parts))))
   return tuple(out)
@@ -170,7 +171,7 @@ def _explicit_halo_entries(avals_in, spec: BatchSpec) -> dict[str, tuple]:
   Explicit type shards it (as the partitioner keeps them: where the window
   can take the split)."""
   out: dict[str, tuple] = {}
-  for h in spec.halos:
+  for h in (*spec.halos, *as_halos(spec.scans)):
     for k, axis in h.operand_dims:
       aval = avals_in[k]
       sharding = getattr(aval, "sharding", None)

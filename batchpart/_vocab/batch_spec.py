@@ -24,6 +24,7 @@ from batchpart._vocab.dims.batch import batch_slice, full_leads, normalize_lead_
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import Reduction
+from batchpart._vocab.dims.scan import ScanDim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,8 @@ class BatchSpec:
   ``reductions``: the reduced core dims (``_vocab/dims/reduced``);
   ``dim_names``: where each named core dim is (``_vocab/dims/core``), where
   a reduction or a per-shard attribute rule needs it; ``halos``: the halo
-  dims (``_vocab/dims/halo``).
+  dims (``_vocab/dims/halo``); ``scans``: the scanned dims
+  (``_vocab/dims/scan``).
   """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
@@ -46,6 +48,7 @@ class BatchSpec:
   reductions: tuple[Reduction, ...] = ()
   dim_names: tuple[DimName, ...] = ()
   halos: tuple[HaloDim, ...] = ()
+  scans: tuple[ScanDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_core_ranks), len(self.result_core_ranks))
@@ -57,7 +60,7 @@ class BatchSpec:
     return cls(params["operand_core_ranks"], params["result_core_ranks"],
                params.get("operand_lead_ranks", ()), params.get("result_lead_ranks", ()),
                params.get("reductions", ()), params.get("dim_names", ()),
-               params.get("halos", ()))
+               params.get("halos", ()), params.get("scans", ()))
 
   @property
   def operand_leads(self) -> tuple[int, ...]:
@@ -82,6 +85,8 @@ class BatchSpec:
       params["dim_names"] = self.dim_names
     if self.halos:
       params["halos"] = self.halos
+    if self.scans:
+      params["scans"] = self.scans
     return params
 
 

@@ -23,7 +23,9 @@ of that dim, and the groups along it are the all-reduce's. A halo dim
 (``halo=``) the plan splits is one too, before the reduced dims' axes; the
 block vector then ends with four entries per halo dim: where the device's
 window lies and where its kept part lies, in global positions
-(``dims/halo.part_extent``).
+(``dims/halo.part_extent``). A scanned dim (``scan=``) the plan splits is
+carried as a halo dim of width 0 after the halo dims: its window and kept
+part are the device's part of the sequence.
 
 The device grid is an int array of device ids with one axis per batch dim,
 one replicated axis and the manual axes (then one axis per reduced dim); the

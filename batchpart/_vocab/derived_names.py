@@ -36,6 +36,11 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 - ``$h:<name>=<lo>.<hi>[.p]:<operand>.<axis>,...:<result>.<axis>,...``: a
   halo dim, its window (``.p``: periodic) and its core axis in each operand
   and each result that has it, one field per dim
+- ``$t:<name>=<k>.<j>[.r][.scan_<digest>]:<operand>.<axis>,...:<result>.<axis>,...``:
+  the scanned dim, its state operand ``k`` and result ``j``, ``.r`` where the
+  state flows from the end, the lowered merge of a parallel scan (none:
+  sequential), and its core axis in each operand and each result that has
+  it (the results' list may be empty)
 - ``$f=<digest>``: the content digest of the per-shard attribute rule
   (``rule_digest``): a changed rule gives a new name, hence a new partition
   cache entry and a new persistent-compilation-cache key
@@ -52,6 +57,7 @@ from batchpart._vocab.description import CallDescription, default_layout
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import ALL_OPS, Reduction
+from batchpart._vocab.dims.scan import ScanDim
 from batchpart._vocab.dims.user_combiner import is_user_combiner
 
 MARKER = "$bp1"
@@ -61,6 +67,8 @@ _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
 _REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?(?::k({_PAIRS}))?$")
 _HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
+_SCAN = re.compile(
+    rf"^:(\w+)=(\d+)\.(\d+)(\.r)?(?:\.(scan_[0-9a-f]{{16}}))?:({_PAIRS}):({_PAIRS})?$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
 
 
@@ -90,6 +98,9 @@ def encode(d: CallDescription) -> str:
              for r in d.reductions]
   fields += [f"$h:{h.name}={h.lo}.{h.hi}{'.p' if h.periodic else ''}"
              f":{_write_pairs(h.operand_dims)}:{_write_pairs(h.result_dims)}" for h in d.halos]
+  fields += [f"$t:{t.name}={t.state[0]}.{t.state[1]}{'.r' if t.reverse else ''}"
+             f"{'.' + str(t.fold) if t.fold else ''}"
+             f":{_write_pairs(t.operand_dims)}:{_write_pairs(t.result_dims)}" for t in d.scans]
   fields += [f"$k:{n.name}={n.kind}{n.index}.{n.axis}" for n in d.dim_names]
   if d.has_side_effect:
     fields.append("$s")
@@ -148,7 +159,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
   values: dict[str, str] = {}
   layouts: dict[str, dict[int, tuple[int, ...]]] = {"o": {}, "r": {}}
   aliases, side_effect, rule, callback_partitions = [], False, "", 0
-  reductions, dim_names, halos = [], [], []
+  reductions, dim_names, halos, scans = [], [], [], []
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
     if tag in ("o", "r", "no", "nr", "po", "pr"):
@@ -175,6 +186,10 @@ def _decode_fields(target: str, body: str) -> CallDescription:
     elif tag == "h" and (h := _HALO.match(value)):
       halos.append(HaloDim(h.group(1), int(h.group(2)), int(h.group(3)), bool(h.group(4)),
                            _read_pairs(h.group(5)), _read_pairs(h.group(6))))
+    elif tag == "t" and (t := _SCAN.match(value)):
+      scans.append(ScanDim(t.group(1), (int(t.group(2)), int(t.group(3))), bool(t.group(4)),
+                           _read_pairs(t.group(6)), _read_pairs(t.group(7) or ""),
+                           t.group(5) or ""))
     elif tag == "k" and (k := _DIM_NAME.match(value)):
       dim_names.append(DimName(k.group(1), k.group(2), int(k.group(3)), int(k.group(4))))
     else:
@@ -219,4 +234,5 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       reductions=tuple(reductions),
       dim_names=tuple(dim_names),
       halos=tuple(halos),
+      scans=tuple(scans),
   )

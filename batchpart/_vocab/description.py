@@ -14,6 +14,7 @@ from batchpart._vocab.dims.batch import normalize_lead_fields
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.dims.reduced import Reduction, lower_combiners
+from batchpart._vocab.dims.scan import ScanDim, lower_scans
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
@@ -52,6 +53,7 @@ class CallDescription:
   reductions: tuple[Reduction, ...] = ()
   dim_names: tuple[DimName, ...] = ()
   halos: tuple[HaloDim, ...] = ()
+  scans: tuple[ScanDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_batch_ranks), len(self.result_batch_ranks),
@@ -109,6 +111,33 @@ class CallDescription:
                          "result's")
       self._check_core_axis(what, n.index, n.axis, batch, leads, ranks)
     self._check_halos()
+    self._check_scans()
+
+  def _check_scans(self) -> None:
+    """At most one scanned dim, beside no reduced or halo dim; it names a
+    core axis of at least one operand, once per array, and the state
+    operand and result are in range and lack it."""
+    if not self.scans:
+      return
+    if len(self.scans) > 1 or self.reductions or self.halos:
+      raise ValueError(f"{self.target}: scans {self.scans} must be one dim, without "
+                       "reduced or halo dims")
+    s = self.scans[0]
+    k, j = s.state
+    if not s.operand_dims or not (0 <= k < len(self.operand_batch_ranks)) or not (
+        0 <= j < len(self.result_batch_ranks)):
+      raise ValueError(f"{self.target}: scan {s} needs an operand and a state in range")
+    for dims in (s.operand_dims, s.result_dims):
+      if len({i for i, _ in dims}) != len(dims):
+        raise ValueError(f"{self.target}: scan {s} names an array twice")
+    if k in dict(s.operand_dims) or j in dict(s.result_dims):
+      raise ValueError(f"{self.target}: scan {s}: the state has the scanned dim")
+    for i, axis in s.operand_dims:
+      self._check_core_axis("operand", i, axis, self.operand_batch_ranks,
+                            self.operand_leads, self.operand_ranks)
+    for i, axis in s.result_dims:
+      self._check_core_axis("result", i, axis, self.result_batch_ranks,
+                            self.result_leads, self.result_ranks)
 
   def _check_halos(self) -> None:
     """Each halo names a core axis of at least one operand and of every
@@ -163,7 +192,7 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
              has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
              result_lead_ranks=(), reductions=(), dim_names=(), halos=(),
-             result_dtypes=()) -> CallDescription:
+             result_dtypes=(), scans=()) -> CallDescription:
   """The description of a call with these shapes and (trailing, leading)
   core ranks; a ``Combiner`` among the reductions is lowered on the results'
   ``result_dtypes``."""
@@ -171,6 +200,8 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
   reductions = lower_combiners(target_name, reductions, result_shapes, result_core_ranks,
                                result_leads, result_dtypes)
+  scans = lower_scans(target_name, scans, result_shapes, result_core_ranks, result_leads,
+                      result_dtypes)
   return CallDescription(
       target=target_name,
       operand_batch_ranks=tuple(len(s) - c - lead for s, c, lead in
@@ -187,4 +218,5 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
       reductions=tuple(reductions),
       dim_names=tuple(dim_names),
       halos=tuple(halos),
+      scans=tuple(scans),
   )

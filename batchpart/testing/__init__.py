@@ -78,6 +78,21 @@ TARGETS = {
     # (...,n,m) -> (...,n): the stencil's window along n of the row sums over
     # m (attrs lo, hi, mode); f32, f64, s32. halo={"n": ...}, reduce={"m": "sum"}.
     "batchpart_test_row_stencil": "row_stencil",
+    # (...,t),(...,t),(...) -> (...,t),(...),(...): h[i] = a[i] h[i-1] + x[i]
+    # from h0, returning (h, h_T, prod a); attr reverse (int64: from the
+    # end); f32, f64, s32 (wrapping). scan={"t": LINEAR_SCAN} (linear_scan()).
+    "batchpart_test_linear_scan": "linear_scan",
+    # (...,t),(...) -> (...,t),(...): y[i] = s0 + x[0] + ... + x[i] and the
+    # total; attr reverse; f32, f64, s32. scan={"t": Scan((1, 1), merge=add)}.
+    "batchpart_test_prefix_sum": "prefix_sum",
+    # (...,t),(...) -> (...,t),(...): h[i] = tanh(w h[i-1] + x[i]); attrs w
+    # (f64), reverse; f32, f64. Nonlinear: a sequential scan only.
+    "batchpart_test_tanh_rnn": "tanh_rnn",
+    # (...,t,d),(...,t,d),(...,t,e),(...,d,e) -> (...,t,e),(...,d,e): causal
+    # linear attention, S[i] = S[i-1] + k[i] v[i]^T from S0, o[i] = q[i]^T
+    # S[i]; attr reverse; f32, f64. scan={"t": Scan((3, 1), merge=add)}
+    # (linear_attention()).
+    "batchpart_test_linear_attention": "linear_attention",
     # Any arrays, each read through the roles of its dims (attr roles): one
     # kernel for every kind of dim in any layout (testing.layouts).
     "batchpart_test_layout": "layout",
@@ -86,6 +101,47 @@ TARGETS = {
 HALO_MODES = {"zero": 0, "reflect": 1, "nearest": 2, "wrap": 3}
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATEFUL = "batchpart_test_stateful"          # (n) -> (n), x + offset; a two-stage bundle
+
+
+def linear_merge(a, b):
+  """The linear recurrence's summaries ``(h_T, prod a)`` of two consecutive
+  parts composed (``a`` the earlier)."""
+  (h1, p1), (h2, p2) = a, b
+  return p2 * h1 + h2, p1 * p2
+
+
+def linear_apply(summary, state):
+  """The state after a stretch with summary ``(h_T, prod a)``."""
+  h, p = summary
+  return p * state + h
+
+
+def add_merge(a, b):
+  """Sums compose by adding: the prefix sum's summary is its total."""
+  return (a[0] + b[0],)
+
+
+def linear_scan(shape, dtype, *, reverse: bool = False):
+  """``batchpart_test_linear_scan`` as a ``bp.ffi_call`` with ``t`` scanned:
+  call it with ``(a, x, h0, reverse=np.int64(...))``."""
+  state = jax.ShapeDtypeStruct(tuple(shape[:-1]), dtype)
+  scan = batchpart.Scan(state=(2, 1), merge=linear_merge, apply=linear_apply,
+                        reverse=reverse)
+  return batchpart.ffi_call(
+      "batchpart_test_linear_scan", (jax.ShapeDtypeStruct(tuple(shape), dtype), state, state),
+      signature="(t),(t),()->(t),(),()", scan={"t": scan})
+
+
+def linear_attention(q_shape, e: int, dtype, *, reverse: bool = False):
+  """``batchpart_test_linear_attention`` as a ``bp.ffi_call`` with ``t``
+  scanned (states add): call it with ``(q, k, v, s0, reverse=np.int64(...))``,
+  ``q`` of ``q_shape`` (..., t, d)."""
+  *lead, t, d = q_shape
+  scan = batchpart.Scan(state=(3, 1), merge=add_merge, reverse=reverse)
+  return batchpart.ffi_call(
+      "batchpart_test_linear_attention",
+      (jax.ShapeDtypeStruct((*lead, t, e), dtype), jax.ShapeDtypeStruct((*lead, d, e), dtype)),
+      signature="(t,d),(t,d),(t,e),(d,e)->(t,e),(d,e)", scan={"t": scan})
 
 
 def register() -> None:

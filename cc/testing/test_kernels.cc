@@ -448,6 +448,7 @@ HandlerTable Handlers() {
   };
   for (auto& entry : CombineHandlers()) table.push_back(entry);
   for (auto& entry : HaloHandlers()) table.push_back(entry);
+  for (auto& entry : ScanHandlers()) table.push_back(entry);
   for (auto& entry : LayoutHandlers()) table.push_back(entry);
   return table;
 }

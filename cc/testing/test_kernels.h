@@ -17,6 +17,9 @@ HandlerTable CombineHandlers();
 // The same for the kernels local along their core dims (halo_kernels.cc);
 // Handlers() includes them.
 HandlerTable HaloHandlers();
+// The same for the kernels that carry a state along a dim (scan_kernels.cc);
+// Handlers() includes them.
+HandlerTable ScanHandlers();
 // The same for the kernel that reads every array through declared roles
 // (layout_kernels.cc); Handlers() includes it.
 HandlerTable LayoutHandlers();
