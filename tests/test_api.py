@@ -19,7 +19,7 @@ def test_public_names():
                              "explain", "linalg", "partition_primitive", "ffi_lowering",
                              "partition_ffi_target", "partition_callback", "unpartition",
                              "pure_callback", "io_callback", "buffer_callback", "Combiner",
-                             "Halo"}
+                             "Halo", "Scan"}
 
 
 def test_softmax_values_eager_and_jit():
