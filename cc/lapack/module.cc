@@ -3,7 +3,6 @@
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
-#include <complex>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,6 +13,7 @@
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
+#include "lapack/scalar_types.h"
 #include "lapack/small_cholesky.h"
 #include "lapack/small_eigh.h"
 #include "lapack/small_lu.h"
@@ -104,15 +104,6 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
 
 // A switch-point table's entry as Python sees it: (min, max).
 nb::tuple Range(interleaved::SizeRange r) { return nb::make_tuple(r.min, r.max); }
-
-// Calls fn(TypeTag<T>{}) for each scalar type the kernels take.
-template <typename Fn>
-void ForEachScalarType(const Fn& fn) {
-  fn(TypeTag<float>{});
-  fn(TypeTag<double>{});
-  fn(TypeTag<std::complex<float>>{});
-  fn(TypeTag<std::complex<double>>{});
-}
 
 void SetBlockTransposes(const std::string& limit) {
   interleaved::SetBlockTransposes(Named(kIsaNames, limit, "set_block_transposes: limit"));
