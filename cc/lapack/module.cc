@@ -105,6 +105,16 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
 // A switch-point table's entry as Python sees it: (min, max).
 nb::tuple Range(interleaved::SizeRange r) { return nb::make_tuple(r.min, r.max); }
 
+// Sets table[(prefix..., complex, single precision)] = value(TypeTag<T>{}) for
+// each scalar type T: the key every per-dtype table Python reads ends with.
+template <typename Fn, typename... Prefix>
+void AddByScalarType(nb::dict& table, const Fn& value, const Prefix&... prefix) {
+  ForEachScalarType([&](auto tag) {
+    using T = typename decltype(tag)::type;
+    table[nb::make_tuple(prefix..., kIsComplex<T>, interleaved::kSingle<T>)] = value(tag);
+  });
+}
+
 void SetBlockTransposes(const std::string& limit) {
   interleaved::SetBlockTransposes(Named(kIsaNames, limit, "set_block_transposes: limit"));
 }
@@ -154,13 +164,15 @@ void DefineLapackSubmodule(nb::module_& parent) {
       [] {
         namespace il = interleaved;
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          for (const bool row_major : {false, true}) {
-            sizes[nb::make_tuple(row_major, kIsComplex<T>, il::kSingle<T>)] =
-                Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
-          }
-        });
+        for (const bool row_major : {false, true}) {
+          AddByScalarType(
+              sizes,
+              [&](auto tag) {
+                using T = typename decltype(tag)::type;
+                return Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
+              },
+              row_major);
+        }
         return sizes;
       },
       "{(row_major, complex, single precision): (min, max)} of max(m, n) that the qr targets "
@@ -168,11 +180,9 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def(
       "small_eigh_sizes",
       [] {
-        namespace il = interleaved;
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          sizes[nb::make_tuple(kIsComplex<T>, il::kSingle<T>)] = Range(il::kEighSizes<T>);
+        AddByScalarType(sizes, [](auto tag) {
+          return Range(interleaved::kEighSizes<typename decltype(tag)::type>);
         });
         return sizes;
       },
@@ -184,10 +194,8 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_trsm_max_sizes",
       [] {
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          sizes[nb::make_tuple(kIsComplex<T>, interleaved::kSingle<T>)] = SmallTrsmMaxSize<T>();
-        });
+        AddByScalarType(sizes,
+                        [](auto tag) { return SmallTrsmMaxSize<typename decltype(tag)::type>(); });
         return sizes;
       },
       "{(complex, single precision): the largest triangle 'auto' solves interleaved}.");
