@@ -3,24 +3,16 @@
 Reads docs/benchmarks-adopt.json (written by benchmarks/adopt.py, which calls ``draw`` after
 each run; nothing is measured here) and draws, for each op, stock's time next to batchpart's on
 a log scale, labelled with both times and their ratio.
-
-    .venv/bin/pip install matplotlib      # or pip install -e ".[bench]"
-    .venv/bin/python benchmarks/plot_adopt.py
+Run: python benchmarks/plot_adopt.py (benchmarks/_plots.py says what it needs).
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 
-import matplotlib
+from _plots import page_files, plt, recorded
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
-DATA = DOCS / "benchmarks-adopt.json"
-OUT = DOCS / "benchmarks-adopt-times.png"
+DATA, OUT = page_files("adopt")
 
 # Short labels for the recorded rows, by their key.
 SHORT = {
@@ -38,7 +30,7 @@ SHORT = {
 def rows(data: pathlib.Path = DATA) -> list[tuple[str, float, float]]:
   """(label, stock ms, batchpart ms) of each recorded row, in order."""
   return [(SHORT[r["key"]], r["stock_s"] * 1e3, r["batchpart_s"] * 1e3)
-          for r in json.loads(pathlib.Path(data).read_text())["rows"]]
+          for r in recorded(data)["rows"]]
 
 
 def draw(data: pathlib.Path = DATA, out: pathlib.Path = OUT) -> None:

@@ -6,39 +6,27 @@ of simulated devices, on a log scale, with the 8-device times as bars beside it:
 to stock `jax.ffi.ffi_call` and the hand-written `shard_map`, so the chart shows the gap to stock
 rather than a "speed-up" over one device (which 8 devices on 2 physical cores cannot give any of
 them).
-
-    .venv/bin/pip install matplotlib      # or pip install -e ".[bench]"
-    .venv/bin/python benchmarks/plot_scaling.py
+Run: python benchmarks/plot_scaling.py (benchmarks/_plots.py says what it needs).
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 
-import matplotlib
+from _plots import page_files, plt, recorded
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+DATA, OUT = page_files("scaling")
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
-DATA = DOCS / "benchmarks-scaling.json"
-OUT = DOCS / "benchmarks-scaling-times.png"
-
-# The recorded candidates, under the names the docs use, drawn in this order.
-LABELS = {
-    "plain ffi_call": "jax.ffi.ffi_call (stock)",
-    "batchpart": "batchpart",
-    "shard_map wrapper": "shard_map by hand",
-    "custom_partitioning": "custom_partitioning",
-    "built-in": "XLA's built-in batch partitioner",
-}
-STYLE = {
-    "plain ffi_call": dict(color="#c0392b", lw=2.2, marker="o"),
-    "batchpart": dict(color="#1f6fb4", lw=2.6, marker="o"),
-    "shard_map wrapper": dict(color="#2e8b57", lw=1.6, marker="s", ls="--"),
-    "custom_partitioning": dict(color="#8e6bb8", lw=1.2, marker="^", ls=":"),
-    "built-in": dict(color="#999999", lw=1.2, marker="v", ls=":"),
+# The recorded candidates, drawn in this order: (the name the docs use, the line's style).
+CANDIDATES = {
+    "plain ffi_call": ("jax.ffi.ffi_call (stock)", dict(color="#c0392b", lw=2.2, marker="o")),
+    "batchpart": ("batchpart", dict(color="#1f6fb4", lw=2.6, marker="o")),
+    "shard_map wrapper":
+        ("shard_map by hand", dict(color="#2e8b57", lw=1.6, marker="s", ls="--")),
+    "custom_partitioning":
+        ("custom_partitioning", dict(color="#8e6bb8", lw=1.2, marker="^", ls=":")),
+    "built-in":
+        ("XLA's built-in batch partitioner", dict(color="#999999", lw=1.2, marker="v", ls=":")),
 }
 
 
@@ -48,16 +36,16 @@ def fmt(seconds: float) -> str:
 
 def draw(data: pathlib.Path = DATA, out: pathlib.Path = OUT) -> None:
   """Draws the chart at ``out`` from the run recorded in ``data``."""
-  recorded = json.loads(pathlib.Path(data).read_text())
-  run = recorded["scaling"]
-  setup = recorded.get("setup", {})   # runs recorded without it were all 16384 x 512
+  run_data = recorded(data)
+  run = run_data["scaling"]
+  setup = run_data.get("setup", {})   # runs recorded without it were all 16384 x 512
   rows, cols = setup.get("rows", 16384), setup.get("cols", 512)
   devices, times = run["devices"], run["times"]
   fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.0), width_ratios=[1.25, 1],
                                     layout="constrained")
 
-  for key, label in LABELS.items():
-    left.plot(devices, [t * 1e3 for t in times[key]], label=label, **STYLE[key])
+  for key, (label, style) in CANDIDATES.items():
+    left.plot(devices, [t * 1e3 for t in times[key]], label=label, **style)
   left.set_yscale("log")
   ticks = [50, 100, 200, 500, 1000]
   left.set_yticks(ticks, [str(t) for t in ticks])
@@ -72,10 +60,9 @@ def draw(data: pathlib.Path = DATA, out: pathlib.Path = OUT) -> None:
   left.legend(fontsize=8.5, loc="upper left")
 
   eight = devices.index(8)
-  keys = list(LABELS)
-  values = [times[k][eight] for k in keys]
-  bars = right.barh([LABELS[k] for k in keys], [v * 1e3 for v in values],
-                    color=[STYLE[k]["color"] for k in keys])
+  values = [times[k][eight] for k in CANDIDATES]
+  bars = right.barh([label for label, _ in CANDIDATES.values()], [v * 1e3 for v in values],
+                    color=[style["color"] for _, style in CANDIDATES.values()])
   for bar, v in zip(bars, values):
     right.text(bar.get_width() + 15, bar.get_y() + bar.get_height() / 2, fmt(v),
                va="center", fontsize=9)

@@ -13,11 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from small_tables import sizes_around
+from small_tables import MARKS, both_paths, call, sizes_around
 
 import batchpart as bp
 from batchpart import _core
-from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   assert_alone_as_in_batch,
@@ -29,7 +28,7 @@ from batchpart.testing import (
   switch_key,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
+pytestmark = MARKS
 
 # The n the target decomposes interleaved (kEighSizes in
 # cc/lapack/small_eigh.h), by (complex, single precision).
@@ -50,23 +49,10 @@ def sizes_around_switch(dtype):
 def eigh(a, lower=True, vectors=True):
   """(w, v, info) of the batchpart_eigh target (column-major, as on every platform)."""
   *batch, n, _ = a.shape
-  real = np.finfo(a.dtype).dtype
-  shapes = [((*batch, n), real), ((*batch, n, n if vectors else 0), a.dtype), (tuple(batch),
-                                                                               np.int32)]
-  f = jax.ffi.ffi_call(
-      "batchpart_eigh", [jax.ShapeDtypeStruct(s, d) for s, d in shapes],
-      input_layouts=[column_major(a.shape)],
-      output_layouts=[None, column_major(shapes[1][0]), None])
-  return tuple(np.asarray(x) for x in f(a, lower=lower, compute_vectors=vectors))
-
-
-def both_paths(a, lower=True, vectors=True):
-  """(w, v, info) from the interleaved kernel ("always") and the per-matrix path."""
-  with small_path("eigh", "always"):
-    ours = eigh(a, lower, vectors)
-  with small_path("eigh", "never"):
-    theirs = eigh(a, lower, vectors)
-  return ours, theirs
+  return call("batchpart_eigh", [a],
+              [((*batch, n), np.finfo(a.dtype).dtype, False),
+               ((*batch, n, n if vectors else 0), a.dtype, True), (tuple(batch), np.int32, False)],
+              lower=lower, compute_vectors=vectors)
 
 
 def H(x):
@@ -106,7 +92,7 @@ def test_eigh_matches_numpy_on_both_sides_of_the_switch(lower, dtype):
     a = symmetric(rng, (lanes(dtype) + 3, n, n), dtype)
     with small_path("eigh", "auto"):
       auto = eigh(a, lower)
-    ours, theirs = both_paths(a, lower)
+    ours, theirs = both_paths("eigh", eigh, a, lower)
     for w, v, info in (ours, theirs):
       assert not info.any()
       check_eigh(a, w, v, dtype)
@@ -125,7 +111,7 @@ def test_the_other_triangle_is_never_read(lower, dtype):
   unread = np.triu(np.ones((n, n), bool), 1) if lower else np.tril(np.ones((n, n), bool), -1)
   garbled = np.where(unread, np.asarray(np.nan, dtype), a)
   for batch in (len(a), 5):  # a full group packs whole matrices, a part-filled one the triangle
-    w, v, info = both_paths(garbled[:batch], lower)[0]
+    w, v, info = both_paths("eigh", eigh, garbled[:batch], lower)[0]
     assert not info.any()
     check_eigh(a[:batch], w, v, dtype)
 
@@ -164,7 +150,7 @@ def test_repeated_zero_and_already_diagonal_spectra(dtype):
       np.ones((n, n)),                               # rank 1
   ]
   a = np.stack(cases + [symmetric(rng, (n, n), wide(dtype))] * 3).astype(dtype)
-  w, v, info = both_paths(a)[0]
+  w, v, info = both_paths("eigh", eigh, a)[0]
   assert not info.any()
   check_eigh(a, w, v, dtype)
   # Nothing to rotate: the eigenvectors of a diagonal matrix are exact.
@@ -186,7 +172,7 @@ def test_extreme_magnitudes_beside_ordinary_matrices(dtype, magnitude):
   a = symmetric(rng, (2 * lanes(dtype) + 3, n, n), wide(dtype))
   a[::3] *= magnitude
   a = a.astype(dtype)
-  w, v, info = both_paths(a)[0]
+  w, v, info = both_paths("eigh", eigh, a)[0]
   assert not info.any() and np.isfinite(w).all() and np.isfinite(v).all()
   ordinary = [i for i in range(len(a)) if i % 3]
   check_eigh(a[ordinary], w[ordinary], v[ordinary], dtype)
@@ -230,7 +216,7 @@ def test_non_finite_elements_give_nan_in_their_batch_element_only(lower, dtype, 
   a = symmetric(np.random.default_rng(5), (lanes(dtype) + 2, 8, 8), dtype)
   a[1, 4, 1] = a[1, 1, 4] = bad
   a[lanes(dtype), 0, 0] = bad
-  w, v, info = both_paths(a, lower)[0]
+  w, v, info = both_paths("eigh", eigh, a, lower)[0]
   bad_elements = [1, lanes(dtype)]
   np.testing.assert_array_equal(info[bad_elements], NON_FINITE_INFO)
   assert np.isnan(w[bad_elements]).all() and np.isnan(v[bad_elements]).all()
@@ -249,10 +235,10 @@ def test_the_diagonals_imaginary_parts_are_ignored(dtype):
   noise = random_array(rng, (len(a), 1, 7), np.float64) * np.where(np.arange(len(a)) % 2, 1,
                                                                   1e30)[:, None, None]
   noisy = (a + 1j * np.eye(7) * noise).astype(dtype)
-  w, v, info = both_paths(noisy)[0]
+  w, v, info = both_paths("eigh", eigh, noisy)[0]
   assert not info.any()
   check_eigh(a, w, v, dtype)
-  np.testing.assert_array_equal(w, both_paths(a)[0][0])
+  np.testing.assert_array_equal(w, both_paths("eigh", eigh, a)[0][0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -273,7 +259,7 @@ def test_linalg_eigh_and_its_gradient_through_the_interleaved_path(dtype):
 def test_always_runs_the_interleaved_eigh_above_its_switch_point(dtype):
   n = largest(dtype) + 8
   a = symmetric(np.random.default_rng(8), (3, n, n), dtype)
-  ours, theirs = both_paths(a)
+  ours, theirs = both_paths("eigh", eigh, a)
   assert not ours[2].any()
   check_eigh(a, ours[0], ours[1], dtype)
   assert (ours[1] != theirs[1]).any()

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import HealthCheck, given, settings, strategies as st
-from small_tables import BATCHES, FIXED_SIZE, LAYOUTS, MAX_FIXED, sizes_around
+from small_tables import BATCHES, FIXED_SIZE, LAYOUTS, MARKS, MAX_FIXED, call, sizes_around
 
 import batchpart as bp
 from batchpart import _core
-from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   TOL,
@@ -28,7 +27,7 @@ from batchpart.testing import (
   small_path,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
+pytestmark = MARKS
 
 # The sizes each target runs interleaved (k*Sizes in cc/lapack/small_lu.h),
 # by (target, row_major, single precision).
@@ -38,16 +37,6 @@ SWITCH = _core.lapack.small_lu_sizes()
 def sizes_around_switch(target, row_major, dtype):
   low, high = SWITCH[target, row_major, np.finfo(dtype).bits == 32]
   return sizes_around(high, low)
-
-
-def call(target, operands, results, row_major):
-  layout = (lambda shape: None) if row_major else column_major
-  f = jax.ffi.ffi_call(
-      f"{target}_row_major" if row_major else target,
-      [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype, _ in results],
-      input_layouts=[layout(np.shape(x)) for x in operands],
-      output_layouts=[layout(shape) if matrix else None for shape, _, matrix in results])
-  return tuple(np.asarray(r) for r in f(*operands))
 
 
 def getrf(a, row_major):

@@ -12,11 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from small_tables import LAYOUTS, sizes_around
+from small_tables import LAYOUTS, MARKS, both_paths, call, sizes_around
 
 import batchpart as bp
 from batchpart import _core
-from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   assert_alone_as_in_batch,
@@ -27,7 +26,7 @@ from batchpart.testing import (
   switch_key,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
+pytestmark = MARKS
 
 # The max(m, n) each layout runs interleaved (kQr*Sizes in
 # cc/lapack/small_qr.h), by (row_major, complex, single precision).
@@ -46,22 +45,9 @@ def sizes_around_switch(row_major, dtype):
 def qr(a, full, row_major):
   *batch, m, n = a.shape
   cols = m if full else min(m, n)
-  layout = (lambda shape: None) if row_major else column_major
-  shapes = [(*batch, m, cols), (*batch, cols, n)]
-  f = jax.ffi.ffi_call(
-      "batchpart_qr_row_major" if row_major else "batchpart_qr",
-      [jax.ShapeDtypeStruct(s, a.dtype) for s in shapes],
-      input_layouts=[layout(a.shape)], output_layouts=[layout(s) for s in shapes])
-  return tuple(np.asarray(x) for x in f(a, full_matrices=full))
-
-
-def both_paths(a, full, row_major):
-  """(Q, R) from the interleaved kernel ("always") and the per-matrix path."""
-  with small_path("qr", "always"):
-    ours = qr(a, full, row_major)
-  with small_path("qr", "never"):
-    theirs = qr(a, full, row_major)
-  return ours, theirs
+  return call("batchpart_qr", [a], [((*batch, m, cols), a.dtype, True),
+                                    ((*batch, cols, n), a.dtype, True)],
+              row_major, full_matrices=full)
 
 
 def check_qr(a, q, r, dtype):
@@ -93,7 +79,7 @@ def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, f
     a = random_array(rng, (lanes(dtype) + 3, n, n), dtype)
     with small_path("qr", "auto"):
       auto = qr(a, full, row_major)
-    ours, theirs = both_paths(a, full, row_major)
+    ours, theirs = both_paths("qr", qr, a, full, row_major)
     check_same_as_per_matrix(a, ours, theirs, dtype)
     # "auto" takes the interleaved kernel up to the switch, bit for bit.
     expected = ours if n <= largest(row_major, dtype) else theirs
@@ -106,7 +92,7 @@ def test_qr_matches_the_per_matrix_path_on_both_sides_of_the_switch(row_major, f
 @pytest.mark.parametrize("batch", [1, 5, 17, 100])
 def test_qr_of_batches_that_do_not_fill_the_lanes(row_major, dtype, batch):
   a = random_array(np.random.default_rng(batch), (batch, 7, 7), dtype)
-  ours, theirs = both_paths(a, False, row_major)
+  ours, theirs = both_paths("qr", qr, a, False, row_major)
   check_same_as_per_matrix(a, ours, theirs, dtype)
 
 
@@ -117,7 +103,7 @@ def test_qr_of_batches_that_do_not_fill_the_lanes(row_major, dtype, batch):
                                   (3, 48)])
 def test_qr_of_tall_and_wide_matrices(row_major, full, dtype, m, n):
   a = random_array(np.random.default_rng(m * n), (11, m, n), dtype)
-  ours, theirs = both_paths(a, full, row_major)
+  ours, theirs = both_paths("qr", qr, a, full, row_major)
   check_same_as_per_matrix(a, ours, theirs, dtype)
   expected = np.linalg.qr(a, mode="complete" if full else "reduced")
   assert_close(ours[1], expected.R, dtype, 100 * max(m, n))
@@ -138,7 +124,7 @@ def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(ro
   diagonal = np.arange(n)
   a[::2, diagonal, diagonal] = a[::2, diagonal, diagonal].real
   a[1, :, 2] = 0  # and one zero column in an ordinary matrix
-  ours, theirs = both_paths(a, False, row_major)
+  ours, theirs = both_paths("qr", qr, a, False, row_major)
   q, r = ours
   np.testing.assert_array_equal(q[::2], np.broadcast_to(np.eye(n, dtype=dtype), q[::2].shape))
   np.testing.assert_array_equal(r[::2], a[::2])
@@ -160,7 +146,7 @@ def test_extreme_magnitudes_beside_ordinary_matrices(row_major, dtype, magnitude
       np.zeros(0, dtype)) else np.float64)
   a[::3] *= magnitude
   a = a.astype(dtype)
-  ours, theirs = both_paths(a, False, row_major)
+  ours, theirs = both_paths("qr", qr, a, False, row_major)
   q, r = ours
   assert np.isfinite(q).all() and np.isfinite(r).all()
   for index in (slice(0, None, 3), [i for i in range(len(a)) if i % 3]):
@@ -175,7 +161,7 @@ def test_non_finite_elements_stay_in_their_batch_element(row_major, dtype, bad):
   a = random_array(np.random.default_rng(3), (lanes(dtype) + 2, 8, 8), dtype)
   a[1, 4, 1] = bad
   a[lanes(dtype), 0, 0] = bad
-  q, r = both_paths(a, False, row_major)[0]
+  q, r = both_paths("qr", qr, a, False, row_major)[0]
   for i in (1, lanes(dtype)):
     assert not (np.isfinite(q[i]).all() and np.isfinite(r[i]).all())
   ok = [i for i in range(len(a)) if i not in (1, lanes(dtype))]
@@ -217,7 +203,7 @@ def test_a_complex_diagonal_reflects_to_a_real_one(row_major, dtype):
   rng = np.random.default_rng(7)
   n = 5
   a = np.triu(random_array(rng, (lanes(dtype) + 3, n, n), dtype))
-  ours, theirs = both_paths(a, False, row_major)
+  ours, theirs = both_paths("qr", qr, a, False, row_major)
   q, r = ours
   diagonal = np.diagonal(a, axis1=-2, axis2=-1)
   assert_close(np.diagonal(r, axis1=-2, axis2=-1),
@@ -245,6 +231,6 @@ def test_always_runs_the_interleaved_qr_above_its_switch_point():
   # its stack (it takes the heap beyond).
   n = max(largest(True, np.float64), 64) + 8
   a = random_array(np.random.default_rng(6), (3, n, n), np.float64)
-  ours, theirs = both_paths(a, False, True)
+  ours, theirs = both_paths("qr", qr, a, False, True)
   check_same_as_per_matrix(a, ours, theirs, np.float64)
   assert any((x != y).any() for x, y in zip(ours, theirs, strict=True))

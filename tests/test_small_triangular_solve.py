@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import itertools
 
-import jax
 import numpy as np
 import pytest
 import scipy.linalg
 from hypothesis import given, settings, strategies as st
-from small_tables import LAYOUTS
+from small_tables import LAYOUTS, MARKS, call
 
 from batchpart import _core
-from batchpart._lapack_targets import column_major
 from batchpart.testing import (
   DTYPES,
   assert_alone_as_in_batch,
@@ -30,7 +28,7 @@ from batchpart.testing import (
   switch_key,
 )
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
+pytestmark = MARKS
 
 # The largest triangle each dtype solves interleaved, by (complex, single precision).
 SWITCHES = _core.lapack.small_trsm_max_sizes()
@@ -48,13 +46,10 @@ def flag_id(flags):
 def trsm(a, b, flags, *, row_major):
   left_side, lower, transpose_a, conjugate_a, unit_diagonal = flags
   shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), *b.shape[-2:])
-  layout = (lambda s: None) if row_major else column_major
-  call = jax.ffi.ffi_call(
-      "batchpart_trsm_row_major" if row_major else "batchpart_trsm",
-      jax.ShapeDtypeStruct(shape, b.dtype),
-      input_layouts=[layout(a.shape), layout(b.shape)], output_layouts=layout(shape))
-  return np.asarray(call(a, b, left_side=left_side, lower=lower, transpose_a=transpose_a,
-                         conjugate_a=conjugate_a, unit_diagonal=unit_diagonal))
+  (x,) = call("batchpart_trsm", [a, b], [(shape, b.dtype, True)], row_major,
+              left_side=left_side, lower=lower, transpose_a=transpose_a,
+              conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+  return x
 
 
 def triangular(rng, shape, dtype, lower):

@@ -1,10 +1,6 @@
 """Cholesky, LU and eigh over batchpart's LAPACK targets, with jax's
 conventions, options and JVP rules (the same math as jax.lax.linalg's); QR
-and SVD are in ``_orthogonal``.
-
-The JVP rules build every identity and diagonal at the rank of the arrays
-they meet, so they run under ``jax_numpy_rank_promotion='raise'`` (jax's test
-setting) and on empty batches."""
+and SVD are in ``_orthogonal``."""
 
 from __future__ import annotations
 

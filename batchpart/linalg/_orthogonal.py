@@ -1,9 +1,5 @@
 """QR and SVD over batchpart's LAPACK targets, with jax's conventions,
-options and JVP rules (the same math as jax.lax.linalg's).
-
-The JVP rules build every identity and diagonal at the rank of the arrays
-they meet, so they run under ``jax_numpy_rank_promotion='raise'`` (jax's test
-setting) and on empty batches."""
+options and JVP rules (the same math as jax.lax.linalg's)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Shared helpers: argument checks and matrix utilities (jax ops only)."""
+"""Shared helpers: argument checks and matrix utilities (jax ops only).
+
+The JVP rules of ``_decompositions`` and ``_orthogonal`` build every
+identity and diagonal at the rank of the arrays they meet (``eye_like``), so
+they run under ``jax_numpy_rank_promotion='raise'`` (jax's test setting) and
+on empty batches."""
 
 from __future__ import annotations
 

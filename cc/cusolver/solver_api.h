@@ -35,32 +35,29 @@ namespace batchpart::cusolver {
 template <typename T>
 struct Solver;
 
-#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                                                \
-  template <>                                                                                  \
-  struct Solver<T> {                                                                           \
-    using Real = R;                                                                            \
-    static constexpr auto potrf_bufferSize = &cusolverDn##P##potrf_bufferSize;                 \
-    static constexpr auto potrf = &cusolverDn##P##potrf;                                       \
-    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;                         \
-    static constexpr auto getrf_bufferSize = &cusolverDn##P##getrf_bufferSize;                 \
-    static constexpr auto getrf = &cusolverDn##P##getrf;                                       \
-    static constexpr auto getrs = &cusolverDn##P##getrs;                                       \
-    static constexpr auto geqrf_bufferSize = &cusolverDn##P##geqrf_bufferSize;                 \
-    static constexpr auto geqrf = &cusolverDn##P##geqrf;                                       \
-    static constexpr auto orgqr_bufferSize = &cusolverDn##P##OR##gqr_bufferSize;               \
-    static constexpr auto orgqr = &cusolverDn##P##OR##gqr;                                     \
-    static constexpr auto syevd_bufferSize = &cusolverDn##P##SY##evd_bufferSize;               \
-    static constexpr auto syevd = &cusolverDn##P##SY##evd;                                     \
-    static constexpr auto syevjBatched_bufferSize = &cusolverDn##P##SY##evjBatched_bufferSize; \
-    static constexpr auto syevjBatched = &cusolverDn##P##SY##evjBatched;                       \
-    static constexpr auto gesvd_bufferSize = &cusolverDn##P##gesvd_bufferSize;                 \
-    static constexpr auto gesvd = &cusolverDn##P##gesvd;                                       \
-    static constexpr auto gesvdjBatched_bufferSize = &cusolverDn##P##gesvdjBatched_bufferSize; \
-    static constexpr auto gesvdjBatched = &cusolverDn##P##gesvdjBatched;                       \
-    static constexpr auto trsm = &cublas##P##trsm_v2;                                          \
-    static constexpr auto trsmBatched = &cublas##P##trsmBatched;                               \
-    static constexpr auto getrfBatched = &cublas##P##getrfBatched;                             \
-    static constexpr auto getrsBatched = &cublas##P##getrsBatched;                             \
+// A routine that sizes its workspace first: `name` and `name`_bufferSize.
+#define BATCHPART_SOLVER_ROUTINE(name, routine)                    \
+  static constexpr auto name##_bufferSize = &routine##_bufferSize; \
+  static constexpr auto name = &routine;
+
+#define BATCHPART_SOLVER_TABLE(T, R, P, SY, OR)                           \
+  template <>                                                             \
+  struct Solver<T> {                                                      \
+    using Real = R;                                                       \
+    BATCHPART_SOLVER_ROUTINE(potrf, cusolverDn##P##potrf)                 \
+    static constexpr auto potrfBatched = &cusolverDn##P##potrfBatched;    \
+    BATCHPART_SOLVER_ROUTINE(getrf, cusolverDn##P##getrf)                 \
+    static constexpr auto getrs = &cusolverDn##P##getrs;                  \
+    BATCHPART_SOLVER_ROUTINE(geqrf, cusolverDn##P##geqrf)                 \
+    BATCHPART_SOLVER_ROUTINE(orgqr, cusolverDn##P##OR##gqr)               \
+    BATCHPART_SOLVER_ROUTINE(syevd, cusolverDn##P##SY##evd)               \
+    BATCHPART_SOLVER_ROUTINE(syevjBatched, cusolverDn##P##SY##evjBatched) \
+    BATCHPART_SOLVER_ROUTINE(gesvd, cusolverDn##P##gesvd)                 \
+    BATCHPART_SOLVER_ROUTINE(gesvdjBatched, cusolverDn##P##gesvdjBatched) \
+    static constexpr auto trsm = &cublas##P##trsm_v2;                     \
+    static constexpr auto trsmBatched = &cublas##P##trsmBatched;          \
+    static constexpr auto getrfBatched = &cublas##P##getrfBatched;        \
+    static constexpr auto getrsBatched = &cublas##P##getrsBatched;        \
   };
 
 BATCHPART_SOLVER_TABLE(float, float, S, sy, or)
@@ -68,6 +65,7 @@ BATCHPART_SOLVER_TABLE(double, double, D, sy, or)
 BATCHPART_SOLVER_TABLE(cuComplex, float, C, he, un)
 BATCHPART_SOLVER_TABLE(cuDoubleComplex, double, Z, he, un)
 #undef BATCHPART_SOLVER_TABLE
+#undef BATCHPART_SOLVER_ROUTINE
 
 template <typename T>
 inline constexpr bool kIsComplex =

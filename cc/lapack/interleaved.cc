@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "lapack/scalar_types.h"
+
 namespace batchpart::lapack::interleaved {
 namespace {
 
@@ -390,10 +392,7 @@ template void UnpackIndices<16>(const int32_t*, int64_t, int64_t, int32_t* const
                                Real<T>*);                                                     \
   template int64_t UnpackFlat<T>(const Real<T>*, const Real<T>*, int64_t, int64_t, Strides, \
                                  T* const*);
-BATCHPART_INSTANTIATE(float)
-BATCHPART_INSTANTIATE(double)
-BATCHPART_INSTANTIATE(std::complex<float>)
-BATCHPART_INSTANTIATE(std::complex<double>)
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_INSTANTIATE)
 #undef BATCHPART_INSTANTIATE
 
 }  // namespace batchpart::lapack::interleaved

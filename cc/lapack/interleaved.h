@@ -97,6 +97,10 @@ struct Strides {
 
 inline Strides ColumnMajor(int64_t rows) { return {1, rows}; }
 inline Strides RowMajor(int64_t cols) { return {cols, 1}; }
+// A dense rows x cols matrix's strides in either order.
+inline Strides Dense(bool row_major, int64_t rows, int64_t cols) {
+  return row_major ? RowMajor(cols) : ColumnMajor(rows);
+}
 // The strides that read the transpose of what s reads.
 inline Strides Transposed(Strides s) { return {s.col_stride, s.row_stride}; }
 

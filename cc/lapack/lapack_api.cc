@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "lapack/scalar_types.h"
+
 namespace batchpart::lapack {
 namespace {
 
@@ -65,10 +67,9 @@ void BindType(const SymbolLookup& lapack, const SymbolLookup& blas, Binder& bind
 
 std::string BindLapack(const SymbolLookup& lapack, const SymbolLookup& blas) {
   Binder binder;
-  BindType<float>(lapack, blas, binder);
-  BindType<double>(lapack, blas, binder);
-  BindType<std::complex<float>>(lapack, blas, binder);
-  BindType<std::complex<double>>(lapack, blas, binder);
+  ForEachScalarType([&](auto tag) {
+    BindType<typename decltype(tag)::type>(lapack, blas, binder);
+  });
   if (!binder.missing.empty()) return binder.missing;
   for (const auto& store : binder.stores) store();
   g_initialized.store(true, std::memory_order_release);

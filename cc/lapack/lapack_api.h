@@ -47,54 +47,54 @@ template <typename T>
 struct Lapack {
   using R = Real<T>;
   using L = lapack_int;
+  // RealFn for real T, ComplexFn for complex T.
+  template <typename RealFn, typename ComplexFn>
+  using ByKind = std::conditional_t<kIsComplex<T>, ComplexFn, RealFn>;
 
-  using PotrfFn = void(char* uplo, L* n, T* a, L* lda, L* info);
-  using GetrfFn = void(L* m, L* n, T* a, L* lda, L* ipiv, L* info);
-  using GetrsFn = void(char* trans, L* n, L* nrhs, T* a, L* lda, L* ipiv, T* b, L* ldb, L* info);
-  using GeqrfFn = void(L* m, L* n, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
+  // Routine<F> points to a routine of type F.
+  template <typename F>
+  using Routine = F*;
+
+  static inline Routine<void(char* uplo, L* n, T* a, L* lda, L* info)> potrf = nullptr;
+  static inline Routine<void(L* m, L* n, T* a, L* lda, L* ipiv, L* info)> getrf = nullptr;
+  static inline Routine<void(char* trans, L* n, L* nrhs, T* a, L* lda, L* ipiv, T* b, L* ldb,
+                             L* info)>
+      getrs = nullptr;
+  static inline Routine<void(L* m, L* n, T* a, L* lda, T* tau, T* work, L* lwork, L* info)> geqrf =
+      nullptr;
   // orgqr for real T, ungqr for complex T: same argument list.
-  using OrgqrFn = void(L* m, L* n, L* k, T* a, L* lda, T* tau, T* work, L* lwork, L* info);
+  static inline Routine<void(L* m, L* n, L* k, T* a, L* lda, T* tau, T* work, L* lwork, L* info)>
+      orgqr = nullptr;
   // gelqf and orglq/unglq: the same argument lists as geqrf and orgqr.
-  using GelqfFn = GeqrfFn;
-  using OrglqFn = OrgqrFn;
-  using SyevdRealFn = void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work, L* lwork,
-                           L* iwork, L* liwork, L* info);
-  using HeevdFn = void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work, L* lwork,
-                       R* rwork, L* lrwork, L* iwork, L* liwork, L* info);
-  using SyevdFn = std::conditional_t<kIsComplex<T>, HeevdFn, SyevdRealFn>;
-  using GesddRealFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt, L* ldvt,
-                           T* work, L* lwork, L* iwork, L* info);
-  using GesddComplexFn = void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
-                              L* ldvt, T* work, L* lwork, R* rwork, L* iwork, L* info);
-  using GesddFn = std::conditional_t<kIsComplex<T>, GesddComplexFn, GesddRealFn>;
+  static inline decltype(geqrf) gelqf = nullptr;
+  static inline decltype(orgqr) orglq = nullptr;
+  // syevd for real T, heevd (with rwork) for complex T.
+  static inline Routine<ByKind<void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work,
+                                    L* lwork, L* iwork, L* liwork, L* info),
+                               void(char* jobz, char* uplo, L* n, T* a, L* lda, R* w, T* work,
+                                    L* lwork, R* rwork, L* lrwork, L* iwork, L* liwork, L* info)>>
+      syevd = nullptr;
+  static inline Routine<ByKind<void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
+                                    L* ldvt, T* work, L* lwork, L* iwork, L* info),
+                               void(char* jobz, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu, T* vt,
+                                    L* ldvt, T* work, L* lwork, R* rwork, L* iwork, L* info)>>
+      gesdd = nullptr;
   // Routines behind the option targets (option_kernels.h).
-  using PotrsFn = void(char* uplo, L* n, L* nrhs, T* a, L* lda, T* b, L* ldb, L* info);
-  using Geqp3RealFn = void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork, L* info);
-  using Geqp3ComplexFn = void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork,
-                              R* rwork, L* info);
-  using Geqp3Fn = std::conditional_t<kIsComplex<T>, Geqp3ComplexFn, Geqp3RealFn>;
-  using GesvdRealFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu,
-                           T* vt, L* ldvt, T* work, L* lwork, L* info);
-  using GesvdComplexFn = void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u, L* ldu,
-                              T* vt, L* ldvt, T* work, L* lwork, R* rwork, L* info);
-  using GesvdFn = std::conditional_t<kIsComplex<T>, GesvdComplexFn, GesvdRealFn>;
+  static inline Routine<void(char* uplo, L* n, L* nrhs, T* a, L* lda, T* b, L* ldb, L* info)>
+      potrs = nullptr;
+  static inline Routine<
+      ByKind<void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork, L* info),
+             void(L* m, L* n, T* a, L* lda, L* jpvt, T* tau, T* work, L* lwork, R* rwork, L* info)>>
+      geqp3 = nullptr;
+  static inline Routine<ByKind<void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u,
+                                    L* ldu, T* vt, L* ldvt, T* work, L* lwork, L* info),
+                               void(char* jobu, char* jobvt, L* m, L* n, T* a, L* lda, R* s, T* u,
+                                    L* ldu, T* vt, L* ldvt, T* work, L* lwork, R* rwork, L* info)>>
+      gesvd = nullptr;
   // BLAS.
-  using TrsmFn = void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha, T* a,
-                      L* lda, T* b, L* ldb);
-
-  static inline PotrfFn* potrf = nullptr;
-  static inline GetrfFn* getrf = nullptr;
-  static inline GetrsFn* getrs = nullptr;
-  static inline GeqrfFn* geqrf = nullptr;
-  static inline OrgqrFn* orgqr = nullptr;
-  static inline GelqfFn* gelqf = nullptr;
-  static inline OrglqFn* orglq = nullptr;
-  static inline SyevdFn* syevd = nullptr;
-  static inline GesddFn* gesdd = nullptr;
-  static inline PotrsFn* potrs = nullptr;
-  static inline Geqp3Fn* geqp3 = nullptr;
-  static inline GesvdFn* gesvd = nullptr;
-  static inline TrsmFn* trsm = nullptr;
+  static inline Routine<void(char* side, char* uplo, char* transa, char* diag, L* m, L* n, T* alpha,
+                             T* a, L* lda, T* b, L* ldb)>
+      trsm = nullptr;
 };
 
 // Looks a routine up by its scipy name ("dpotrf"); null when absent.

@@ -30,9 +30,7 @@ void PivotsToPermutation(const int32_t* pivots, int64_t k, int32_t* perm, int64_
 // Factors one column-major matrix in place, by LAPACK on an aligned copy.
 template <typename T>
 struct ColumnMajor {
-  static interleaved::Strides Layout(const LuShape& shape) {
-    return interleaved::ColumnMajor(shape.m);
-  }
+  static constexpr bool kRowMajor = false;
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfColumnMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
     const int64_t size = shape.m * shape.n;
@@ -46,9 +44,7 @@ struct ColumnMajor {
 // Factors one row-major matrix in place.
 template <typename T>
 struct RowMajor {
-  static interleaved::Strides Layout(const LuShape& shape) {
-    return interleaved::RowMajor(shape.n);
-  }
+  static constexpr bool kRowMajor = true;
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGetrfRowMajorSizes<T>;
   static int32_t Factor(const LuShape& shape, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
     return FactorRowMajor(shape.m, shape.n, lu, pivots, scratch);
@@ -70,7 +66,7 @@ ffi::Error FactorGroups(ffi::ThreadPool& pool, const LuShape& shape, int64_t bat
   namespace il = interleaved;
   constexpr int W = il::kLanes<T>;
   const int64_t size = shape.m * shape.n, k = shape.k;
-  const il::Strides layout = Order<T>::Layout(shape);
+  const il::Strides layout = il::Dense(Order<T>::kRowMajor, shape.m, shape.n);
   struct Scratch {
     il::Group<T> group;
     std::vector<int32_t> pivots, perm;

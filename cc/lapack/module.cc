@@ -3,7 +3,6 @@
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
-#include <complex>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,6 +13,7 @@
 #include "lapack/kernels.h"
 #include "lapack/lapack_api.h"
 #include "lapack/option_kernels.h"
+#include "lapack/scalar_types.h"
 #include "lapack/small_cholesky.h"
 #include "lapack/small_eigh.h"
 #include "lapack/small_lu.h"
@@ -105,13 +105,14 @@ constexpr std::pair<interleaved::Isa, const char*> kIsaNames[] = {
 // A switch-point table's entry as Python sees it: (min, max).
 nb::tuple Range(interleaved::SizeRange r) { return nb::make_tuple(r.min, r.max); }
 
-// Calls fn(TypeTag<T>{}) for each scalar type the kernels take.
-template <typename Fn>
-void ForEachScalarType(const Fn& fn) {
-  fn(TypeTag<float>{});
-  fn(TypeTag<double>{});
-  fn(TypeTag<std::complex<float>>{});
-  fn(TypeTag<std::complex<double>>{});
+// Sets table[(prefix..., complex, single precision)] = value(TypeTag<T>{}) for
+// each scalar type T: the key every per-dtype table Python reads ends with.
+template <typename Fn, typename... Prefix>
+void AddByScalarType(nb::dict& table, const Fn& value, const Prefix&... prefix) {
+  ForEachScalarType([&](auto tag) {
+    using T = typename decltype(tag)::type;
+    table[nb::make_tuple(prefix..., kIsComplex<T>, interleaved::kSingle<T>)] = value(tag);
+  });
 }
 
 void SetBlockTransposes(const std::string& limit) {
@@ -163,13 +164,15 @@ void DefineLapackSubmodule(nb::module_& parent) {
       [] {
         namespace il = interleaved;
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          for (const bool row_major : {false, true}) {
-            sizes[nb::make_tuple(row_major, kIsComplex<T>, il::kSingle<T>)] =
-                Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
-          }
-        });
+        for (const bool row_major : {false, true}) {
+          AddByScalarType(
+              sizes,
+              [&](auto tag) {
+                using T = typename decltype(tag)::type;
+                return Range(row_major ? il::kQrRowMajorSizes<T> : il::kQrColumnMajorSizes<T>);
+              },
+              row_major);
+        }
         return sizes;
       },
       "{(row_major, complex, single precision): (min, max)} of max(m, n) that the qr targets "
@@ -177,11 +180,9 @@ void DefineLapackSubmodule(nb::module_& parent) {
   m.def(
       "small_eigh_sizes",
       [] {
-        namespace il = interleaved;
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          sizes[nb::make_tuple(kIsComplex<T>, il::kSingle<T>)] = Range(il::kEighSizes<T>);
+        AddByScalarType(sizes, [](auto tag) {
+          return Range(interleaved::kEighSizes<typename decltype(tag)::type>);
         });
         return sizes;
       },
@@ -193,10 +194,8 @@ void DefineLapackSubmodule(nb::module_& parent) {
       "small_trsm_max_sizes",
       [] {
         nb::dict sizes;
-        ForEachScalarType([&](auto tag) {
-          using T = typename decltype(tag)::type;
-          sizes[nb::make_tuple(kIsComplex<T>, interleaved::kSingle<T>)] = SmallTrsmMaxSize<T>();
-        });
+        AddByScalarType(sizes,
+                        [](auto tag) { return SmallTrsmMaxSize<typename decltype(tag)::type>(); });
         return sizes;
       },
       "{(complex, single precision): the largest triangle 'auto' solves interleaved}.");

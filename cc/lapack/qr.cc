@@ -65,9 +65,9 @@ ffi::Error QrGroups(ffi::ThreadPool& pool, const QrShape& shape, bool row_major,
   namespace il = interleaved;
   const int64_t m = shape.m, n = shape.n, q_cols = shape.q_cols, r_rows = shape.r_rows;
   const int64_t a_size = m * n, q_size = m * q_cols, r_size = r_rows * n;
-  const il::Strides a_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(m);
-  const il::Strides q_layout = row_major ? il::RowMajor(q_cols) : il::ColumnMajor(m);
-  const il::Strides r_layout = row_major ? il::RowMajor(n) : il::ColumnMajor(r_rows);
+  const il::Strides a_layout = il::Dense(row_major, m, n);
+  const il::Strides q_layout = il::Dense(row_major, m, q_cols);
+  const il::Strides r_layout = il::Dense(row_major, r_rows, n);
   const T* a_data = a.typed_data<T>();
   T* q_data = q.typed_data<T>();
   T* r_data = r.typed_data<T>();

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "lapack/scalar_types.h"
 #include "lapack/small_cholesky_fixed.h"
 
 namespace batchpart::lapack::interleaved {
@@ -465,10 +466,7 @@ void SolveLowerOne(const Group<T, 1>& factor, Group<T, 1>& x) {
   template void FactorLowerOne<T>(Group<T, 1>&, bool, int32_t*); \
   template void Conjugate<T, 1>(Group<T, 1>&);                   \
   template void SolveLowerOne<T>(const Group<T, 1>&, Group<T, 1>&);
-BATCHPART_INSTANTIATE(float)
-BATCHPART_INSTANTIATE(double)
-BATCHPART_INSTANTIATE(std::complex<float>)
-BATCHPART_INSTANTIATE(std::complex<double>)
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_INSTANTIATE)
 #undef BATCHPART_INSTANTIATE
 
 }  // namespace batchpart::lapack::interleaved

@@ -11,6 +11,7 @@
 
 #include "common/contracts.h"
 #include "lapack/lapack_api.h"
+#include "lapack/scalar_types.h"
 
 namespace batchpart::lapack::interleaved {
 namespace {
@@ -371,11 +372,8 @@ void EighGroup(Group<T>& a, bool lower, bool vectors, EighWork<T>& work, Group<R
 
 #define BATCHPART_EIGH_GROUP(T)                                                               \
   template void EighGroup<T>(Group<T>&, bool, bool, EighWork<T>&, Group<Real<T>>&, Group<T>&, \
-                             int32_t*)
-BATCHPART_EIGH_GROUP(float);
-BATCHPART_EIGH_GROUP(double);
-BATCHPART_EIGH_GROUP(std::complex<float>);
-BATCHPART_EIGH_GROUP(std::complex<double>);
+                             int32_t*);
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_EIGH_GROUP)
 #undef BATCHPART_EIGH_GROUP
 
 }  // namespace batchpart::lapack::interleaved

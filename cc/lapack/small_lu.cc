@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "lapack/lapack_api.h"
+#include "lapack/scalar_types.h"
 #include "lapack/small_lu_fixed.h"
 
 namespace batchpart::lapack::interleaved {
@@ -574,10 +575,7 @@ void SolveOne(const Group<T, 1>& lu, const int32_t* pivots, Group<T, 1>& x) {
   template void PermutationGroup<T>(const int32_t*, int64_t, int64_t, int32_t*); \
   template int32_t FactorOne<T>(Group<T, 1>&, int32_t*);                         \
   template void SolveOne<T>(const Group<T, 1>&, const int32_t*, Group<T, 1>&);
-BATCHPART_INSTANTIATE(float)
-BATCHPART_INSTANTIATE(double)
-BATCHPART_INSTANTIATE(std::complex<float>)
-BATCHPART_INSTANTIATE(std::complex<double>)
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_INSTANTIATE)
 #undef BATCHPART_INSTANTIATE
 
 

@@ -9,6 +9,7 @@
 
 #include "lapack/lapack_api.h"
 #include "lapack/qr_steps.h"
+#include "lapack/scalar_types.h"
 
 namespace batchpart::lapack::interleaved {
 namespace {
@@ -412,10 +413,7 @@ void QrOne(Group<T, 1>& a, Group<T, 1>& q, Group<T, 1>& r, std::vector<Real<T>>&
 #define BATCHPART_INSTANTIATE(T)                             \
   template void QrGroup<T>(Group<T>&, Group<T>&, Group<T>&); \
   template void QrOne<T>(Group<T, 1>&, Group<T, 1>&, Group<T, 1>&, std::vector<Real<T>>&);
-BATCHPART_INSTANTIATE(float)
-BATCHPART_INSTANTIATE(double)
-BATCHPART_INSTANTIATE(std::complex<float>)
-BATCHPART_INSTANTIATE(std::complex<double>)
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_INSTANTIATE)
 #undef BATCHPART_INSTANTIATE
 
 }  // namespace batchpart::lapack::interleaved

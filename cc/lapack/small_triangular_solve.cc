@@ -14,6 +14,7 @@
 #include "lapack/interleaved.h"
 #include "lapack/kernel_helpers.h"
 #include "lapack/lapack_api.h"
+#include "lapack/scalar_types.h"
 
 namespace batchpart::lapack {
 namespace {
@@ -259,10 +260,7 @@ int64_t SmallTrsmMaxSize() {
   template int64_t SmallTrsmMaxSize<T>();                                                       \
   template ffi::Error SmallTrsm<T>(ffi::ThreadPool&, const TrsmShape&, const TrsmOptions&, bool, \
                                    const T*, const T*, T*);
-BATCHPART_SMALL_TRSM(float)
-BATCHPART_SMALL_TRSM(double)
-BATCHPART_SMALL_TRSM(std::complex<float>)
-BATCHPART_SMALL_TRSM(std::complex<double>)
+BATCHPART_FOR_EACH_SCALAR(BATCHPART_SMALL_TRSM)
 #undef BATCHPART_SMALL_TRSM
 
 }  // namespace batchpart::lapack

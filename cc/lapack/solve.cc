@@ -33,9 +33,7 @@ struct LuCache {
 // The column-major kernel: LAPACK's getrf and getrs (1-based pivots).
 template <typename T>
 struct ColumnMajor {
-  static interleaved::Strides Layout(int64_t rows, int64_t) {
-    return interleaved::ColumnMajor(rows);
-  }
+  static constexpr bool kRowMajor = false;
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvColumnMajorSizes<T>;
   static int32_t Factor(int64_t n_, T* lu, int32_t* pivots, AlignedVector<T>&) {
     static_assert(sizeof(lapack_int) == sizeof(int32_t), "getrf writes pivots in place");
@@ -55,7 +53,7 @@ struct ColumnMajor {
 // The row-major kernel: LU and substitution on rows (lu_steps.h).
 template <typename T>
 struct RowMajor {
-  static interleaved::Strides Layout(int64_t, int64_t cols) { return interleaved::RowMajor(cols); }
+  static constexpr bool kRowMajor = true;
   static constexpr interleaved::SizeRange kInterleaved = interleaved::kGesvRowMajorSizes<T>;
   static int32_t Factor(int64_t n, T* lu, int32_t* pivots, AlignedVector<T>& scratch) {
     return FactorRowMajor(n, n, lu, pivots, scratch);
@@ -104,7 +102,8 @@ ffi::Error SolveGroups(ffi::ThreadPool& pool, const GesvShape& shape, int64_t ba
   const BatchBroadcast a_index(shape.x_batch, shape.a_batch);
   const BatchBroadcast b_index(shape.x_batch, shape.b_batch);
   const int64_t n = shape.n, r = shape.nrhs, a_size = n * n, x_size = n * r;
-  const interleaved::Strides a_layout = Order<T>::Layout(n, n), x_layout = Order<T>::Layout(n, r);
+  const interleaved::Strides a_layout = interleaved::Dense(Order<T>::kRowMajor, n, n);
+  const interleaved::Strides x_layout = interleaved::Dense(Order<T>::kRowMajor, n, r);
   const T* a_data = a.typed_data<T>();
   const T* b_data = b.typed_data<T>();
   T* x_data = x.typed_data<T>();
