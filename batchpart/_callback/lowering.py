@@ -164,7 +164,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                                        for s in operand_shapes],
                output_layouts=[tuple(range(len(s) - 1, -1, -1)) for s in result_shapes],
                input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
-               result_dtypes=[a.dtype for a in avals_out], halos=halos, scans=scans)
+               result_dtypes=[a.dtype for a in avals_out], halos=halos, scans=scans,
+               owner=callback.owner)
   d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
   frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:

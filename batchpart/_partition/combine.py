@@ -104,14 +104,14 @@ def _arg_extreme(op: str, results, groups, part_offsets) -> list:
   value, index = results
   extreme = "max" if op == "argmax" else "min"
   best = emit.all_reduce(value, extreme, groups)
-  hit = _compare(value, best, "EQ")
+  hit = emit.compare(value, best, "EQ")
   if isinstance(_element(value), ir.FloatType):
-    is_nan = _compare(value, value, "NE")
+    is_nan = emit.compare(value, value, "NE")
     flag = hlo.convert(_like(value, ir.IntegerType.get_signless(32)), is_nan)
-    any_nan = _compare(emit.all_reduce(flag, "max", groups), _splat(0, flag.type), "NE")
+    any_nan = emit.compare(emit.all_reduce(flag, "max", groups), emit.splat(0, flag.type), "NE")
     hit = hlo.select(any_nan, is_nan, hit)
-    best = hlo.select(any_nan, _splat(math.nan, value.type), best)
-  never = _splat(_integer_max(_element(index)), index.type)
+    best = hlo.select(any_nan, emit.splat(math.nan, value.type), best)
+  never = emit.splat(_integer_max(_element(index)), index.type)
   candidate = hlo.select(hit, _global(index, part_offsets), never)
   return [best, emit.all_reduce(candidate, "min", groups)]
 
@@ -157,13 +157,13 @@ def _top_k(op: str, results, groups, part_offsets, k_dim: int) -> list:
 def _ranks_before(a, b, ia, ib, descending: bool):
   """Whether candidate (a, ia) comes before (b, ib): a NaN before any
   number, then the better value, then the lower index."""
-  by_index = _compare(ia, ib, "LT")
-  by_value = _compare(a, b, "GT" if descending else "LT")
+  by_index = emit.compare(ia, ib, "LT")
+  by_value = emit.compare(a, b, "GT" if descending else "LT")
   if not isinstance(ir.RankedTensorType(a.type).element_type, ir.FloatType):
-    return hlo.select(_compare(a, b, "EQ"), by_index, by_value)
-  nan_a, nan_b = _compare(a, a, "NE"), _compare(b, b, "NE")
-  tie = hlo.or_(_compare(a, b, "EQ"), hlo.and_(nan_a, nan_b))
-  return hlo.select(_compare(nan_a, nan_b, "NE"), nan_a, hlo.select(tie, by_index, by_value))
+    return hlo.select(emit.compare(a, b, "EQ"), by_index, by_value)
+  nan_a, nan_b = emit.compare(a, a, "NE"), emit.compare(b, b, "NE")
+  tie = hlo.or_(emit.compare(a, b, "EQ"), hlo.and_(nan_a, nan_b))
+  return hlo.select(emit.compare(nan_a, nan_b, "NE"), nan_a, hlo.select(tie, by_index, by_value))
 
 
 def _logsumexp(results, layouts, groups) -> list:
@@ -175,7 +175,7 @@ def _logsumexp(results, layouts, groups) -> list:
   *averages, lse = results
   top = emit.all_reduce(lse, "max", groups)
   # Every part masked: -inf - -inf would be NaN; shift by 0 instead.
-  shift = hlo.select(hlo.is_finite(top), top, _splat(0.0, top.type))
+  shift = hlo.select(hlo.is_finite(top), top, emit.splat(0.0, top.type))
   weight = hlo.exponential(hlo.subtract(lse, shift))
   total = emit.all_reduce(weight, "sum", groups)
   out = [_reweighted(m, weight, total, groups, lse_dims((_rank(m), *layout), layouts[-1]))
@@ -189,12 +189,12 @@ def _reweighted(average, weight, total, groups, dims):
   is NaN (a kernel's 0/0 on a fully masked part)."""
   kind = _element(average)
   w = _broadcast(hlo.convert(_like(weight, kind), weight), average.type, dims)
-  empty = _broadcast(_compare(weight, _splat(0.0, weight.type), "EQ"),
+  empty = _broadcast(emit.compare(weight, emit.splat(0.0, weight.type), "EQ"),
                      _like(average, ir.IntegerType.get_signless(1)), dims)
-  zero = _splat(0.0, average.type)
+  zero = emit.splat(0.0, average.type)
   summed = emit.all_reduce(hlo.select(empty, zero, hlo.multiply(w, average)), "sum", groups)
   z = _broadcast(hlo.convert(_like(total, kind), total), average.type, dims)
-  none = _broadcast(_compare(total, _splat(0.0, total.type), "EQ"),
+  none = _broadcast(emit.compare(total, emit.splat(0.0, total.type), "EQ"),
                     _like(average, ir.IntegerType.get_signless(1)), dims)
   return hlo.select(none, zero, hlo.divide(summed, z))
 
@@ -212,30 +212,11 @@ def _like(value, element: ir.Type) -> ir.RankedTensorType:
   return ir.RankedTensorType.get(list(ir.RankedTensorType(value.type).shape), element)
 
 
-def _compare(a, b, direction: str):
-  return hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction))
-
-
 def _broadcast(value, to: ir.Type, dims=None):
   """``value`` broadcast to ``to``, its dims at ``to``'s ``dims`` (default:
   its leading ones)."""
   dims = list(range(_rank(value))) if dims is None else list(dims)
   return hlo.broadcast_in_dim(to, value, ir.DenseI64ArrayAttr.get(dims))
-
-
-def _splat(value, to: ir.Type):
-  """``value`` in every element of an array of type ``to``. Floats go
-  through float64 so that every width (bfloat16 included) gets them."""
-  kind = ir.RankedTensorType(to).element_type
-  if isinstance(kind, ir.IntegerType):
-    integer = ir.IntegerType(kind)
-    dtype = np.dtype(f"{'u' if integer.is_unsigned else 'i'}{max(1, integer.width // 8)}")
-    constant = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, dtype),  # type: ignore[call-overload]  # stubs: arrays
-                                                     type=kind))
-  else:
-    wide = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.float64)))  # type: ignore[call-overload]  # stubs: arrays
-    constant = hlo.convert(ir.RankedTensorType.get([], kind), wide)
-  return _broadcast(constant, to)
 
 
 def _integer_max(kind: ir.Type) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from batchpart import _compat as compat
@@ -92,3 +93,79 @@ def partition_scalar(values) -> ir.Value:
   indexed by partition id."""
   row = table_row(np.asarray(values).reshape(-1, 1))
   return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(64)), row)
+
+
+def collective_permute(value, pairs: np.ndarray) -> ir.Value:
+  """``value`` sent along the (source, target) device ``pairs`` (zeros where
+  nothing arrives)."""
+  return hlo.CollectivePermuteOp(
+      value, ir.DenseIntElementsAttr.get(np.ascontiguousarray(pairs, np.int64)),  # type: ignore[call-overload]  # stubs: arrays
+      channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
+                                           compat.DEVICE_TO_DEVICE_TYPE)).result
+
+
+def compare(a, b, direction: str) -> ir.Value:
+  return hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction))
+
+
+def splat(value, to: ir.Type) -> ir.Value:
+  """``value`` in every element of an array of type ``to``. Floats go
+  through float64 so that every width (bfloat16 included) gets them."""
+  kind = ir.RankedTensorType(to).element_type
+  if isinstance(kind, ir.IntegerType):
+    integer = ir.IntegerType(kind)
+    dtype = np.dtype(f"{'u' if integer.is_unsigned else 'i'}{max(1, integer.width // 8)}")
+    constant = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, dtype),  # type: ignore[call-overload]  # stubs: arrays
+                                                     type=kind))
+  else:
+    wide = hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.float64)))  # type: ignore[call-overload]  # stubs: arrays
+    constant = hlo.convert(ir.RankedTensorType.get([], kind), wide)
+  return hlo.broadcast_in_dim(to, constant, ir.DenseI64ArrayAttr.get([]))
+
+
+def jax_function(fn, arg_types, operands, result_types, *, x64: bool) -> list:
+  """``fn`` (a ``jax.numpy`` function of ``arg_types``, ShapeDtypeStructs,
+  returning ``result_types``) lowered by jax with 64-bit types as ``x64``
+  says, its functions moved into the module being built under private
+  names, and called on ``operands``: as ``custom_partitioning`` lowers its
+  partition functions into the per-device module."""
+  with jax.enable_x64(x64):
+    lowered = jax.jit(fn).lower(*arg_types).compiler_ir("stablehlo")
+  entry = _import_functions(str(lowered))
+  call = compat.func_dialect.CallOp(list(result_types), ir.FlatSymbolRefAttr.get(entry),
+                                    list(operands))
+  return list(call.results)
+
+
+_PREFIX = "batchpart_jax_"
+
+
+def _import_functions(text: str) -> str:
+  """Moves the functions of the module ``text`` into the module being built
+  (the one around the current insertion point), renamed and private, with
+  no argument or result attributes; returns the entry function's name."""
+  body = ir.InsertionPoint.current.block.owner.parent.regions[0].blocks[0]
+  parsed = ir.Module.parse(text)
+  taken = {ir.StringAttr(op.attributes["sym_name"]).value for op in body.operations
+           if "sym_name" in op.attributes}
+  funcs = [op for op in parsed.body.operations if op.operation.name == "func.func"]
+  renames = {}
+  for op in funcs:
+    old = ir.StringAttr(op.attributes["sym_name"]).value
+    new, i = _PREFIX + old, 0
+    while new in taken:
+      i += 1
+      new = f"{_PREFIX}{i}_{old}"
+    taken.add(new)
+    renames[old] = new
+  for old, new in renames.items():
+    ir.SymbolTable.replace_all_symbol_uses(old, new, parsed.operation)
+  for op in funcs:
+    old = ir.StringAttr(op.attributes["sym_name"]).value
+    op.attributes["sym_name"] = ir.StringAttr.get(renames[old])
+    op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    for attr in ("arg_attrs", "res_attrs"):
+      if attr in op.attributes:
+        del op.attributes[attr]
+    body.append(op.operation)
+  return renames["main"]

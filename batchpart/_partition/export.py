@@ -23,9 +23,10 @@ from batchpart import _compat as compat, _stablehlo
 from batchpart._partition import sharding_rule, targets
 from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
+from batchpart._vocab.dims import scan, user_combiner
 from batchpart._vocab.dims.reduced import splits_reductions
 from batchpart._vocab.dims.scan import as_halos
-from batchpart._vocab.dims.user_combiner import is_user_combiner, registered
+from batchpart._vocab.dims.user_combiner import is_user_combiner
 
 ir = compat.ir
 
@@ -61,6 +62,17 @@ def _drop_frontend_attribute(op, name: str) -> None:
   op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(entries)
 
 
+def _check_functions_declared(d) -> None:
+  """Raises ``ValueError`` naming the target where the artifact's call needs a
+  Combiner's merge or a Scan's merge and apply this process never lowered."""
+  for r in d.reductions:
+    if is_user_combiner(r.op):
+      user_combiner.registered(str(r.op), d.target)
+  for s in d.scans:
+    if s.parallel:
+      scan.registered(str(s.fold), d.target)
+
+
 def adopt_exported_calls(ctx, ops) -> list[str]:
   """Makes the batchpart calls in ``ops`` (functions inlined from an
   exported artifact) calls of the caller's kind; returns their derived
@@ -79,9 +91,7 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
-      for r in d.reductions:
-        if is_user_combiner(r.op):
-          registered(str(r.op), d.target)   # raises naming the target and the merge
+      _check_functions_declared(d)
       if (d.reductions or d.halos or d.scans) and not splits_reductions(ctx):
         d = dataclasses.replace(d, reductions=(), halos=(), scans=())
         name = derived_names.encode(d)

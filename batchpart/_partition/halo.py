@@ -142,8 +142,9 @@ def kept(value, dims, exchanges_):
 def _window(value, dim: int, x: Exchange):
   shape = list(ir.RankedTensorType(value.type).shape)
   p, hi, w = shape[dim], x.halo.hi, x.halo.width
-  below = _permute(_static_slice(value, dim, p - w, p), x.up)   # the part below's top
-  above = _permute(_static_slice(value, dim, 0, w), x.down)     # the part above's bottom
+  # The part below's top, and the part above's bottom.
+  below = emit.collective_permute(_static_slice(value, dim, p - w, p), x.up)
+  above = emit.collective_permute(_static_slice(value, dim, 0, w), x.down)
   joins = {
       FIRST: lambda: [value, above],
       INTERIOR: lambda: [_static_slice(below, dim, hi, w), value,
@@ -184,11 +185,3 @@ def _slice_at(value, dim: int, start, sizes):
   zero = hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
   starts = [start if i == dim else zero for i in range(len(sizes))]
   return hlo.dynamic_slice(value, starts, ir.DenseI64ArrayAttr.get(list(sizes)))
-
-
-def _permute(value, pairs: np.ndarray):
-  """``value`` sent along ``pairs`` (zeros where nothing arrives)."""
-  return hlo.CollectivePermuteOp(
-      value, ir.DenseIntElementsAttr.get(np.ascontiguousarray(pairs, np.int64)),  # type: ignore[call-overload]  # stubs: arrays
-      channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
-                                           compat.DEVICE_TO_DEVICE_TYPE)).result

@@ -2,10 +2,8 @@
 
 Each device gathers every part's combining results (one all-gather), then
 folds them in part order with the user's merge, vmapped over the batch
-dims. The fold is a ``jax.numpy`` function: it is lowered by jax on these
-local shapes, as ``custom_partitioning`` lowers its partition functions,
-and its functions are moved into the module being built under private
-names, where one ``func.call`` runs it.
+dims. The fold is a ``jax.numpy`` function lowered into the module
+(``emit.jax_function``).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from batchpart._partition import emit
 from batchpart._vocab.dims.user_combiner import Registered
 
 ir = compat.ir
-_PREFIX = "batchpart_merge_"
 
 
 def part_order(groups, part_offsets) -> list[int]:
@@ -50,40 +47,5 @@ def fold(reg: Registered, results, groups, order) -> list:
 
   types = [jax.ShapeDtypeStruct((len(order), *s), t.dtype)
            for s, t in zip(shapes, reg.element_types)]
-  with jax.enable_x64(reg.x64):
-    lowered = jax.jit(merge_parts).lower(*types).compiler_ir("stablehlo")
-  entry = _import_functions(str(lowered))
-  result_types = [r.type for r in results]
-  call = compat.func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(entry), gathered)
-  return list(call.results)
-
-
-def _import_functions(text: str) -> str:
-  """Moves the functions of the module ``text`` into the module being built
-  (the one around the current insertion point), renamed and private, with
-  no argument or result attributes; returns the entry function's name."""
-  body = ir.InsertionPoint.current.block.owner.parent.regions[0].blocks[0]
-  parsed = ir.Module.parse(text)
-  taken = {ir.StringAttr(op.attributes["sym_name"]).value for op in body.operations
-           if "sym_name" in op.attributes}
-  funcs = [op for op in parsed.body.operations if op.operation.name == "func.func"]
-  renames = {}
-  for op in funcs:
-    old = ir.StringAttr(op.attributes["sym_name"]).value
-    new, i = _PREFIX + old, 0
-    while new in taken:
-      i += 1
-      new = f"{_PREFIX}{i}_{old}"
-    taken.add(new)
-    renames[old] = new
-  for old, new in renames.items():
-    ir.SymbolTable.replace_all_symbol_uses(old, new, parsed.operation)
-  for op in funcs:
-    old = ir.StringAttr(op.attributes["sym_name"]).value
-    op.attributes["sym_name"] = ir.StringAttr.get(renames[old])
-    op.attributes["sym_visibility"] = ir.StringAttr.get("private")
-    for attr in ("arg_attrs", "res_attrs"):
-      if attr in op.attributes:
-        del op.attributes[attr]
-    body.append(op.operation)
-  return renames["main"]
+  return emit.jax_function(merge_parts, types, gathered, [r.type for r in results],
+                           x64=reg.x64)

@@ -33,7 +33,6 @@ import numpy as np
 
 from batchpart import _compat as compat, _core
 from batchpart._partition import emit, shardings as sh
-from batchpart._partition.merge import _import_functions
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.scan import ScanDim, registered
@@ -95,7 +94,7 @@ def _parallel(c: Carry, call, operands, result_types, target: str) -> list:
   k, j = s.state
   reg = registered(str(s.fold), target)
   summary = s.summary_results(len(result_types))
-  first = call(_with_state(operands, k, _zeros(operands[k].type)))
+  first = call(_with_state(operands, k, emit.splat(0, operands[k].type)))
   shapes = [list(ir.RankedTensorType(first[i].type).shape) for i in summary]
   gathered = emit.all_gather([emit.reshaped(first[i], [1, *shape])
                               for i, shape in zip(summary, shapes)], 0, c.groups)
@@ -141,13 +140,8 @@ def _fold(reg, c: Carry, summary_types, init, gathered, index) -> list:
            for s, t in zip(shapes, reg.summary_types)]
   types += [jax.ShapeDtypeStruct(tuple(element.shape), reg.state_type.dtype),
             jax.ShapeDtypeStruct((), np.int32)]
-  with jax.enable_x64(reg.x64):
-    lowered = jax.jit(fold).lower(*types).compiler_ir("stablehlo")
-  entry = _import_functions(str(lowered))
-  result_types = [init.type, init.type, *summary_types]
-  call = compat.func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(entry),
-                                    [*gathered, init, index])
-  return list(call.results)
+  return emit.jax_function(fold, types, [*gathered, init, index],
+                           [init.type, init.type, *summary_types], x64=reg.x64)
 
 
 def _sequential(c: Carry, call, operands, result_types) -> list:
@@ -155,10 +149,10 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
   k, j = s.state
   mine = emit.partition_scalar(c.part)
   state = operands[k]
-  outs = [_zeros(t) for t in result_types]
+  outs = [emit.splat(0, t) for t in result_types]
   flow = c.flow()
   for stage, part in enumerate(flow):
-    runs = _compare(mine, _constant(part), "EQ")
+    runs = emit.compare(mine, _constant(part), "EQ")
     index = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), runs)
     case = hlo.CaseOp(list(result_types), index, 2)
     with ir.InsertionPoint(case.regions[0].blocks.append()):
@@ -169,8 +163,8 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
     if stage + 1 < len(flow):
       following = flow[stage + 1]
       pairs = np.asarray([(g[part], g[following]) for g in c.groups], np.int64)
-      sent = _permute(outs[j], pairs)
-      arrives = _compare(mine, _constant(following), "EQ")
+      sent = emit.collective_permute(outs[j], pairs)
+      arrives = emit.compare(mine, _constant(following), "EQ")
       state = hlo.select(arrives, sent, state)
   last = flow[-1]
   shape = list(ir.RankedTensorType(outs[j].type).shape)
@@ -182,30 +176,5 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
   return outs
 
 
-def _zeros(t) -> ir.Value:
-  tensor = ir.RankedTensorType(t)
-  scalar = ir.RankedTensorType.get([], tensor.element_type)
-  zero = hlo.constant(ir.DenseElementsAttr.get_splat(scalar, _zero_attr(tensor.element_type)))
-  return hlo.broadcast_in_dim(t, zero, ir.DenseI64ArrayAttr.get([]))
-
-
-def _zero_attr(element) -> ir.Attribute:
-  if isinstance(element, ir.IntegerType):
-    return ir.IntegerAttr.get(element, 0)
-  return ir.FloatAttr.get(element, 0.0)
-
-
 def _constant(value: int) -> ir.Value:
   return hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.int64)))  # type: ignore[call-overload]  # stubs: arrays
-
-
-def _compare(a, b, direction: str):
-  return hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction))
-
-
-def _permute(value, pairs: np.ndarray):
-  """``value`` sent along ``pairs`` (zeros where nothing arrives)."""
-  return hlo.CollectivePermuteOp(
-      value, ir.DenseIntElementsAttr.get(np.ascontiguousarray(pairs, np.int64)),  # type: ignore[call-overload]  # stubs: arrays
-      channel_handle=hlo.ChannelHandle.get(compat.COLLECTIVE_CHANNEL_ID,
-                                           compat.DEVICE_TO_DEVICE_TYPE)).result

@@ -124,6 +124,7 @@ def retarget(ctx, op, declaration: BatchDeclaration) -> None:
       attribute_rule=rule.digest if rule is not None else "",
       operand_lead_ranks=spec.operand_lead_ranks, result_lead_ranks=spec.result_lead_ranks,
       reductions=spec.reductions, dim_names=spec.dim_names, result_dtypes=result_dtypes,
+      owner=caller,
       halos=spec.halos, scans=spec.scans)
   name, extra = place(ctx, description, caller=caller, rule=rule, spec=spec,
                       operand_shapes=operand_shapes, result_shapes=result_shapes,

@@ -87,7 +87,8 @@ def _lowering(ctx, *operands, target_name, operand_core_ranks, result_core_ranks
   result_shapes = [a.shape for a in avals_out]
   caller = ffi_call_owner(target_name)
   spec = BatchSpec(operand_core_ranks, result_core_ranks, operand_lead_ranks,
-                   result_lead_ranks, reductions, dim_names, halos, scans)
+                   result_lead_ranks, reductions=reductions, dim_names=dim_names,
+                   halos=halos, scans=scans)
   batch_shape = check_spec(caller, spec, operand_shapes, result_shapes)
   description = describe(
       target_name, operand_shapes, operand_core_ranks, result_shapes, result_core_ranks,

@@ -20,35 +20,24 @@ from typing import Any
 import numpy as np
 
 from batchpart import _compat as compat
+from batchpart._vocab.declared_dims import DeclaredDims
 from batchpart._vocab.dims.batch import batch_slice, full_leads, normalize_lead_fields
-from batchpart._vocab.dims.core import DimName
-from batchpart._vocab.dims.halo import HaloDim
-from batchpart._vocab.dims.reduced import Reduction
-from batchpart._vocab.dims.scan import ScanDim
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSpec:
+class BatchSpec(DeclaredDims):
   """Where each operand's and result's batch dims are: ``*_core_ranks`` trailing
   core dims and ``*_lead_ranks`` leading core dims (the dims before a
   signature's ``...``); an array of rank n has batch dims [lead, n - core).
 
   Lead ranks that are all zero (batch dims leading, as without ``...``) are
-  stored as ``()``, so such a spec equals one built without them.
-  ``reductions``: the reduced core dims (``_vocab/dims/reduced``);
-  ``dim_names``: where each named core dim is (``_vocab/dims/core``), where
-  a reduction or a per-shard attribute rule needs it; ``halos``: the halo
-  dims (``_vocab/dims/halo``); ``scans``: the scanned dims
-  (``_vocab/dims/scan``).
+  stored as ``()``, so such a spec equals one built without them. The
+  declared kinds of core dims are ``DeclaredDims``' fields.
   """
   operand_core_ranks: tuple[int, ...]
   result_core_ranks: tuple[int, ...]
   operand_lead_ranks: tuple[int, ...] = ()
   result_lead_ranks: tuple[int, ...] = ()
-  reductions: tuple[Reduction, ...] = ()
-  dim_names: tuple[DimName, ...] = ()
-  halos: tuple[HaloDim, ...] = ()
-  scans: tuple[ScanDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_core_ranks), len(self.result_core_ranks))
@@ -59,8 +48,7 @@ class BatchSpec:
     and the core ranks)."""
     return cls(params["operand_core_ranks"], params["result_core_ranks"],
                params.get("operand_lead_ranks", ()), params.get("result_lead_ranks", ()),
-               params.get("reductions", ()), params.get("dim_names", ()),
-               params.get("halos", ()), params.get("scans", ()))
+               **{f.name: params.get(f.name, ()) for f in dataclasses.fields(DeclaredDims)})
 
   @property
   def operand_leads(self) -> tuple[int, ...]:

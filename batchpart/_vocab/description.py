@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from batchpart._vocab.declared_dims import DeclaredDims
 from batchpart._vocab.dims.batch import normalize_lead_fields
-from batchpart._vocab.dims.core import DimName
-from batchpart._vocab.dims.halo import HaloDim
-from batchpart._vocab.dims.reduced import Reduction, lower_combiners
-from batchpart._vocab.dims.scan import ScanDim, lower_scans
+from batchpart._vocab.dims.reduced import lower_combiners
+from batchpart._vocab.dims.scan import lower_scans
 
 
 def default_layout(rank: int) -> tuple[int, ...]:
@@ -23,7 +22,7 @@ def default_layout(rank: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class CallDescription:
+class CallDescription(DeclaredDims):
   """A typed-FFI custom call, as far as partitioning depends on it.
 
   Layouts are minor-to-major dim orders (XLA's convention); ``aliases`` are
@@ -50,10 +49,6 @@ class CallDescription:
   callback_partitions: int = 0
   operand_lead_ranks: tuple[int, ...] = ()
   result_lead_ranks: tuple[int, ...] = ()
-  reductions: tuple[Reduction, ...] = ()
-  dim_names: tuple[DimName, ...] = ()
-  halos: tuple[HaloDim, ...] = ()
-  scans: tuple[ScanDim, ...] = ()
 
   def __post_init__(self):
     normalize_lead_fields(self, len(self.operand_batch_ranks), len(self.result_batch_ranks),
@@ -192,15 +187,17 @@ def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
              result_core_ranks, *, input_layouts, output_layouts, input_output_aliases,
              has_side_effect, attribute_rule: str = "", operand_lead_ranks=(),
              result_lead_ranks=(), reductions=(), dim_names=(), halos=(),
-             result_dtypes=(), scans=()) -> CallDescription:
+             result_dtypes=(), scans=(), owner: str = "") -> CallDescription:
   """The description of a call with these shapes and (trailing, leading)
-  core ranks; a ``Combiner`` among the reductions is lowered on the results'
-  ``result_dtypes``."""
+  core ranks; a ``Combiner`` among the reductions, and a parallel scan's
+  functions, are lowered on the results' ``result_dtypes``, their errors
+  naming ``owner`` (default: the target)."""
+  owner = owner or f"'{target_name}'"
   operand_leads = operand_lead_ranks or (0,) * len(operand_shapes)
   result_leads = result_lead_ranks or (0,) * len(result_shapes)
-  reductions = lower_combiners(target_name, reductions, result_shapes, result_core_ranks,
+  reductions = lower_combiners(owner, reductions, result_shapes, result_core_ranks,
                                result_leads, result_dtypes)
-  scans = lower_scans(target_name, scans, result_shapes, result_core_ranks, result_leads,
+  scans = lower_scans(owner, scans, result_shapes, result_core_ranks, result_leads,
                       result_dtypes)
   return CallDescription(
       target=target_name,

@@ -139,7 +139,7 @@ def check_results(owner: str, reductions, shapes, dtypes, layouts) -> None:
           f"dim(s) {names} cannot combine.")
 
 
-def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
+def lower_combiners(owner: str, reductions, result_shapes, result_core_ranks,
                     result_leads, result_dtypes) -> tuple:
   """``reductions`` with a ``Combiner`` op replaced by its lowered name
   (``combiner.lowered_name``, on one batch element's combining results):
@@ -149,7 +149,7 @@ def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
     if isinstance(r.op, Combiner):
       kept = kept_results(reductions)
       if any(lead for i, lead in enumerate(result_leads) if i not in kept):
-        raise ValueError(f"'{target}': reduce {r.op!r} over the dim {r.name}: a Combiner "
+        raise ValueError(f"{owner}: reduce {r.op!r} over the dim {r.name}: a Combiner "
                          "needs its combining results' batch dims in front (no core dims "
                          "before the signature's '...').")
       types = [jax.ShapeDtypeStruct(
@@ -158,7 +158,7 @@ def lower_combiners(target: str, reductions, result_shapes, result_core_ranks,
                                                      result_leads, result_dtypes))
           if i not in kept]
       r = dataclasses.replace(r, op=lowered_name(
-          f"'{target}': reduce {r.op!r} over the dim {r.name}", r.op, types))
+          f"{owner}: reduce {r.op!r} over the dim {r.name}", r.op, types))
     out.append(r)
   return tuple(out)
 

@@ -23,10 +23,7 @@ per-device module looks them up by that digest (``registered``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import numbers
-import re
-import threading
 from collections.abc import Callable
 
 import jax
@@ -34,9 +31,15 @@ import numpy as np
 
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.halo import HaloDim
+from batchpart._vocab.lowered_functions import (
+  Registry,
+  check_closure,
+  check_same,
+  fmt,
+  lowered_text,
+)
 
 OP_PREFIX = "scan_"
-OP_NAME = re.compile(r"^scan_[0-9a-f]{16}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +191,11 @@ class Registered:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-_lock = threading.Lock()
-_registry: dict[str, Registered] = {}
-_lowered: dict[tuple, str] = {}
+SCANS: Registry[Registered] = Registry(OP_PREFIX, "scans with the merge")
 
 
 def is_scan_op(name) -> bool:
-  return isinstance(name, str) and bool(OP_NAME.match(name))
+  return SCANS.is_name(name)
 
 
 def lowered_name(where: str, scan: Scan, summary_types, state_type, state_slot: int) -> str:
@@ -203,82 +204,59 @@ def lowered_name(where: str, scan: Scan, summary_types, state_type, state_slot: 
   per-device module.
 
   Raises:
-    ValueError: naming ``where``, where the merge or apply fails to trace or
-      changes the summary's or the state's tree, shape or dtype, or where
-      apply is left out but the summary is more than the state.
+    ValueError: naming ``where``, where the merge or apply closes over traced
+      values, fails to trace or changes the summary's or the state's tree,
+      shape or dtype, or where apply is left out but the summary is more than
+      the state.
   """
   types = tuple(jax.ShapeDtypeStruct(tuple(t.shape), np.dtype(t.dtype)) for t in summary_types)
   state = jax.ShapeDtypeStruct(tuple(state_type.shape), np.dtype(state_type.dtype))
   x64 = bool(jax.config.read("jax_enable_x64"))
-  key = (scan, tuple((t.shape, t.dtype.str) for t in types), state.shape, state.dtype.str,
-         state_slot, x64)
-  with _lock:
-    if key in _lowered:
-      return _lowered[key]
-  assert scan.merge is not None, "only a parallel scan is lowered"
-  if scan.apply is None and len(types) != 1:
-    raise ValueError(f"{where}: the summary (the results without the scanned dim) is "
-                     f"{_fmt(types)}, more than the state; pass apply=(summary, state) -> "
-                     "state to say how a summary moves a state.")
-  try:
-    out = jax.eval_shape(scan.merge, types, types)
-  except Exception as e:
-    raise ValueError(f"{where}: the Scan's merge fails on two summaries {_fmt(types)}: "
-                     f"{e}") from e
-  _check_same(where, "merge", out, types)
-  reg = Registered(scan, types, state, state_slot, x64)
-  try:
-    applied = jax.eval_shape(reg.apply, types, state)
-  except Exception as e:
-    raise ValueError(f"{where}: the Scan's apply fails on a summary {_fmt(types)} and a "
-                     f"state {_fmt(state)}: {e}") from e
-  _check_same(where, "apply", (applied,), (state,))
+  merge = scan.merge
+  assert merge is not None, "only a parallel scan is lowered"
 
-  def fold(a, b, s):   # one name for every scan: the module's name is no part of it
-    return scan.merge(a, b), reg.apply(a, s)
+  def lower() -> tuple[str, Registered]:
+    if scan.apply is None and len(types) != 1:
+      raise ValueError(f"{where}: the summary (the results without the scanned dim) is "
+                       f"{fmt(types)}, more than the state; pass apply=(summary, state) -> "
+                       "state to say how a summary moves a state.")
+    check_closure(where, "the Scan's merge", merge, types, types)
+    try:
+      out = jax.eval_shape(merge, types, types)
+    except Exception as e:
+      raise ValueError(f"{where}: the Scan's merge fails on two summaries {fmt(types)}: "
+                       f"{e}") from e
+    check_same(where, "the Scan's merge", out, types)
+    reg = Registered(scan, types, state, state_slot, x64)
+    if scan.apply is not None:
+      check_closure(where, "the Scan's apply", scan.apply, types, state)
+    try:
+      applied = jax.eval_shape(reg.apply, types, state)
+    except Exception as e:
+      raise ValueError(f"{where}: the Scan's apply fails on a summary {fmt(types)} and a "
+                       f"state {fmt(state)}: {e}") from e
+    check_same(where, "the Scan's apply", (applied,), (state,))
+    fold = lambda a, b, s: (merge(a, b), reg.apply(a, s))
+    return lowered_text(fold, types, types, state), reg
 
-  text = jax.jit(fold).lower(types, types, state).as_text()
-  name = OP_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
-  with _lock:
-    _registry.setdefault(name, reg)
-    _lowered[key] = name
-  return name
-
-
-def _check_same(where, what, out, types) -> None:
-  if not isinstance(out, (tuple, list)) or len(out) != len(types):
-    raise ValueError(f"{where}: the Scan's {what} returns {_fmt(out)}; it must return "
-                     f"{_fmt(types)}.")
-  for i, (o, t) in enumerate(zip(out, types)):
-    if not hasattr(o, "shape") or tuple(o.shape) != tuple(t.shape) or np.dtype(
-        o.dtype) != np.dtype(t.dtype):
-      raise ValueError(f"{where}: the Scan's {what} returns {_fmt(o)} at position {i}; it "
-                       f"must keep {_fmt(t)}.")
+  return SCANS.name((scan, tuple((t.shape, t.dtype.str) for t in types), state.shape,
+                     state.dtype.str, state_slot, x64), lower)
 
 
 def registered(name: str, target: str) -> Registered:
-  """The scan lowered under ``name``.
-
-  Raises:
-    ValueError: naming ``target``, where this process never lowered it.
-  """
-  with _lock:
-    found = _registry.get(name)
-  if found is None:
-    raise ValueError(f"batchpart: the call to '{target}' scans with the merge '{name}', "
-                     "which this process has not declared; call the function that "
-                     "declares it here first (its merge is traced in this process).")
-  return found
+  """The scan lowered under ``name`` (raises ``ValueError`` naming
+  ``target`` where this process never lowered it)."""
+  return SCANS.get(name, target)
 
 
-def lower_scans(target: str, scans, result_shapes, result_core_ranks, result_leads,
+def lower_scans(owner: str, scans, result_shapes, result_core_ranks, result_leads,
                 result_dtypes) -> tuple:
   """``scans`` with a parallel ``Scan`` replaced by its lowered name (on one
   batch element's summary and state): what a description carries."""
   out = []
   for s in scans:
     if isinstance(s.fold, Scan):
-      where = f"'{target}': scan over the dim '{s.name}'"
+      where = f"{owner}: scan over the dim '{s.name}'"
       summary = s.summary_results(len(result_shapes))
       if any(result_leads[k] for k in summary):
         raise ValueError(f"{where}: the results without the scanned dim need their batch "
@@ -290,11 +268,3 @@ def lower_scans(target: str, scans, result_shapes, result_core_ranks, result_lea
           summary.index(j)], summary.index(j)))
     out.append(s)
   return tuple(out)
-
-
-def _fmt(value) -> str:
-  if isinstance(value, (tuple, list)):
-    return "(" + ", ".join(_fmt(v) for v in value) + ")"
-  if hasattr(value, "shape") and hasattr(value, "dtype"):
-    return f"{np.dtype(value.dtype).name}{list(value.shape)}"
-  return type(value).__name__
