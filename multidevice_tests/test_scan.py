@@ -262,3 +262,6 @@ def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
   report = bp.explain(lambda x, h: g(x, h, w=0.5, reverse=np.int64(0)),
                       *_put(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
   assert "sequential: the state handed part to part" in str(report)
+  # 7 hand-offs of the (3,) state and one all-gather of the 8 parts' final states.
+  (seq,) = {c.scan_dims[0] for c in report.calls if c.scan_dims}
+  assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 7 * 3 * 4 + 8 * 3 * 4)

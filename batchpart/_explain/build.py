@@ -129,7 +129,7 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
                    if c.kind == "collective-permute" and c.op_name == inst.op_name else c
                    for c in before)
   scan_dims = _scan_dims(scans(derived, hidden), global_operands, device_operands,
-                         before + after, inst)
+                         collectives.own(module, inst, _SCAN_COLLECTIVES) if inst else ())
   if one_device is not None:
     shared_by = 1   # one device computes everything, so nothing twice
   elif low is not None and inst is not None and not low.in_shard_map:
@@ -250,14 +250,15 @@ def _halo_dims(declared, global_results, device_results, device_operands,
   return tuple(out)
 
 
-def _scan_dims(declared, global_operands, device_operands, around, inst
+_SCAN_COLLECTIVES = ("all-gather", "collective-permute")
+
+
+def _scan_dims(declared, global_operands, device_operands, own
                ) -> tuple[ScanDimReport, ...]:
   """Each declared scanned dim with its global size, its parts (read off
-  the first operand that has it) and the bytes its own collectives (those
-  inlined from the call's per-device module, which carry its op name) bring
-  each device."""
+  the first operand that has it) and the bytes its ``own`` collectives
+  (inlined from the call's per-device module) bring each device."""
   out = []
-  kinds = ("all-gather", "collective-permute")
   for t in declared:
     size = parts = None
     if global_operands and t.operand_dims:
@@ -267,8 +268,7 @@ def _scan_dims(declared, global_operands, device_operands, around, inst
       if device_operands:
         local = device_operands[k][dim]
         parts = size // local if local and size % local == 0 else None
-    moved = sum(c.bytes for c in around if c.kind in kinds and inst is not None and
-                c.op_name == inst.op_name) if (parts or 1) > 1 else 0
+    moved = sum(c.bytes for c in own) if (parts or 1) > 1 else 0
     out.append(ScanDimReport(t.name, t.parallel, t.reverse, size, parts, moved))
   return tuple(out)
 

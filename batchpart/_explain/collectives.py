@@ -89,3 +89,26 @@ def collectives(module: _hlo.Module, call: _hlo.Instruction, *, forward: bool
       continue
     todo.extend(step(inst))
   return tuple(sorted(found.values(), key=lambda c: position.get(c.name, 0)))
+
+
+def own(module: _hlo.Module, call: _hlo.Instruction, kinds) -> tuple[Collective, ...]:
+  """The collectives of ``kinds`` inlined from ``call``'s per-device module
+  (they carry its op name), wherever they sit: also those a conditional
+  around the call (a sequential scan's stages) keeps off its data edges. A
+  call inside such a conditional has no op name of its own: the
+  conditional's is the call's."""
+  op_name = call.op_name or next(
+      (i.op_name for i in module.all_instructions()
+       if i.opcode == "conditional" and any(c is call for c in module.called_instructions(i))),
+      "")
+  if not op_name:
+    return ()
+  seen, out = set(), []
+  for inst in module.all_instructions():
+    kind = _kind(module, inst)
+    if kind is not None and kind in kinds and inst.op_name == op_name:
+      c = _collective_of(module, inst, kind)
+      if c.name not in seen:
+        seen.add(c.name)
+        out.append(c)
+  return tuple(out)
