@@ -20,6 +20,15 @@ import jax
 SETTLE_SECONDS = 0.25
 
 
+def simulated_devices(count: int = 8):
+  """jax with ``count`` simulated CPU devices and synchronous dispatch (XLA's
+  CPU runtime has hung on simulated devices with async dispatch on; see
+  docs/reliability.md). Call it before any computation."""
+  jax.config.update("jax_num_cpu_devices", count)
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  return jax
+
+
 def steady_allocator() -> bool:
   """Fixes glibc malloc's mmap and trim thresholds for this process; False
   where the C library is not glibc (nothing done).

@@ -33,14 +33,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _setup():
-  sys.path.insert(0, HERE)
-  import jax
-  jax.config.update("jax_num_cpu_devices", 8)
-  jax.config.update("jax_cpu_enable_async_dispatch", False)
-  return jax
-
-
 def laplacian_candidates(jax, bp, n: int, steps: int, partitioner: str):
   """The three compiled Laplacian programs under ``partitioner``, and the input."""
   import numpy as np
@@ -133,10 +125,11 @@ def _hand_filter(filt, block, i: int, radius: int, part: int):
 
 def main(argv):
   quick = "--quick" in argv
-  jax = _setup()
+  sys.path.insert(0, HERE)
   import numpy as np
   import scipy.ndimage as ndi
-  from _timing import fmt_time, interleaved
+  from _timing import fmt_time, interleaved, simulated_devices
+  jax = simulated_devices()
 
   import batchpart as bp
   import batchpart.testing

@@ -41,14 +41,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _setup():
-  sys.path.insert(0, HERE)
-  import jax
-  jax.config.update("jax_num_cpu_devices", 8)
-  jax.config.update("jax_cpu_enable_async_dispatch", False)
-  return jax
-
-
 def candidates(jax, bt, b: int, t: int, partitioner: str):
   """The compiled programs under ``partitioner`` and their inputs."""
   import jax.numpy as jnp
@@ -207,9 +199,10 @@ def _rows(_timing, programs, args, partitioner, repeats, by_hand=True):
 
 
 def main(argv):
-  jax = _setup()
+  sys.path.insert(0, HERE)
   import _timing
   import numpy as np
+  jax = _timing.simulated_devices()
 
   import batchpart.testing as bt
   _timing.steady_allocator()

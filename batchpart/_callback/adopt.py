@@ -36,9 +36,7 @@ from batchpart._frontend import declarations
 from batchpart._frontend.signature import (
   batch_rank,
   declared_spec,
-  halos_for,
   parse_declaration,
-  scans_for,
 )
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
@@ -257,10 +255,9 @@ def _explicit_retype(avals_in, avals_out, params):
                                 [len(s) for s in out_shapes])
     if options is None:
       return avals_out
-    parsed, reductions = parse_declaration(declaration.owner, options["num_batch_dims"],
-                                           options["signature"], options["reduce"])
-    halos = halos_for(declaration.owner, parsed, options["halo"], reductions)
-    scans = scans_for(declaration.owner, parsed, options["scan"], reductions, halos)
+    parsed, reductions, halos, scans = parse_declaration(
+        declaration.owner, options["num_batch_dims"], options["signature"],
+        options["reduce"], halo=options["halo"], scan=options["scan"])
     spec = declared_spec(declaration.owner, parsed, options["num_batch_dims"], in_shapes,
                          out_shapes, reductions, halos, scans)
     batch = check_spec(declaration.owner, spec, in_shapes, out_shapes)
@@ -385,9 +382,8 @@ def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
     raise TypeError(f"batchpart.partition_callback: callback must be callable, got "
                     f"{type(callback).__name__}.")
   owner = f"batchpart.partition_callback({callback_name(callback)})"
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos = halos_for(owner, parsed, halo, reductions)
-  scans_for(owner, parsed, scan, reductions, halos)
+  parsed, *_ = parse_declaration(owner, num_batch_dims, signature, reduce, halo=halo,
+                                 scan=scan)
   check_arrays(owner, arrays)
   if num_batch_dims is not None:
     num_batch_dims = batch_rank(owner, num_batch_dims)

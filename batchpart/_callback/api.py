@@ -29,9 +29,7 @@ from batchpart._callback.primitive import bind
 from batchpart._frontend.signature import (
   check_vmap_method,
   declared_spec,
-  halos_for,
   parse_declaration,
-  scans_for,
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
@@ -202,9 +200,8 @@ def _call(kind, callback, result_shape_dtypes, args, kwargs, *, num_batch_dims,
     raise TypeError(f"batchpart.{kind}: callback must be callable, got "
                     f"{type(callback).__name__}.")
   check_arrays(owner, arrays)
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos = halos_for(owner, parsed, halo, reductions)
-  scans = scans_for(owner, parsed, scan, reductions, halos)
+  parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
+                                                       reduce, halo=halo, scan=scan)
   flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]

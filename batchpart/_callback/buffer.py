@@ -73,7 +73,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
     raise TypeError(f"batchpart.buffer_callback: callback must be callable, got "
                     f"{type(callback).__name__}.")
   check_vmap_method(owner, vmap_method, "jax.experimental.buffer_callback")
-  parsed, _ = parse_declaration(owner, num_batch_dims, signature)
+  parsed, *_ = parse_declaration(owner, num_batch_dims, signature)
   flat_results, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
   result_avals = [result_aval(owner, i, r) for i, r in enumerate(flat_results)]
   aliases = _alias_pairs(owner, input_output_aliases, len(result_avals))

@@ -12,7 +12,7 @@ import jax
 from jax.extend.core import Primitive
 
 from batchpart._frontend import declarations
-from batchpart._frontend.signature import batch_rank, halos_for, parse_declaration, scans_for
+from batchpart._frontend.signature import batch_rank, parse_declaration
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
 
@@ -24,9 +24,8 @@ def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
                  scan: dict[str, Any] | None = None) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos = halos_for(owner, parsed, halo, reductions)
-  scans = scans_for(owner, parsed, scan, reductions, halos)
+  parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
+                                                       reduce, halo=halo, scan=scan)
   if num_batch_dims is not None and not callable(num_batch_dims):
     num_batch_dims = batch_rank(owner, num_batch_dims)
   if shard_attributes is not None and not callable(shard_attributes):

@@ -22,7 +22,7 @@ from batchpart import _compat as compat, _primitive
 from batchpart._frontend import batch_dims
 from batchpart._frontend.call_places import CallPlaces, LeftPlain, shape_of, trailing_core_ranks
 from batchpart._frontend.rewrite_warnings import RewriteWarnings
-from batchpart._frontend.signature import declared_spec, halos_for, parse_declaration, scans_for
+from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
@@ -111,11 +111,10 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
     raise TypeError(f"batchpart.batch_partitionable: expected a function, got "
                     f"{type(fn).__name__} ({name}).")
   owner = f"batchpart.batch_partitionable({name})"
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
+  parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
+                                                       reduce, halo=halo, scan=scan)
   refuse_kept_results(owner, reductions, "a wrapper's results cannot be followed to "
                       "the call's")
-  halos = halos_for(owner, parsed, halo, reductions)
-  scans = scans_for(owner, parsed, scan, reductions, halos)
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):

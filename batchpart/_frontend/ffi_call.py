@@ -9,9 +9,7 @@ from batchpart import _compat as compat, _primitive
 from batchpart._frontend.signature import (
   check_vmap_method,
   declared_spec,
-  halos_for,
   parse_declaration,
-  scans_for,
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
@@ -119,9 +117,8 @@ def ffi_call(
   owner = _primitive.ffi_call_owner(target_name)
   _check_jax_options(target_name, vmap_method, custom_call_api_version,
                      legacy_backend_config)
-  parsed, reductions = parse_declaration(owner, num_batch_dims, signature, reduce)
-  halos = halos_for(owner, parsed, halo, reductions)
-  scans = scans_for(owner, parsed, scan, reductions, halos)
+  parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
+                                                       reduce, halo=halo, scan=scan)
   multiple_results = isinstance(result_shape_dtypes, Sequence)
   results = list(result_shape_dtypes) if multiple_results else [result_shape_dtypes]
   result_avals: list[Any] = list(compat.result_avals_from_shape_dtypes(results))

@@ -273,16 +273,30 @@ def spec_from_num_batch_dims(owner: str, num_batch_dims, operand_shapes,
                    tuple(len(s) - k for s in result_shapes))
 
 
-def parse_declaration(owner: str, num_batch_dims, signature, reduce=None
-                      ) -> tuple[Signature | None, tuple[Reduction, ...]]:
+def parse_declaration(owner: str, num_batch_dims, signature, reduce=None, *, halo=None,
+                      scan=None) -> tuple[Signature | None, tuple[Reduction, ...],
+                                          tuple[HaloDim, ...], tuple[ScanDim, ...]]:
   """The checked batch declaration of an entry point: exactly one of
   ``num_batch_dims`` and ``signature``, the signature parsed (None with
-  ``num_batch_dims``) and its ``reduce=``."""
+  ``num_batch_dims``), and its ``reduce=``, ``halo=`` and ``scan=`` (which
+  name core dims, so only a signature declares them)."""
   if (num_batch_dims is None) == (signature is None):
     raise ValueError(f"{owner}: pass exactly one of num_batch_dims and signature "
                      f"(got num_batch_dims={num_batch_dims!r}, signature={signature!r}).")
   parsed = None if signature is None else parse_signature(signature, owner=owner)
-  return parsed, reductions_for(owner, parsed, reduce)
+  for option, value, example in (
+      ("reduce", reduce, "signature='(n),(n)->()', reduce={'n': 'sum'}"),
+      ("halo", halo, "signature='(n)->(n)', halo={'n': 1}"),
+      ("scan", scan, "signature='(t),()->(t),()', scan={'t': bp.Scan(state=(1, 1))}")):
+    if value is not None and parsed is None:
+      raise ValueError(
+          f"{owner}: {option}={value!r} names core dims, which only a signature declares; "
+          f"pass signature=... (e.g. {example}) instead of num_batch_dims.")
+  if parsed is None:
+    return None, (), (), ()
+  reductions = parsed.reductions(reduce, owner=owner)
+  halos = parsed.halos(halo, reductions, owner=owner)
+  return parsed, reductions, halos, parsed.scans(scan, reductions, halos, owner=owner)
 
 
 def declared_spec(owner: str, signature: Signature | None, num_batch_dims,
@@ -310,50 +324,6 @@ def check_vmap_method(owner: str, vmap_method, jax_function: str) -> None:
         f"{owner}: vmap_method={vmap_method!r} is not one of {_VMAP_METHODS[1:]} "
         f"({jax_function}'s values; batchpart's declared batch dims define vmap either "
         "way).")
-
-
-def reductions_for(owner: str, signature: Signature | None, reduce
-                   ) -> tuple[Reduction, ...]:
-  """The checked ``reduce=`` of a declaration. It names core dims, which only
-  a signature declares."""
-  if reduce is None:
-    return ()
-  return _signature_of(owner, signature, f"reduce={reduce!r}",
-                       "signature='(n),(n)->()', reduce={'n': 'sum'}"
-                       ).reductions(reduce, owner=owner)
-
-
-def halos_for(owner: str, signature: Signature | None, halo,
-              reductions: tuple[Reduction, ...] = ()) -> tuple[HaloDim, ...]:
-  """The checked ``halo=`` of a declaration. It names core dims, which only
-  a signature declares."""
-  if halo is None:
-    return ()
-  return _signature_of(owner, signature, f"halo={halo!r}",
-                       "signature='(n)->(n)', halo={'n': 1}"
-                       ).halos(halo, reductions, owner=owner)
-
-
-def scans_for(owner: str, signature: Signature | None, scan,
-              reductions: tuple[Reduction, ...] = (), halos: tuple[HaloDim, ...] = ()
-              ) -> tuple[ScanDim, ...]:
-  """The checked ``scan=`` of a declaration. It names core dims, which only
-  a signature declares."""
-  if scan is None:
-    return ()
-  return _signature_of(owner, signature, f"scan={scan!r}",
-                       "signature='(t),()->(t),()', scan={'t': bp.Scan(state=(1, 1))}"
-                       ).scans(scan, reductions, halos, owner=owner)
-
-
-def _signature_of(owner: str, signature: Signature | None, option: str, example: str
-                  ) -> Signature:
-  """``signature``, which an option that names core dims needs."""
-  if signature is None:
-    raise ValueError(
-        f"{owner}: {option} names core dims, which only a signature declares; pass "
-        f"signature=... (e.g. {example}) instead of num_batch_dims.")
-  return signature
 
 
 def spec_from_signature(owner: str, signature: Signature, operand_shapes,

@@ -18,47 +18,10 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The sizes (max(m, n) for getrf, n for gesv) each target runs interleaved;
-// elsewhere the per-matrix path is faster. Measured single-threaded through
-// jax on one CPU device (benchmarks/small_lu.py sweep; AMD EPYC with
-// AVX-512, shared and loaded, so +-20%), microseconds per matrix, per-matrix
-// path -> interleaved, nrhs = 1:
-//                 f32 n=4      8       16      32      48      64
-//   getrf row     0.05->0.06 0.17->0.11 0.84->0.63 2.8->3.9  10.7->11.6 17->22
-//   getrf col     0.16->0.07 0.57->0.34 1.51->0.88 5.2->4.2  18.7->13.8 20->21
-//   gesv row      0.09->0.04 0.44->0.15 1.47->0.57 7.4->3.5  17.6->9.9  31->19
-//   gesv col      0.21->0.08 0.56->0.18 1.53->0.58 7.0->5.4  10.0->7.8  18->18
-//                 f64 n=4      8       16      32      48      64
-//   getrf row     0.07->0.07 0.24->0.25 0.63->0.67 3.0->4.0  8.5->12.4  24->34
-//   getrf col     0.14->0.07 0.67->0.38 1.55->1.04 6.4->9.6  13->15     35->75
-//   gesv row      0.14->0.08 0.52->0.16 1.34->0.63 5.7->3.5  14.3->10.8 29->29
-//   gesv col      0.35->0.11 0.52->0.23 1.78->1.18 5.4->5.0  11.8->13.5 20->33
-// (n = 12: getrf row f32 0.54->0.32, f64 0.51->0.31; n = 24: getrf row f32
-// 1.66->1.84, f64 1.67->2.14, getrf col f64 3.3->3.0, gesv col f64
-// 3.2->2.1.) Complex types take their real type's ranges (their updates
-// are 4x the arithmetic on the same packing).
-//
-// Since packing moves blocks through SIMD transposes (interleaved.cc), the
-// row-major getrf, whose per-matrix path RowMajorLu is vectorized along
-// rows already, gains too; measured as above, per-matrix -> interleaved,
-// on random matrices (pivoting at almost every step) / on diagonally
-// dominant ones (almost none):
-//                 n=2       4           8           16          24          32          48
-//   f32 random    -         0.07->0.04  0.25->0.10  0.79->0.37  1.62->0.94  3.0->2.2    7.1->5.2
-//   f32 dominant  0.02 even 0.04->0.03  0.13->0.08  0.57->0.26  1.29->0.67  2.7->1.7    -
-//   f64 random    -         0.09->0.05  0.24->0.19  0.95->0.70  1.97->1.54  3.5->3.9    9.3->9.3
-//   f64 dominant  0.02->.024 0.064 even 0.20->0.16  0.81->0.66  1.80->1.60  4.0->3.6    -
-// With the fixed-size kernels (small_lu_fixed.h) and groups a page apart
-// unpacked half at a time (interleaved.cc), the row-major getrf gains at
-// both ends too; through bp.linalg.lu on both cores, a batch of about
-// 4 MiB, per-matrix path time / interleaved:
-//                 n=1    2      3      28     32     48     56     64
-//   f32           1.61x  2.25x  2.91x  -      1.62x  1.38x  1.40x  1.07x
-//   f64           1.48x  1.89x  2.78x  1.23x  1.09x  -      0.97x  0.95x
-//   complex64     0.87x  1.42x  -      -      -      2.78x  2.51x  -
-//   complex128    0.87x  1.06x  -      1.52x  1.51x  -      -      -
-// (f64 n = 32 read 1.36x in a second run.) So it runs from n = 2 (where
-// complex n = 1 loses) to 56 in single precision and 32 in double.
+// The sizes (max(m, n) for getrf, n for gesv) each target runs interleaved:
+// those where it beat the per-matrix path when measured, single-threaded
+// and on both cores (the tables: docs/benchmarks-small-matrices.md,
+// "Measured switch points"). Complex types take their real type's ranges.
 template <typename T>
 inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
 template <typename T>
