@@ -181,6 +181,44 @@ def sequential_memory(jax, bt, b: int, t: int, partitioner: str) -> dict:
   return out
 
 
+def pipeline_candidates(jax, bt, b: int, t: int, partitioner: str):
+  """The tanh RNN (sequential scan) compiled three ways: stock, ``scan=``
+  with its stages pipelined over the batch (what batchpart does), and
+  ``scan=`` with one stage per part of the whole batch (pipelining switched
+  off in the partitioner for this one compile). The unpipelined program's
+  ``w`` differs in its last bit, so that jax compiles it apart."""
+  import numpy as np
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  import batchpart as bp
+  from batchpart._partition import callbacks, scan
+  jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+  rng = np.random.default_rng(0)
+  x = jax.device_put(rng.standard_normal((b, t)).astype(np.float32),
+                     NamedSharding(mesh, P(None, "x")))
+  h0 = jax.device_put(np.zeros((b,), np.float32), NamedSharding(mesh, P()))
+  S = jax.ShapeDtypeStruct
+  types = (S((b, t), np.float32), S((b,), np.float32))
+  target, rev = "batchpart_test_tanh_rnn", np.int64(0)
+  rnn = bp.ffi_call(target, types, signature="(t),()->(t),()",
+                    scan={"t": bp.Scan(state=(1, 1))})
+  programs = {"stock": jax.jit(lambda x, h: jax.ffi.ffi_call(target, types)(
+      x, h, w=0.5, reverse=rev)).lower(x, h0).compile()}
+  programs["pipelined"] = jax.jit(lambda x, h: rnn(x, h, w=0.5, reverse=rev)).lower(
+      x, h0).compile()
+  chunks = scan._chunks
+  try:
+    scan._chunks = lambda *args: 1
+    callbacks._cache.clear()
+    programs["one stage per part"] = jax.jit(lambda x, h: rnn(
+        x, h, w=float(np.nextafter(0.5, 1)), reverse=rev)).lower(x, h0).compile()
+  finally:
+    scan._chunks = chunks
+    callbacks._cache.clear()
+  return programs, (x, h0)
+
+
 def _check(programs, args, tol):
   import numpy as np
   want = programs["stock"](*args)
@@ -256,6 +294,18 @@ def main(argv):
   alone = _timing.interleaved(programs, args, repeats=repeats)["batchpart"]
   print(f"| gspmd | batchpart | {_timing.fmt_time(alone).strip()} | (stock aborts) |",
         flush=True)
+  pb, pt = (8, 1 << 15) if quick else (8, 1 << 18)
+  print(f"\nsequential tanh RNN, {pb} x {pt:,} float32, t sharded 8 ways: stages pipelined "
+        "over the batch")
+  print("| partitioner | program | time | vs stock | vs one stage per part |")
+  print("| --- | --- | ---: | ---: | ---: |")
+  for partitioner in ("shardy", "gspmd"):
+    programs, args = pipeline_candidates(jax, bt, pb, pt, partitioner)
+    times = _timing.interleaved(programs, args, repeats=repeats)
+    for name in programs:
+      print(f"| {partitioner} | {name} | {_timing.fmt_time(times[name]).strip()} | "
+            f"{times['stock'] / times[name]:.1f}x faster | "
+            f"{times[name] / times['one stage per part']:.2f}x |", flush=True)
   mb, mt = (4, 1 << 18) if quick else (4, 1 << 22)
   print(f"\nsequential tanh RNN, {mb} x {mt:,} float32, t sharded 8 ways: bytes per device")
   print("| partitioner | stock | batchpart | ratio |")

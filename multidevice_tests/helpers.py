@@ -40,6 +40,26 @@ def put(x, mesh, spec):
   return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
 
 
+def put_each(mesh, arrays_specs) -> list:
+  """Each ``(array, spec)`` put on ``mesh``."""
+  return [put(a, mesh, spec) for a, spec in arrays_specs]
+
+
+def collective_lines(text: str, kind: str) -> list[str]:
+  """The lines of compiled HLO ``text`` that run a ``kind`` collective
+  (its async start included)."""
+  return [line for line in text.splitlines()
+          if re.search(rf"= \S+ {kind}(-start)?\(", line) or
+          re.search(rf"\) {kind}(-start)?\(", line)]
+
+
+def assert_one_all_gather(text: str, shape: str) -> None:
+  """Compiled HLO ``text`` has exactly one all-gather, of ``shape`` ("[8,4]"):
+  the parts' summaries, never a sequence."""
+  gathers = collective_lines(text, "all-gather")
+  assert len(gathers) == 1 and shape in gathers[0], gathers
+
+
 def rng(seed=0):
   return np.random.default_rng(seed)
 

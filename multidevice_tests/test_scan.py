@@ -13,6 +13,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
 import batchpart.testing as bt
+from batchpart._hlo import custom_calls
+
+from helpers import assert_one_all_gather, collective_lines, put_each
 
 S = jax.ShapeDtypeStruct
 pytestmark = pytest.mark.timeout(300)
@@ -60,18 +63,10 @@ def tanh_rnn(shape, dtype, reverse=False):
                      scan={"t": bp.Scan((1, 1), reverse=reverse)})
 
 
-def _put(mesh, arrays_specs):
-  return [jax.device_put(a, NamedSharding(mesh, spec)) for a, spec in arrays_specs]
-
 
 def _hlo(fn, *args) -> str:
   return fn.lower(*args).compile().as_text()
 
-
-def _collectives(text, kind):
-  return [line for line in text.splitlines()
-          if re.search(rf"= \S+ {kind}(-start)?\(", line) or
-          re.search(rf"\) {kind}(-start)?\(", line)]
 
 
 def _linear_data(shape, dtype, seed=0):
@@ -105,12 +100,12 @@ def test_linear_recurrence_two_passes(partitioner, mesh8, reverse, dtype):
     a, x, h0 = _linear_data(shape, dtype)
     f = bt.linear_scan(shape, dtype, reverse=reverse)
     fn = jax.jit(lambda a, x, h0: f(a, x, h0, reverse=np.int64(reverse)))
-    args = _put(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())])
+    args = put_each(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())])
     out = fn(*args)
     _check(out, linear_ref(a, x, h0, reverse), dtype)
     assert out[0].sharding.spec == P(None, "x")
     text = _hlo(fn, *args)
-    gathers = _collectives(text, "all-gather")
+    gathers = collective_lines(text, "all-gather")
     assert len(gathers) == 1, gathers
     # The summaries: (h_T, prod a) of every part, 8 x 4 elements each.
     assert re.search(r"\[8,4\]", gathers[0]), gathers[0]
@@ -126,33 +121,42 @@ def test_integer_prefix_sum_bit_for_bit_with_batch_dims_sharded(partitioner, mes
   s0 = rng.integers(-2**30, 2**30, (6,)).astype(np.int32)
   f = prefix_sum(x.shape, np.int32, reverse)
   fn = jax.jit(lambda x, s0: f(x, s0, reverse=np.int64(reverse)))
-  args = _put(mesh2x4, [(x, P("a", "b")), (s0, P("a"))])
+  args = put_each(mesh2x4, [(x, P("a", "b")), (s0, P("a"))])
   with np.errstate(over="ignore"):
     _check(fn(*args), prefix_ref(x, s0, reverse), np.int32)
-  gathers = _collectives(_hlo(fn, *args), "all-gather")
-  assert len(gathers) == 1 and "[4,3]" in gathers[0], gathers
+  assert_one_all_gather(_hlo(fn, *args), "[4,3]")
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_sequential_scan_hands_the_state_on(partitioner, mesh8, reverse):
+@pytest.mark.parametrize("batch, chunks", [(3, 3), (16, 8), (1, 1)])
+def test_sequential_scan_hands_the_state_on(partitioner, mesh8, reverse, batch, chunks):
+  """The state goes part to part, pipelined over chunks of the batch where
+  it has more than one element: stage s runs chunk s - q on the devices at
+  position q of the flow, so 8 + chunks - 1 stages each hand a chunk's state
+  on (one stage of the whole batch each where it cannot be cut)."""
   rng = np.random.default_rng(2)
-  x = rng.normal(size=(3, 40)).astype(np.float32)
-  h0 = rng.normal(size=(3,)).astype(np.float32)
+  x = rng.normal(size=(batch, 40)).astype(np.float32)
+  h0 = rng.normal(size=(batch,)).astype(np.float32)
   f = tanh_rnn(x.shape, np.float32, reverse)
   fn = jax.jit(lambda x, h0: f(x, h0, w=0.9, reverse=np.int64(reverse)))
-  args = _put(mesh8, [(x, P(None, "x")), (h0, P())])
+  args = put_each(mesh8, [(x, P(None, "x")), (h0, P())])
   out = fn(*args)
-  # Each part runs from the exact state the previous one ended in: the same
-  # operations in the same order as one call on the whole sequence.
+  # Each chunk of each part runs from the exact state the previous part
+  # ended it in: the same operations in the same order as one call on the
+  # whole sequence, so bit for bit.
+  whole = jax.jit(lambda x, h0: f(x, h0, w=0.9, reverse=np.int64(reverse)))(x, h0)
+  for got, want in zip(out, whole):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   want = tanh_ref(x, h0, np.float32(0.9), reverse)
   np.testing.assert_allclose(np.asarray(out[0]), want[0], rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(out[1]), want[1], rtol=1e-6, atol=1e-6)
   text = _hlo(fn, *args)
-  permutes = _collectives(text, "collective-permute")
-  assert len(permutes) == 7, permutes
-  assert all("[3]" in p for p in permutes)
-  gathers = _collectives(text, "all-gather")
-  assert all("[3,40]" not in g and "[3,5]" not in g for g in gathers), gathers
+  permutes = collective_lines(text, "collective-permute")
+  assert len(permutes) == 8 + chunks - 2, permutes
+  assert all(f"[{batch // chunks}]" in p for p in permutes)
+  calls = custom_calls(text, "batchpart_test_tanh_rnn")
+  assert {c.operand_types[0].shape for c in calls} == {(batch // chunks, 5)}
+  gathers = collective_lines(text, "all-gather")
+  assert all(f"[{batch},40]" not in g and f"[{batch},5]" not in g for g in gathers), gathers
 
 
 def test_sequential_integer_prefix_sum_bit_for_bit(partitioner, mesh2x4):
@@ -161,7 +165,7 @@ def test_sequential_integer_prefix_sum_bit_for_bit(partitioner, mesh2x4):
   s0 = rng.integers(-2**30, 2**30, (4,)).astype(np.int32)
   f = prefix_sum(x.shape, np.int32, parallel=False)
   fn = jax.jit(lambda x, s0: f(x, s0, reverse=np.int64(0)))
-  args = _put(mesh2x4, [(x, P("a", "b")), (s0, P("a"))])
+  args = put_each(mesh2x4, [(x, P("a", "b")), (s0, P("a"))])
   with np.errstate(over="ignore"):
     _check(fn(*args), prefix_ref(x, s0), np.int32)
 
@@ -183,14 +187,14 @@ def test_in_a_fori_loop_and_under_vmap(partitioner, mesh8):
   def loop(a, x, h):
     return jax.lax.fori_loop(0, 3, lambda _, h: f(a, x, h, reverse=np.int64(0))[1], h)
 
-  got = jax.jit(loop)(*_put(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())]))
+  got = jax.jit(loop)(*put_each(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())]))
   h = h0
   for _ in range(3):
     h = linear_ref(a, x, h)[1]
   np.testing.assert_allclose(np.asarray(got), h, rtol=1e-4, atol=1e-4)
   stacked = np.stack([a, a])
   vm = jax.jit(jax.vmap(lambda a, x, h: f(a, x, h, reverse=np.int64(0))))
-  args = _put(mesh8, [(stacked, P(None, None, "x")), (np.stack([x, x]), P(None, None, "x")),
+  args = put_each(mesh8, [(stacked, P(None, None, "x")), (np.stack([x, x]), P(None, None, "x")),
                       (np.stack([h0, h0]), P())])
   out = vm(*args)
   _check([o[1] for o in out], linear_ref(a, x, h0), np.float32)
@@ -205,9 +209,9 @@ def test_partition_ffi_target_with_a_scan(partitioner, mesh8):
     s0 = np.array([5, -5], np.int32)
     fn = jax.jit(lambda x, s0: jax.ffi.ffi_call(
         target, (S(x.shape, x.dtype), S(s0.shape, s0.dtype)))(x, s0, reverse=np.int64(0)))
-    args = _put(mesh8, [(x, P(None, "x")), (s0, P())])
+    args = put_each(mesh8, [(x, P(None, "x")), (s0, P())])
     _check(fn(*args), prefix_ref(x, s0), np.int32)
-    assert len(_collectives(_hlo(fn, *args), "all-gather")) == 1
+    assert len(collective_lines(_hlo(fn, *args), "all-gather")) == 1
   finally:
     bp.unpartition(target)
 
@@ -227,7 +231,7 @@ def test_pure_callback_with_a_scan_gets_the_state(partitioner, mesh8):
     fn = jax.jit(lambda x, zi: bp.pure_callback(
         lfilter, (S(x.shape, x.dtype), S(zi.shape, zi.dtype)), x, zi,
         signature="(t),(z)->(t),(z)", scan={"t": bp.Scan((1, 1))}))
-    out = fn(*_put(mesh8, [(x, P("x", None)), (zi, P("x", None))]))
+    out = fn(*put_each(mesh8, [(x, P("x", None)), (zi, P("x", None))]))
   want = signal.lfilter(b, a, x, axis=-1, zi=zi)
   np.testing.assert_allclose(np.asarray(out[0]), want[0], rtol=1e-12)
   np.testing.assert_allclose(np.asarray(out[1]), want[1], rtol=1e-12)
@@ -249,7 +253,7 @@ def test_io_callback_refuses_a_parallel_scan():
 def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
   a, x, h0 = _linear_data((4, 64), np.float32)
   f = bt.linear_scan((4, 64), np.float32)
-  args = _put(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())])
+  args = put_each(mesh8, [(a, P(None, "x")), (x, P(None, "x")), (h0, P())])
   report = bp.explain(lambda a, x, h: f(a, x, h, reverse=np.int64(0)), *args)
   scanned = [c for c in report.calls if c.scan_dims]
   assert len(scanned) == 2   # the two passes
@@ -260,8 +264,9 @@ def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
   assert "scan:        t (size 64)" in str(report) and "parallel" in str(report)
   g = tanh_rnn((3, 40), np.float32)
   report = bp.explain(lambda x, h: g(x, h, w=0.5, reverse=np.int64(0)),
-                      *_put(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
+                      *put_each(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
   assert "sequential: the state handed part to part" in str(report)
-  # 7 hand-offs of the (3,) state and one all-gather of the 8 parts' final states.
+  # 8 + 3 - 2 hand-offs of a row's state (the 3 rows pipelined) and one
+  # all-gather of the 8 parts' final states.
   (seq,) = {c.scan_dims[0] for c in report.calls if c.scan_dims}
-  assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 7 * 3 * 4 + 8 * 3 * 4)
+  assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 9 * 1 * 4 + 8 * 3 * 4)

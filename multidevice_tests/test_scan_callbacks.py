@@ -5,27 +5,22 @@ to part), ``with_index`` says where the part lies; NumPy and scipy's
 ``lfilter`` against the unsharded computation, bit for bit where the
 kernel is exact."""
 
-import re
 import threading
 
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 import batchpart.testing as bt
+
+from helpers import assert_one_all_gather, collective_lines, put_each
 
 S = jax.ShapeDtypeStruct
 pytestmark = pytest.mark.timeout(300)
 
 
-def _put(mesh, arrays_specs):
-  return [jax.device_put(a, NamedSharding(mesh, spec)) for a, spec in arrays_specs]
-
-
-def _collectives(text, kind):
-  return [line for line in text.splitlines() if re.search(rf"\b{kind}(-start)?\(", line)]
 
 
 class Recorder:
@@ -70,7 +65,7 @@ def test_parallel_prefix_sum_each_device_its_part_twice(partitioner, mesh8, reve
       _prefix(record, reverse), (S(x.shape, x.dtype), S(s0.shape, s0.dtype)), x, s0,
       signature="(t),()->(t),()", with_index=True,
       scan={"t": bp.Scan((1, 1), merge=bt.add_merge, reverse=reverse)}))
-  args = _put(mesh8, [(x, P(None, "x")), (s0, P())])
+  args = put_each(mesh8, [(x, P(None, "x")), (s0, P())])
   y, sf = fn(*args)
   with np.errstate(over="ignore"):
     run = np.cumsum(x[:, ::-1], -1)[:, ::-1] if reverse else np.cumsum(x, -1)
@@ -82,8 +77,7 @@ def test_parallel_prefix_sum_each_device_its_part_twice(partitioner, mesh8, reve
   parts = sorted({(i[1].start, i[1].stop) for i, _ in record.calls})
   assert parts == [(8 * p, 8 * p + 8) for p in range(8)]
   assert all(i[0] == slice(0, 4) and shape == (4, 8) for i, shape in record.calls)
-  gathers = _collectives(fn.lower(*args).compile().as_text(), "all-gather")
-  assert len(gathers) == 1 and "[8,4]" in gathers[0], gathers
+  assert_one_all_gather(fn.lower(*args).compile().as_text(), "[8,4]")
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -97,7 +91,7 @@ def test_sequential_rnn_handed_part_to_part_bit_for_bit(partitioner, mesh2x4, re
       rnn, (S(x.shape, x.dtype), S(h0.shape, h0.dtype)), x, h0,
       signature="(t),()->(t),()", with_index=True,
       scan={"t": bp.Scan((1, 1), reverse=reverse)}))
-  args = _put(mesh2x4, [(x, P("a", "b")), (h0, P("a"))])
+  args = put_each(mesh2x4, [(x, P("a", "b")), (h0, P("a"))])
   y, hf = fn(*args)
   want = _tanh_rnn(Recorder(), reverse)(x, h0, index=None)
   # The same steps in the same order as one call on the whole sequence.
@@ -108,9 +102,9 @@ def test_sequential_rnn_handed_part_to_part_bit_for_bit(partitioner, mesh2x4, re
   assert sorted({(i[0].start, i[1].start) for i, _ in calls}) == [
       (b, t) for b in (0, 2) for t in (0, 10, 20, 30)]
   text = fn.lower(*args).compile().as_text()
-  permutes = _collectives(text, "collective-permute")
+  permutes = collective_lines(text, "collective-permute")
   assert len(permutes) == 3 and all("[2]" in p for p in permutes), permutes
-  assert not [g for g in _collectives(text, "all-gather") if "40]" in g or "10]" in g]
+  assert not [g for g in collective_lines(text, "all-gather") if "40]" in g or "10]" in g]
 
 
 def _lfilter(signal, b, a):
@@ -130,7 +124,7 @@ def test_lfilter_sequential_bit_for_bit(partitioner, mesh2x4):
     fn = jax.jit(lambda x, zi: bp.pure_callback(
         _lfilter(signal, b, a), (S(x.shape, x.dtype), S(zi.shape, zi.dtype)), x, zi,
         signature="(t),(z)->(t),(z)", scan={"t": bp.Scan((1, 1))}))
-    y, zf = fn(*_put(mesh2x4, [(x, P("a", "b")), (zi, P("a"))]))
+    y, zf = fn(*put_each(mesh2x4, [(x, P("a", "b")), (zi, P("a"))]))
   want = signal.lfilter(b, a, x, axis=-1, zi=zi)
   np.testing.assert_array_equal(np.asarray(y), want[0])
   np.testing.assert_array_equal(np.asarray(zf), want[1])
@@ -166,7 +160,7 @@ def test_lfilter_parallel_first_order_with_a_merge(partitioner, mesh8):
     fn = jax.jit(lambda x, zi: bp.pure_callback(
         lfilter, (S(x.shape, x.dtype), S(zi.shape, zi.dtype), S(zi.shape, zi.dtype)),
         x, zi, signature="(t),(z)->(t),(z),(z)", scan={"t": scan}, arrays="numpy"))
-    y, zf, decay = fn(*_put(mesh8, [(x, P(None, "x")), (zi, P())]))
+    y, zf, decay = fn(*put_each(mesh8, [(x, P(None, "x")), (zi, P())]))
   want = signal.lfilter(b, a, x, axis=-1, zi=zi)
   # The fold reassociates the filter across 8 parts: a few ulps.
   np.testing.assert_allclose(np.asarray(y), want[0], rtol=1e-12, atol=1e-12)
@@ -189,13 +183,13 @@ def test_partition_callback_splits_a_jax_pure_callback(partitioner, mesh2x4):
     with jax.enable_x64(True):
       fn = jax.jit(lambda x, zi: jax.pure_callback(
           lfilter, (S(x.shape, x.dtype), S(zi.shape, zi.dtype)), x, zi))
-      args = _put(mesh2x4, [(x, P("a", "b")), (zi, P("a"))])
+      args = put_each(mesh2x4, [(x, P("a", "b")), (zi, P("a"))])
       y, zf = fn(*args)
       text = fn.lower(*args).compile().as_text()
     want = signal.lfilter(b, a, x, axis=-1, zi=zi)
     np.testing.assert_array_equal(np.asarray(y), want[0])
     np.testing.assert_array_equal(np.asarray(zf), want[1])
-    assert len(_collectives(text, "collective-permute")) == 3
+    assert len(collective_lines(text, "collective-permute")) == 3
   finally:
     bp.unpartition(lfilter)
 
@@ -207,7 +201,7 @@ def test_io_callback_sequential_scan_calls_each_part_once(partitioner, mesh8):
   fn = jax.jit(lambda x, s0: bp.io_callback(
       _prefix(record, False), (S(x.shape, x.dtype), S(s0.shape, s0.dtype)), x, s0,
       signature="(t),()->(t),()", with_index=True, scan={"t": bp.Scan((1, 1))}))
-  y, sf = fn(*_put(mesh8, [(x, P(None, "x")), (s0, P())]))
+  y, sf = fn(*put_each(mesh8, [(x, P(None, "x")), (s0, P())]))
   np.testing.assert_array_equal(np.asarray(y), np.cumsum(x, -1) + 7)
   np.testing.assert_array_equal(np.asarray(sf), x.sum(-1) + 7)
   assert sorted(i[1].start for i, _ in record.calls) == list(range(0, 32, 4))

@@ -8,17 +8,16 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
 import batchpart.testing as bt
 
+from helpers import put_each
+
 S = jax.ShapeDtypeStruct
 pytestmark = pytest.mark.timeout(300)
 
-
-def _put(mesh, arrays_specs):
-  return [jax.device_put(a, NamedSharding(mesh, spec)) for a, spec in arrays_specs]
 
 
 def _linear_ref(a, x, h0):
@@ -51,7 +50,7 @@ def test_wrapper_scan_splits_the_call(partitioner, mesh2x4):
   a = rng.uniform(0.8, 1.0, (4, 64)).astype(np.float32)
   x = rng.normal(size=(4, 64)).astype(np.float32)
   h0 = rng.normal(size=(4,)).astype(np.float32)
-  args = _put(mesh2x4, [(a, P("a", "b")), (x, P("a", "b")), (h0, P("a"))])
+  args = put_each(mesh2x4, [(a, P("a", "b")), (x, P("a", "b")), (h0, P("a"))])
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     fn = jax.jit(recurrence)
@@ -76,7 +75,7 @@ def test_wrapper_sequential_scan_hands_the_state_on(partitioner, mesh8):
   rng = np.random.default_rng(1)
   x = rng.normal(size=(2, 32)).astype(np.float32)
   h0 = rng.normal(size=(2,)).astype(np.float32)
-  args = _put(mesh8, [(x, P(None, "x")), (h0, P())])
+  args = put_each(mesh8, [(x, P(None, "x")), (h0, P())])
   fn = jax.jit(rnn)
   y, h = fn(*args)
   want_h, want_y = h0.copy(), np.zeros_like(x)
@@ -100,7 +99,7 @@ def test_wrapper_scan_with_no_clear_state_warns(mesh8):
   h0 = np.zeros((2,), np.float32)
   with pytest.warns(UserWarning, match=r"batch_partitionable\(.*\).*'batchpart_test_tanh_rnn'"
                                        r".*scanned dim 't'"):
-    jax.jit(bad).lower(*_put(mesh8, [(x, P(None, "x")), (h0, P())]))
+    jax.jit(bad).lower(*put_each(mesh8, [(x, P(None, "x")), (h0, P())]))
 
 
 def test_wrapper_scan_declaration_checked():

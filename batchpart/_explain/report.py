@@ -154,17 +154,14 @@ class HaloDimReport:
 
 @dataclasses.dataclass(frozen=True)
 class ScanDimReport:
-  """A declared scanned dim of one call.
+  """A declared scanned dim of one call: ``name``, ``size`` and ``parts``
+  as a ``HaloDimReport``'s.
 
   Attributes:
-    name: its name in the signature.
     parallel: True for two passes around one all-gather of the parts'
       summaries (the scan has a merge), False for the state handed from part
       to part by collective-permutes.
     reverse: the state flows from the end.
-    size: its global size (None where unknown).
-    parts: how many parts the devices split it into (1: whole on every
-      device; None where unknown).
     moved_bytes: what the scan's own collectives bring each device (the
       summaries, or the states).
   """

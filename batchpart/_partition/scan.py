@@ -17,8 +17,11 @@ of two modes:
 - **sequential** (no merge): ``P`` stages; in stage ``s`` the devices
   holding the part the state reaches ``s``-th run the kernel (a conditional
   on ``partition_id``) and send their final state to the next part's
-  devices by a collective-permute. After the last stage one all-gather of
-  the state-sized final states gives every device the last part's.
+  devices by a collective-permute. Where the local batch has more than one
+  element (and the call is no host callback), the stages are pipelined over
+  ``C`` chunks of it (``pipelined``): ``P + C - 1`` stages of a chunk, ``C``
+  devices at work at once. After the last stage one all-gather of the
+  state-sized final states gives every device the last part's.
 
 Which part a device holds is read from a table indexed by ``partition_id``.
 """
@@ -75,12 +78,106 @@ def carry(d: CallDescription, operand_shardings, scan_tiles) -> Carry | None:
   return Carry(s, parts, groups, part)
 
 
-def scanned(c: Carry, call, operands, result_types, target: str) -> list:
+def scanned(c: Carry, call, operands, result_types, target: str,
+            batch_dims=None) -> list:
   """The results of the call over the whole dim, run on this device's part:
-  ``call(operands)`` emits the kernel on local operands."""
+  ``call(operands, result_types)`` emits the kernel on local operands.
+  ``batch_dims``: each operand's and each result's first batch dim (None
+  where it has none), where the sequential stages may pipeline chunks of
+  the batch (``pipelined``); None where they may not (a host callback,
+  whose block vector names its whole block)."""
+  call_whole = lambda ops: call(ops, result_types)
   if c.scan.parallel:
-    return _parallel(c, call, list(operands), list(result_types), target)
-  return _sequential(c, call, list(operands), list(result_types))
+    return _parallel(c, call_whole, list(operands), list(result_types), target)
+  chunks = _chunks(c, result_types, batch_dims)
+  if chunks > 1:
+    return pipelined(c, call, list(operands), list(result_types), batch_dims, chunks)
+  return _sequential(c, call_whole, list(operands), list(result_types))
+
+
+def _chunks(c: Carry, result_types, batch_dims) -> int:
+  """How many chunks of the local batch a sequential scan pipelines through
+  its parts: the most, up to the parts, that cut the results' first batch
+  dim evenly; 1 (no pipeline) where the batch is one element, the stages
+  may not be cut, or the dim is not split."""
+  if batch_dims is None or c.parts < 2:
+    return 1
+  _, result_dims = batch_dims
+  first = next((i for i, dim in enumerate(result_dims) if dim is not None), None)
+  if first is None:
+    return 1
+  size = ir.RankedTensorType(result_types[first]).shape[result_dims[first]]
+  return max(n for n in range(1, min(c.parts, size) + 1) if size % n == 0)
+
+
+def pipelined(c: Carry, call, operands, result_types, batch_dims, chunks: int) -> list:
+  """The sequential stages as a wavefront over ``chunks`` chunks of the
+  local batch: in stage ``s`` the devices at position ``q`` of the state's
+  flow run chunk ``s - q`` from the state the previous position handed on
+  for it, so ``parts + chunks - 1`` stages of a chunk each replace
+  ``parts`` stages of the whole batch, and ``chunks`` devices along the
+  dim work at once instead of one. Each chunk still runs part after part
+  from the exact state the previous part ended in: the same operations as
+  unpipelined."""
+  k, j = c.scan.state
+  operand_dims, result_dims = batch_dims
+  flow = c.flow()
+  position = np.zeros_like(c.part)
+  for device, part in enumerate(c.part):
+    position[device] = flow.index(int(part))
+  shapes = [list(ir.RankedTensorType(t).shape) for t in result_types]
+  size = next(s[dim] for s, dim in zip(shapes, result_dims) if dim is not None)
+  step = size // chunks
+  chunk_types = [t if dim is None else ir.RankedTensorType.get(
+      [step if a == dim else n for a, n in enumerate(s)], ir.RankedTensorType(t).element_type)
+                 for t, s, dim in zip(result_types, shapes, result_dims)]
+  first = emit.compare(emit.partition_scalar((position == 0).astype(np.int64)),
+                       _constant(1), "EQ")
+  pairs = np.asarray([(g[flow[q]], g[flow[q + 1]]) for g in c.groups
+                      for q in range(c.parts - 1)], np.int64)
+  outs = [emit.splat(0, t) for t in result_types]
+  arrived = emit.splat(0, chunk_types[j])
+  stages = c.parts + chunks - 1
+  for stage in range(stages):
+    chunk = stage - position
+    active = ((chunk >= 0) & (chunk < chunks)).astype(np.int64)
+    offset = emit.partition_scalar(np.clip(chunk, 0, chunks - 1) * step)
+    index = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)),
+                        emit.partition_scalar(active))
+    case = hlo.CaseOp([*result_types, chunk_types[j]], index, 2)
+    with ir.InsertionPoint(case.regions[0].blocks.append()):
+      hlo.return_([*outs, emit.splat(0, chunk_types[j])])
+    with ir.InsertionPoint(case.regions[1].blocks.append()):
+      ops = [o if dim is None or ir.RankedTensorType(o.type).shape[dim] != size
+             else _slice(o, dim, offset, step) for o, dim in zip(operands, operand_dims)]
+      ops[k] = hlo.select(first, ops[k], arrived)
+      res = call(ops, chunk_types)
+      hlo.return_([*(r if dim is None else _update(o, r, dim, offset)
+                     for o, r, dim in zip(outs, res, result_dims)), res[j]])
+    results: list = list(case.results)
+    outs, sent = results[:-1], results[-1]
+    if stage + 1 < stages:
+      arrived = emit.collective_permute(sent, pairs)
+  outs[j] = _from_last(c, outs[j], flow[-1])
+  return list(outs)
+
+
+def _slice(value, dim: int, offset, size: int):
+  """``value``'s ``size`` elements from ``offset`` along ``dim``."""
+  shape = list(ir.RankedTensorType(value.type).shape)
+  zero = _constant(0)
+  starts = [offset if a == dim else zero for a in range(len(shape))]
+  return hlo.dynamic_slice(value, starts,
+                           ir.DenseI64ArrayAttr.get([size if a == dim else n
+                                                     for a, n in enumerate(shape)]))
+
+
+def _update(value, update, dim: int, offset):
+  """``value`` with ``update`` written from ``offset`` along ``dim``."""
+  zero = _constant(0)
+  rank = len(ir.RankedTensorType(value.type).shape)
+  return hlo.dynamic_update_slice(value, update,
+                                  [offset if a == dim else zero for a in range(rank)])
 
 
 def _with_state(operands, k: int, state) -> list:
@@ -166,14 +263,19 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
       sent = emit.collective_permute(outs[j], pairs)
       arrives = emit.compare(mine, _constant(following), "EQ")
       state = hlo.select(arrives, sent, state)
-  last = flow[-1]
-  shape = list(ir.RankedTensorType(outs[j].type).shape)
-  (gathered,) = emit.all_gather([emit.reshaped(outs[j], [1, *shape])], 0, c.groups)
+  outs[j] = _from_last(c, outs[j], flow[-1])
+  return outs
+
+
+def _from_last(c: Carry, state, last: int):
+  """The final ``state`` of the devices holding part ``last``, on every
+  device: one all-gather of the state-sized results along the dim."""
+  shape = list(ir.RankedTensorType(state.type).shape)
+  (gathered,) = emit.all_gather([emit.reshaped(state, [1, *shape])], 0, c.groups)
   begin, end = [last] + [0] * len(shape), [last + 1] + shape
   one = hlo.slice(gathered, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
                   ir.DenseI64ArrayAttr.get([1] * (len(shape) + 1)))
-  outs[j] = emit.reshaped(one, shape)
-  return outs
+  return emit.reshaped(one, shape)
 
 
 def _constant(value: int) -> ir.Value:

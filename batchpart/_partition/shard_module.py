@@ -15,6 +15,14 @@ def _tensor_type(shape, dtype) -> ir.Type:
   return ir.RankedTensorType.get(list(shape), compat.dtype_to_ir_type(np.dtype(dtype)))
 
 
+def _first_batch_dims(d: CallDescription):
+  """Each operand's and each result's first batch dim (None where it has
+  none)."""
+  first = lambda leads, ranks: [lead if rank else None for lead, rank in zip(leads, ranks)]
+  return (first(d.operand_leads, d.operand_batch_ranks),
+          first(d.result_leads, d.result_batch_ranks))
+
+
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
           result_dtypes, backend_config: bytes, batch_shape, rule=None,
           block_table=None, reduce_groups=(), core_sizes=None, part_offsets=None,
@@ -59,8 +67,9 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
                         for s, t, dim in zip(result_shapes, result_dtypes, dims)]
         if carry is not None:
           results = scan.scanned(
-              carry, lambda ops: emit.custom_call(d.target, d, ops, call_types, config),
-              operands, call_types, d.target)
+              carry, lambda ops, types: emit.custom_call(d.target, d, ops, types, config),
+              operands, call_types, d.target,
+              None if block_table is not None or rule is not None else _first_batch_dims(d))
         else:
           results = emit.custom_call(d.target, d, operands, call_types, config)
         if exchanges:

@@ -145,8 +145,10 @@ inline bool UseSmallPath(SmallKernel kernel, bool automatic) {
   return automatic;
 }
 
-// The sizes at which a kernel takes the interleaved path (each kernel's
-// header has its measured ranges).
+// The sizes at which a kernel takes the interleaved path: where it beat the
+// per-matrix path when measured (each kernel's header has its ranges; the
+// measurements: docs/benchmarks-small-matrices.md, "Measured switch
+// points").
 struct SizeRange {
   int64_t min, max;
   bool contains(int64_t n) const { return min <= n && n <= max; }

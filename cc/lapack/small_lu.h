@@ -18,10 +18,8 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The sizes (max(m, n) for getrf, n for gesv) each target runs interleaved:
-// those where it beat the per-matrix path when measured, single-threaded
-// and on both cores (the tables: docs/benchmarks-small-matrices.md,
-// "Measured switch points"). Complex types take their real type's ranges.
+// Sized by max(m, n) for getrf, n for gesv (SizeRange); complex types take
+// their real type's ranges.
 template <typename T>
 inline constexpr SizeRange kGetrfColumnMajorSizes = {1, kSingle<T> ? 32 : 16};
 template <typename T>

@@ -22,10 +22,8 @@
 
 namespace batchpart::lapack::interleaved {
 
-// The sizes (max(m, n)) each target runs interleaved: those where it beat
-// the per-matrix path when measured (the tables, complex types and a lone
-// matrix's QrOne included: docs/benchmarks-small-matrices.md, "Measured
-// switch points"). At 64 a group of A and Q no longer fits in L2.
+// Sized by max(m, n) (SizeRange). At 64 a group of A and Q no longer fits
+// in L2.
 template <typename T>
 inline constexpr SizeRange kQrColumnMajorSizes = {1, kSingle<T> ? 64 : 56};
 template <typename T>
