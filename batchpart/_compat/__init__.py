@@ -46,6 +46,7 @@ from batchpart._compat.context import (  # noqa: E402
   get_cur_mesh_sharding as get_cur_mesh_sharding,
   set_declarations_key as set_declarations_key,
   use_shardy as use_shardy,
+  without_mesh as without_mesh,
 )
 from batchpart._compat.export import (  # noqa: E402
   after_exported_call_lowering as after_exported_call_lowering,

@@ -7,6 +7,8 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
 - ``jax._src.config.use_shardy_partitioner``: Shardy or GSPMD.
 - ``jax._src.core``: the context mesh's sharding for result types, and the
   resharding jax inserts when operands' Explicit shardings disagree.
+- ``jax._src.mesh``: no context mesh while a ``jax.numpy`` function is
+  lowered for the per-device module, whose program has no mesh.
 - ``jax.make_user_context`` (public, but set globally with ``set_global``):
   the declarations snapshot in jax's jit and trace-cache keys.
 """
@@ -14,10 +16,16 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
 from __future__ import annotations
 
 import jax
-from jax._src import config as jax_config, core
+from jax._src import config as jax_config, core, mesh as mesh_lib
 
 get_cur_mesh_sharding = core.get_cur_mesh_sharding
 auto_insert_reshard = core.auto_insert_reshard
+
+
+def without_mesh():
+  """A context in which no mesh is in force (Explicit mode's sharding
+  constraints would name a mesh the per-device module lacks)."""
+  return mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh)
 
 
 def use_shardy() -> bool:

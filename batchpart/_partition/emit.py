@@ -129,7 +129,7 @@ def jax_function(fn, arg_types, operands, result_types, *, x64: bool) -> list:
   says, its functions moved into the module being built under private
   names, and called on ``operands``: as ``custom_partitioning`` lowers its
   partition functions into the per-device module."""
-  with jax.enable_x64(x64):
+  with jax.enable_x64(x64), compat.without_mesh():
     lowered = jax.jit(fn).lower(*arg_types).compiler_ir("stablehlo")
   entry = _import_functions(str(lowered))
   call = compat.func_dialect.CallOp(list(result_types), ir.FlatSymbolRefAttr.get(entry),
