@@ -219,6 +219,15 @@ def pipeline_candidates(jax, bt, b: int, t: int, partitioner: str):
   return programs, (x, h0)
 
 
+def _header(title: str, columns) -> None:
+  """A table's title and header: the partitioner and program columns
+  left-aligned, the numbers right-aligned."""
+  print(title)
+  print("| " + " | ".join(columns) + " |")
+  left = sum(c in ("partitioner", "program") for c in columns)
+  print("| " + " | ".join(["---"] * left + ["---:"] * (len(columns) - left)) + " |")
+
+
 def _check(programs, args, tol):
   import numpy as np
   want = programs["stock"](*args)
@@ -249,9 +258,9 @@ def main(argv):
   b, t = (32, 32_768) if quick else (32, 262_144)
   repeats = 3 if quick else 5
   from batchpart import _hlo
-  print(f"linear recurrence, {b} x {t:,} float32, t sharded 8 ways")
-  print("| partitioner | program | time | vs stock | vs shard_map | bytes received per device |")
-  print("| --- | --- | ---: | ---: | ---: | ---: |")
+  _header(f"linear recurrence, {b} x {t:,} float32, t sharded 8 ways",
+          ["partitioner", "program", "time", "vs stock", "vs shard_map",
+           "bytes received per device"])
   for partitioner in ("shardy", "gspmd"):
     programs, args = candidates(jax, bt, b, t, partitioner)
     want = programs["stock"](*args)
@@ -268,19 +277,17 @@ def main(argv):
             f"{times['stock'] / times[name]:.1f}x faster | "
             f"{times[name] / times['shard_map']:.2f}x | {received:,} |", flush=True)
   heads, steps = (4, 1024) if quick else (4, 8192)
-  print(f"\nlinear attention, {heads} heads x {steps:,} steps, 64 x 64 state per head, "
-        "t sharded 8 ways")
-  print("| partitioner | program | time | vs stock | vs shard_map |")
-  print("| --- | --- | ---: | ---: | ---: |")
+  _header(f"\nlinear attention, {heads} heads x {steps:,} steps, 64 x 64 state per head, "
+        "t sharded 8 ways",
+          ["partitioner", "program", "time", "vs stock", "vs shard_map"])
   for partitioner in ("shardy", "gspmd"):
     programs, args = attention_candidates(jax, bt, heads, steps, partitioner)
     _check(programs, args, 1e-3)
     _rows(_timing, programs, args, partitioner, repeats)
   lb, lt = (16, 1 << 16) if quick else (16, 1 << 20)
-  print(f"\nscipy lfilter, {lb} x {lt:,} float32, batch over 2 devices, t over 4 "
-        "(sequential)")
-  print("| partitioner | program | time | vs stock |")
-  print("| --- | --- | ---: | ---: |")
+  _header(f"\nscipy lfilter, {lb} x {lt:,} float32, batch over 2 devices, t over 4 "
+        "(sequential)",
+          ["partitioner", "program", "time", "vs stock"])
   programs, args = lfilter_candidates(jax, lb, lt, "shardy")
   # The state zf is rounded to float32 between parts (scipy keeps it in
   # float64 within one call): a few ulps.
@@ -295,10 +302,9 @@ def main(argv):
   print(f"| gspmd | batchpart | {_timing.fmt_time(alone).strip()} | (stock aborts) |",
         flush=True)
   pb, pt = (8, 1 << 15) if quick else (8, 1 << 18)
-  print(f"\nsequential tanh RNN, {pb} x {pt:,} float32, t sharded 8 ways: stages pipelined "
-        "over the batch")
-  print("| partitioner | program | time | vs stock | vs one stage per part |")
-  print("| --- | --- | ---: | ---: | ---: |")
+  _header(f"\nsequential tanh RNN, {pb} x {pt:,} float32, t sharded 8 ways: stages pipelined "
+        "over the batch",
+          ["partitioner", "program", "time", "vs stock", "vs one stage per part"])
   for partitioner in ("shardy", "gspmd"):
     programs, args = pipeline_candidates(jax, bt, pb, pt, partitioner)
     times = _timing.interleaved(programs, args, repeats=repeats)
@@ -307,9 +313,8 @@ def main(argv):
             f"{times['stock'] / times[name]:.1f}x faster | "
             f"{times[name] / times['one stage per part']:.2f}x |", flush=True)
   mb, mt = (4, 1 << 18) if quick else (4, 1 << 22)
-  print(f"\nsequential tanh RNN, {mb} x {mt:,} float32, t sharded 8 ways: bytes per device")
-  print("| partitioner | stock | batchpart | ratio |")
-  print("| --- | ---: | ---: | ---: |")
+  _header(f"\nsequential tanh RNN, {mb} x {mt:,} float32, t sharded 8 ways: bytes per device",
+          ["partitioner", "stock", "batchpart", "ratio"])
   for partitioner in ("shardy", "gspmd"):
     m = sequential_memory(jax, bt, mb, mt, partitioner)
     print(f"| {partitioner} | {m['stock']:,} | {m['batchpart']:,} | "
