@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import batchpart as bp
 import batchpart.testing as bt
 from batchpart._hlo import custom_calls
+from batchpart._partition import scan
 
 from helpers import assert_one_all_gather, collective_lines, put_each
 
@@ -128,12 +129,20 @@ def test_integer_prefix_sum_bit_for_bit_with_batch_dims_sharded(partitioner, mes
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("batch, chunks", [(3, 3), (16, 8), (1, 1)])
-def test_sequential_scan_hands_the_state_on(partitioner, mesh8, reverse, batch, chunks):
+# Each case its own batch size: the partitioner's and jax's caches key on
+# the program, not on the pipeline's threshold.
+@pytest.mark.parametrize("batch, chunks, min_chunk", [(3, 3, 1), (16, 8, 1), (1, 1, 1),
+                                                      (12, 4, 15), (5, 1, None)])
+def test_sequential_scan_hands_the_state_on(partitioner, mesh8, monkeypatch, reverse, batch,
+                                            chunks, min_chunk):
   """The state goes part to part, pipelined over chunks of the batch where
-  it has more than one element: stage s runs chunk s - q on the devices at
-  position q of the flow, so 8 + chunks - 1 stages each hand a chunk's state
-  on (one stage of the whole batch each where it cannot be cut)."""
+  each holds enough work (``min_chunk`` elements per step-result here; None:
+  the default, which these short parts do not reach): stage s runs chunk
+  s - q on the devices at position q of the flow, so 8 + chunks - 1 stages
+  each hand a chunk's state on (one stage of the whole batch each where it
+  is not cut)."""
+  if min_chunk is not None:
+    monkeypatch.setattr(scan, "MIN_CHUNK_ELEMENTS", min_chunk)
   rng = np.random.default_rng(2)
   x = rng.normal(size=(batch, 40)).astype(np.float32)
   h0 = rng.normal(size=(batch,)).astype(np.float32)
@@ -266,7 +275,6 @@ def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
   report = bp.explain(lambda x, h: g(x, h, w=0.5, reverse=np.int64(0)),
                       *put_each(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
   assert "sequential: the state handed part to part" in str(report)
-  # 8 + 3 - 2 hand-offs of a row's state (the 3 rows pipelined) and one
-  # all-gather of the 8 parts' final states.
+  # 7 hand-offs of the (3,) state and one all-gather of the 8 parts' final states.
   (seq,) = {c.scan_dims[0] for c in report.calls if c.scan_dims}
-  assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 9 * 1 * 4 + 8 * 3 * 4)
+  assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 7 * 3 * 4 + 8 * 3 * 4)
