@@ -225,27 +225,6 @@ def test_partition_ffi_target_with_a_scan(partitioner, mesh8):
     bp.unpartition(target)
 
 
-def test_pure_callback_with_a_scan_gets_the_state(partitioner, mesh8):
-  signal = pytest.importorskip("scipy.signal")
-  b, a = [0.2, 0.3], [1.0, -0.5]
-  rng = np.random.default_rng(4)
-  x = rng.standard_normal((8, 64))
-  zi = rng.standard_normal((8, 1))
-
-  def lfilter(x, zi):
-    y, zf = signal.lfilter(b, a, np.asarray(x), axis=-1, zi=np.asarray(zi))
-    return y.astype(x.dtype), zf.astype(zi.dtype)
-
-  with jax.enable_x64(True):
-    fn = jax.jit(lambda x, zi: bp.pure_callback(
-        lfilter, (S(x.shape, x.dtype), S(zi.shape, zi.dtype)), x, zi,
-        signature="(t),(z)->(t),(z)", scan={"t": bp.Scan((1, 1))}))
-    out = fn(*put_each(mesh8, [(x, P("x", None)), (zi, P("x", None))]))
-  want = signal.lfilter(b, a, x, axis=-1, zi=zi)
-  np.testing.assert_allclose(np.asarray(out[0]), want[0], rtol=1e-12)
-  np.testing.assert_allclose(np.asarray(out[1]), want[1], rtol=1e-12)
-
-
 def test_io_callback_refuses_a_parallel_scan():
   with pytest.raises(ValueError, match=r"batchpart\.io_callback\(.*\): scan=.*'t'.*has a "
                                        r"merge"):

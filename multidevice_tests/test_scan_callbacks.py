@@ -114,17 +114,22 @@ def _lfilter(signal, b, a):
   return lfilter
 
 
-def test_lfilter_sequential_bit_for_bit(partitioner, mesh2x4):
+@pytest.mark.parametrize("x_spec, zi_spec", [(P("a", "b"), P("a")),
+                                             (P(("a", "b"), None), P(("a", "b")))],
+                         ids=["t split", "rows split, t whole"])
+def test_lfilter_sequential_bit_for_bit(partitioner, mesh2x4, x_spec, zi_spec):
+  """scipy's lfilter with its initial conditions, each call from the state
+  its part starts in (with t whole: the initial state itself)."""
   signal = pytest.importorskip("scipy.signal")
   b, a = signal.butter(3, 0.2)
   rng = np.random.default_rng(2)
-  x = rng.standard_normal((4, 96))
-  zi = rng.standard_normal((4, 3))
+  x = rng.standard_normal((8, 96))
+  zi = rng.standard_normal((8, 3))
   with jax.enable_x64(True):
     fn = jax.jit(lambda x, zi: bp.pure_callback(
         _lfilter(signal, b, a), (S(x.shape, x.dtype), S(zi.shape, zi.dtype)), x, zi,
         signature="(t),(z)->(t),(z)", scan={"t": bp.Scan((1, 1))}))
-    y, zf = fn(*put_each(mesh2x4, [(x, P("a", "b")), (zi, P("a"))]))
+    y, zf = fn(*put_each(mesh2x4, [(x, x_spec), (zi, zi_spec)]))
   want = signal.lfilter(b, a, x, axis=-1, zi=zi)
   np.testing.assert_array_equal(np.asarray(y), want[0])
   np.testing.assert_array_equal(np.asarray(zf), want[1])

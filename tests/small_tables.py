@@ -11,7 +11,7 @@ import pytest
 
 from batchpart import _core
 from batchpart._lapack_targets import column_major
-from batchpart.testing import small_path
+from batchpart.testing import lanes, small_path
 
 #: Each module's marks: a time limit, float64 on and the LAPACK targets registered.
 MARKS = [pytest.mark.timeout(300), pytest.mark.usefixtures("x64", "lapack_registered")]
@@ -58,3 +58,11 @@ def both_paths(kernel, f, *args):
   with small_path(kernel, "never"):
     theirs = f(*args)
   return ours, theirs
+
+
+def past_a_group(make, dtype, shape, seed: int = 1):
+  """``make(rng, (lanes + 1, *shape), dtype)``: one matrix past a full group
+  of ``dtype``'s lanes, so one group is shared with a partial one; and the
+  ``rng`` it drew from."""
+  rng = np.random.default_rng(seed)
+  return rng, make(rng, (lanes(dtype) + 1, *shape), dtype)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from small_tables import MARKS, both_paths, call, sizes_around
+from small_tables import MARKS, both_paths, call, past_a_group, sizes_around
 
 import batchpart as bp
 from batchpart import _core
@@ -105,9 +105,8 @@ def test_eigh_matches_numpy_on_both_sides_of_the_switch(lower, dtype):
 @SIDES
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_other_triangle_is_never_read(lower, dtype):
-  rng = np.random.default_rng(1)
   n = 9
-  a = symmetric(rng, (lanes(dtype) + 1, n, n), dtype)
+  _, a = past_a_group(symmetric, dtype, (n, n))
   unread = np.triu(np.ones((n, n), bool), 1) if lower else np.tril(np.ones((n, n), bool), -1)
   garbled = np.where(unread, np.asarray(np.nan, dtype), a)
   for batch in (len(a), 5):  # a full group packs whole matrices, a part-filled one the triangle
@@ -243,8 +242,7 @@ def test_the_diagonals_imaginary_parts_are_ignored(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linalg_eigh_and_its_gradient_through_the_interleaved_path(dtype):
-  rng = np.random.default_rng(7)
-  a = jnp.asarray(symmetric(rng, (lanes(dtype) + 1, 5, 5), dtype))
+  a = jnp.asarray(past_a_group(symmetric, dtype, (5, 5), seed=7)[1])
   w, v = bp.linalg.eigh(a)
   check_eigh(np.asarray(a), np.asarray(w), np.asarray(v), dtype)
   # Eigenvectors are defined up to sign; these losses are not.

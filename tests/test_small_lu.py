@@ -39,6 +39,15 @@ def sizes_around_switch(target, row_major, dtype):
   return sizes_around(high, low)
 
 
+def batches_around_switch(target, row_major, dtype, seed: int, make=None):
+  """(rng, a) for each size around ``target``'s switch: ``a`` 17 n x n
+  matrices drawn by ``make`` (default ``random_array``) from ``rng``, which
+  the caller may draw more from."""
+  rng = np.random.default_rng(seed)
+  for n in sizes_around_switch(target, row_major, dtype):
+    yield rng, (make or random_array)(rng, (17, n, n), dtype)
+
+
 def getrf(a, row_major):
   *batch, m, n = a.shape
   return call("batchpart_getrf", [a],
@@ -87,9 +96,7 @@ def well_conditioned(rng, shape, dtype):
 @LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lu_matches_scipy_on_both_sides_of_the_switch(row_major, dtype):
-  rng = np.random.default_rng(0)
-  for n in sizes_around_switch("getrf", row_major, dtype):
-    a = random_array(rng, (17, n, n), dtype)
+  for _, a in batches_around_switch("getrf", row_major, dtype, 0):
     check_against_scipy(a, *getrf(a, row_major))
 
 
@@ -112,9 +119,8 @@ def test_lu_of_non_square_matrices(row_major, dtype, m, n):
 @LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_solve_matches_numpy_on_both_sides_of_the_switch(row_major, dtype):
-  rng = np.random.default_rng(1)
-  for n in sizes_around_switch("gesv", row_major, dtype):
-    a = well_conditioned(rng, (17, n, n), dtype)
+  for rng, a in batches_around_switch("gesv", row_major, dtype, 1, well_conditioned):
+    n = a.shape[-1]
     b = random_array(rng, (17, n, 3), dtype)
     x, info = gesv(a, b, row_major)
     assert not info.any()

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from small_tables import LAYOUTS, MARKS, both_paths, call, sizes_around
+from small_tables import LAYOUTS, MARKS, both_paths, call, past_a_group, sizes_around
 
 import batchpart as bp
 from batchpart import _core
@@ -117,9 +117,8 @@ def test_columns_with_nothing_to_annihilate_keep_their_reflector_the_identity(ro
   # shared with ordinary matrices.
   # (Complex: with a real diagonal, as zlarfg keeps H = I only for a real
   # alpha.)
-  rng = np.random.default_rng(1)
   n = 6
-  a = random_array(rng, (lanes(dtype) + 1, n, n), dtype)
+  _, a = past_a_group(random_array, dtype, (n, n))
   a[::2] = np.triu(a[::2])
   diagonal = np.arange(n)
   a[::2, diagonal, diagonal] = a[::2, diagonal, diagonal].real
@@ -215,8 +214,7 @@ def test_a_complex_diagonal_reflects_to_a_real_one(row_major, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linalg_qr_and_its_gradient_through_the_interleaved_path(dtype):
-  rng = np.random.default_rng(5)
-  a = jnp.asarray(random_array(rng, (lanes(dtype) + 1, 6, 4), dtype))
+  a = jnp.asarray(past_a_group(random_array, dtype, (6, 4), seed=5)[1])
   loss = lambda f: lambda a: sum(jnp.sum(jnp.real(jnp.sin(x))) for x in f(a))
   for mode in ("reduced", "complete"):
     q, r = bp.linalg.qr(a, mode=mode)
