@@ -95,6 +95,35 @@ def partition_scalar(values) -> ir.Value:
   return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(64)), row)
 
 
+def partition_index(values) -> ir.Value:
+  """``values[partition_id]`` as an int32 scalar: a ``stablehlo.case``
+  branch index, for an int vector indexed by partition id."""
+  return hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)),
+                     partition_scalar(np.asarray(values, np.int64)))
+
+
+def int64(value: int) -> ir.Value:
+  """The int64 scalar constant ``value``."""
+  return hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.int64)))  # type: ignore[call-overload]  # stubs: arrays
+
+
+def slice_along(value, dim: int, start, size: int) -> ir.Value:
+  """``value``'s ``size`` elements from the int64 scalar ``start`` along
+  ``dim``."""
+  shape = list(ir.RankedTensorType(value.type).shape)
+  starts = [start if a == dim else int64(0) for a in range(len(shape))]
+  shape[dim] = size
+  return hlo.dynamic_slice(value, starts, ir.DenseI64ArrayAttr.get(shape))
+
+
+def update_along(value, update, dim: int, start) -> ir.Value:
+  """``value`` with ``update`` written from the int64 scalar ``start`` along
+  ``dim``."""
+  rank = len(ir.RankedTensorType(value.type).shape)
+  return hlo.dynamic_update_slice(value, update,
+                                  [start if a == dim else int64(0) for a in range(rank)])
+
+
 def collective_permute(value, pairs: np.ndarray) -> ir.Value:
   """``value`` sent along the (source, target) device ``pairs`` (zeros where
   nothing arrives)."""

@@ -133,9 +133,8 @@ def kept(value, dims, exchanges_):
   """A result on the window cut back to this device's part."""
   for x, dim in zip(exchanges_, dims):
     if dim is not None:
-      shape = list(ir.RankedTensorType(value.type).shape)
-      shape[dim] -= x.halo.width
-      value = _slice_at(value, dim, emit.partition_scalar(x.keep_start), shape)
+      size = ir.RankedTensorType(value.type).shape[dim] - x.halo.width
+      value = emit.slice_along(value, dim, emit.partition_scalar(x.keep_start), size)
   return value
 
 
@@ -155,8 +154,7 @@ def _window(value, dim: int, x: Exchange):
     return _concatenate(joins[INTERIOR](), dim)
   out = list(shape)
   out[dim] = p + w
-  i32 = ir.IntegerType.get_signless(32)
-  index = hlo.convert(ir.RankedTensorType.get([], i32), emit.partition_scalar(x.kind))
+  index = emit.partition_index(x.kind)
   element = ir.RankedTensorType(value.type).element_type
   case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], index, 3)
   for kind in (FIRST, INTERIOR, LAST):
@@ -178,10 +176,3 @@ def _static_slice(value, dim: int, start: int, stop: int):
   begin[dim], end[dim] = start, stop
   return hlo.slice(value, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
                    ir.DenseI64ArrayAttr.get([1] * len(shape)))
-
-
-def _slice_at(value, dim: int, start, sizes):
-  """``value`` cut to ``sizes`` from the int64 scalar ``start`` along ``dim``."""
-  zero = hlo.constant(ir.DenseElementsAttr.get(np.zeros((), np.int64)))  # type: ignore[call-overload]  # stubs: arrays
-  starts = [start if i == dim else zero for i in range(len(sizes))]
-  return hlo.dynamic_slice(value, starts, ir.DenseI64ArrayAttr.get(list(sizes)))

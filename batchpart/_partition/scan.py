@@ -141,7 +141,7 @@ def pipelined(c: Carry, call, operands, result_types, batch_dims, chunks: int) -
       [step if a == dim else n for a, n in enumerate(s)], ir.RankedTensorType(t).element_type)
                  for t, s, dim in zip(result_types, shapes, result_dims)]
   first = emit.compare(emit.partition_scalar((position == 0).astype(np.int64)),
-                       _constant(1), "EQ")
+                       emit.int64(1), "EQ")
   pairs = np.asarray([(g[flow[q]], g[flow[q + 1]]) for g in c.groups
                       for q in range(c.parts - 1)], np.int64)
   outs = [emit.splat(0, t) for t in result_types]
@@ -151,17 +151,16 @@ def pipelined(c: Carry, call, operands, result_types, batch_dims, chunks: int) -
     chunk = stage - position
     active = ((chunk >= 0) & (chunk < chunks)).astype(np.int64)
     offset = emit.partition_scalar(np.clip(chunk, 0, chunks - 1) * step)
-    index = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)),
-                        emit.partition_scalar(active))
+    index = emit.partition_index(active)
     case = hlo.CaseOp([*result_types, chunk_types[j]], index, 2)
     with ir.InsertionPoint(case.regions[0].blocks.append()):
       hlo.return_([*outs, emit.splat(0, chunk_types[j])])
     with ir.InsertionPoint(case.regions[1].blocks.append()):
       ops = [o if dim is None or ir.RankedTensorType(o.type).shape[dim] != size
-             else _slice(o, dim, offset, step) for o, dim in zip(operands, operand_dims)]
+             else emit.slice_along(o, dim, offset, step) for o, dim in zip(operands, operand_dims)]
       ops[k] = hlo.select(first, ops[k], arrived)
       res = call(ops, chunk_types)
-      hlo.return_([*(r if dim is None else _update(o, r, dim, offset)
+      hlo.return_([*(r if dim is None else emit.update_along(o, r, dim, offset)
                      for o, r, dim in zip(outs, res, result_dims)), res[j]])
     results: list = list(case.results)
     outs, sent = results[:-1], results[-1]
@@ -169,24 +168,6 @@ def pipelined(c: Carry, call, operands, result_types, batch_dims, chunks: int) -
       arrived = emit.collective_permute(sent, pairs)
   outs[j] = _from_last(c, outs[j], flow[-1])
   return list(outs)
-
-
-def _slice(value, dim: int, offset, size: int):
-  """``value``'s ``size`` elements from ``offset`` along ``dim``."""
-  shape = list(ir.RankedTensorType(value.type).shape)
-  zero = _constant(0)
-  starts = [offset if a == dim else zero for a in range(len(shape))]
-  return hlo.dynamic_slice(value, starts,
-                           ir.DenseI64ArrayAttr.get([size if a == dim else n
-                                                     for a, n in enumerate(shape)]))
-
-
-def _update(value, update, dim: int, offset):
-  """``value`` with ``update`` written from ``offset`` along ``dim``."""
-  zero = _constant(0)
-  rank = len(ir.RankedTensorType(value.type).shape)
-  return hlo.dynamic_update_slice(value, update,
-                                  [offset if a == dim else zero for a in range(rank)])
 
 
 def _with_state(operands, k: int, state) -> list:
@@ -204,8 +185,7 @@ def _parallel(c: Carry, call, operands, result_types, target: str) -> list:
   shapes = [list(ir.RankedTensorType(first[i].type).shape) for i in summary]
   gathered = emit.all_gather([emit.reshaped(first[i], [1, *shape])
                               for i, shape in zip(summary, shapes)], 0, c.groups)
-  index = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)),
-                      emit.partition_scalar(c.part))
+  index = emit.partition_index(c.part)
   folded = _fold(reg, c, [first[i].type for i in summary], operands[k], gathered, index)
   start, final, totals = folded[0], folded[1], folded[2:]
   second = call(_with_state(operands, k, start))
@@ -258,8 +238,7 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
   outs = [emit.splat(0, t) for t in result_types]
   flow = c.flow()
   for stage, part in enumerate(flow):
-    runs = emit.compare(mine, _constant(part), "EQ")
-    index = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), runs)
+    index = emit.partition_index(c.part == part)
     case = hlo.CaseOp(list(result_types), index, 2)
     with ir.InsertionPoint(case.regions[0].blocks.append()):
       hlo.return_(outs)
@@ -270,7 +249,7 @@ def _sequential(c: Carry, call, operands, result_types) -> list:
       following = flow[stage + 1]
       pairs = np.asarray([(g[part], g[following]) for g in c.groups], np.int64)
       sent = emit.collective_permute(outs[j], pairs)
-      arrives = emit.compare(mine, _constant(following), "EQ")
+      arrives = emit.compare(mine, emit.int64(following), "EQ")
       state = hlo.select(arrives, sent, state)
   outs[j] = _from_last(c, outs[j], flow[-1])
   return outs
@@ -285,7 +264,3 @@ def _from_last(c: Carry, state, last: int):
   one = hlo.slice(gathered, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
                   ir.DenseI64ArrayAttr.get([1] * (len(shape) + 1)))
   return emit.reshaped(one, shape)
-
-
-def _constant(value: int) -> ir.Value:
-  return hlo.constant(ir.DenseElementsAttr.get(np.asarray(value, np.int64)))  # type: ignore[call-overload]  # stubs: arrays
