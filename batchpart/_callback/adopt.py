@@ -40,6 +40,7 @@ from batchpart._frontend.signature import (
 )
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
+from batchpart._vocab.dims.scan import refuse_parallel
 
 # jax's vmap methods after which the callback gets every vmapped dim at once.
 _VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
@@ -234,10 +235,7 @@ def _check_scan_kind(owner: str, kind: str, scan) -> None:
     raise ValueError(f"{owner}: scan= over the dim(s) {names} applies to jax.pure_callback "
                      "and io_callback calls; this is a jax buffer_callback, which takes "
                      "no scan.")
-  if any(s.merge is not None for s in scan.values()):
-    raise ValueError(f"{owner}: scan={scan!r} over the dim(s) {names} has a merge; this is "
-                     "a jax io_callback, and a parallel scan runs every part twice, so its "
-                     "side effects would happen twice. Declare the scan without a merge.")
+  refuse_parallel(owner, scan, "this is a jax io_callback")
 
 
 def _explicit_retype(avals_in, avals_out, params):

@@ -35,7 +35,7 @@ from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
 from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.reduced import check_results
-from batchpart._vocab.dims.scan import check_scan_arrays
+from batchpart._vocab.dims.scan import check_scan_arrays, refuse_parallel
 
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
@@ -174,13 +174,9 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: A
         "the windows of neighbouring parts overlap, so its side effects would happen "
         "more than once for the halo elements. Use batchpart.pure_callback(..., halo=...) "
         "for a pure function.")
-  if scan is not None and any(getattr(v, "merge", None) is not None
-                              for v in (scan.values() if isinstance(scan, dict) else ())):
-    raise ValueError(
-        f"batchpart.io_callback({callback_name(callback)}): scan={scan!r} over the dim(s) "
-        f"{', '.join(map(repr, scan))} has a merge: a parallel scan runs every part "
-        "twice, so its side effects would happen twice. Declare it without a merge, or "
-        "use batchpart.pure_callback(..., scan=...) for a pure function.")
+  refuse_parallel(f"batchpart.io_callback({callback_name(callback)})", scan,
+                  "an io_callback has side effects",
+                  ", or use batchpart.pure_callback(..., scan=...) for a pure function")
   if ordered:
     raise ValueError(
         f"batchpart.io_callback({callback_name(callback)}): ordered=True is not "

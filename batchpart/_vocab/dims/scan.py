@@ -137,6 +137,16 @@ def check_scan_mapping(owner: str, scan) -> dict[str, Scan]:
   return dict(scan)
 
 
+def refuse_parallel(owner: str, scan, call: str, hint: str = "") -> None:
+  """Raises where the ``scan=`` mapping has a merge for ``call``, a call with
+  side effects: a parallel scan runs every part twice."""
+  if isinstance(scan, dict) and any(getattr(s, "merge", None) is not None
+                                    for s in scan.values()):
+    raise ValueError(f"{owner}: scan={scan!r} over the dim(s) {', '.join(map(repr, scan))} "
+                     f"has a merge; {call}, and a parallel scan runs every part twice, so its "
+                     f"side effects would happen twice. Declare the scan without a merge{hint}.")
+
+
 def scan_text(scans) -> str:
   """The declaration's ``scan=`` as written back, for messages and explain."""
   def one(s):
