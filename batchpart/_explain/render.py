@@ -209,7 +209,7 @@ def _scan_text(call: Any) -> str:
                "part's start (this call is one of the two passes)")
     else:
       where = (f"in {t.parts} parts of {t.size // t.parts}, sequential: the state handed "
-               f"part to part by collective-permutes, {t.parts} stages")
+               "part to part by collective-permutes")
     moved = f"; {_bytes(t.moved_bytes)} moved per device" if t.moved_bytes else ""
     parts.append(f"{t.name}{size}, state flows {flow}: {where}{moved}")
   return "; ".join(parts)
