@@ -16,6 +16,7 @@ from collections.abc import Callable
 from batchpart import _compat as compat
 from batchpart._frontend import batch_dims
 from batchpart._vocab.batch_spec import fmt
+from batchpart._vocab.dims.core import core_dims
 from batchpart._vocab.dims.named_combiners import TOP_K_COMBINERS
 from batchpart._vocab.dims.reduced import Reduction, check_results
 
@@ -211,8 +212,7 @@ class CallPlaces:
     for h, dims, size in _carried(eqn, in_dims, operands, self.halos):
       result_dims = []
       for i, (a, (lead, rank)) in enumerate(zip(eqn.params["result_avals"], results)):
-        fits = [j for j in [*range(lead), *range(lead + rank, len(a.shape))]
-                if a.shape[j] == size]
+        fits = [j for j in _core_dims(a.shape, (lead, rank)) if a.shape[j] == size]
         if len(fits) != 1:
           self._warn_unclear(target, f"result {i} has {len(fits)} core dims of the size "
                                      f"of the halo dim {h.name!r} ({size}), so where the "
@@ -278,7 +278,7 @@ def _state_pair(eqn, stepped_operands, stepped_results, declared) -> tuple[int, 
 def _core_dims(shape, place) -> list[int]:
   """The dims of an array at ``(lead, rank)`` that are not batch dims."""
   lead, rank = place
-  return [*range(lead), *range(lead + rank, len(shape))]
+  return core_dims(len(shape), lead, len(shape) - lead - rank)
 
 
 def _k_dims(eqn, operands, results):

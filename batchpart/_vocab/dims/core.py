@@ -21,6 +21,18 @@ class DimName:
   axis: int
 
 
+def core_dims(rank: int, lead: int, core: int) -> list[int]:
+  """The core dims of an array of ``rank`` with ``lead`` core dims before its
+  batch dims and ``core`` after them, in core order (leading, then
+  trailing)."""
+  return [*range(lead), *range(rank - core, rank)]
+
+
+def core_shape(shape, lead: int, core: int) -> tuple[int, ...]:
+  """The sizes of ``shape``'s core dims (``core_dims``)."""
+  return tuple(int(shape[d]) for d in core_dims(len(shape), lead, core))
+
+
 def absolute_dim(axis: int, rank: int) -> int:
   """An array dim from a core axis (``>= 0`` leading, ``< 0`` trailing)."""
   return axis if axis >= 0 else rank + axis

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim, core_dims, core_shape
 from batchpart._vocab.dims.user_combiner import (
   OP_PREFIX,
   Combiner,
@@ -101,18 +101,11 @@ class ResultDims:
 
   @property
   def core_shape(self) -> tuple[int, ...]:
-    """The core dims' sizes in core order: leading ones, then trailing ones."""
-    return self.shape[:self.lead] + self.shape[len(self.shape) - self.core:]
+    return core_shape(self.shape, self.lead, self.core)
 
   @property
   def batch_shape(self) -> tuple[int, ...]:
     return self.shape[self.lead:len(self.shape) - self.core]
-
-
-def core_order_dims(rank: int, lead: int, core: int) -> list[int]:
-  """An array's core dims in core order (leading ones, then trailing ones),
-  as dims of the array."""
-  return [*range(lead), *range(rank - core, rank)]
 
 
 def lse_dims(average: tuple[int, int, int], lse: tuple[int, int]) -> list[int]:
@@ -121,7 +114,7 @@ def lse_dims(average: tuple[int, int, int], lse: tuple[int, int]) -> list[int]:
   in core order. The average is given as ``(rank, lead, core)``, the lse as
   ``(lead, core)``."""
   (rank, lead, core), (lse_lead, lse_core) = average, lse
-  cores = core_order_dims(rank, lead, core)
+  cores = core_dims(rank, lead, core)
   batch = rank - lead - core
   out = [cores[j] for j in range(lse_lead)]
   out += [lead + b for b in range(batch)]

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim, core_shape
 from batchpart._vocab.dims.named_combiners import (
   COMBINERS,
   ResultDims,
@@ -152,11 +152,10 @@ def lower_combiners(owner: str, reductions, result_shapes, result_core_ranks,
         raise ValueError(f"{owner}: reduce {r.op!r} over the dim {r.name}: a Combiner "
                          "needs its combining results' batch dims in front (no core dims "
                          "before the signature's '...').")
-      types = [jax.ShapeDtypeStruct(
-          tuple(s[:lead]) + tuple(s[len(s) - core:] if core else ()), t)
-          for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
-                                                     result_leads, result_dtypes))
-          if i not in kept]
+      types = [jax.ShapeDtypeStruct(core_shape(s, lead, core), t)
+               for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
+                                                          result_leads, result_dtypes))
+               if i not in kept]
       r = dataclasses.replace(r, op=lowered_name(
           f"{owner}: reduce {r.op!r} over the dim {r.name}", r.op, types))
     out.append(r)

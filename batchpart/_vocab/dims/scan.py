@@ -29,7 +29,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from batchpart._vocab.dims.core import absolute_dim
+from batchpart._vocab.dims.core import absolute_dim, core_shape
 from batchpart._vocab.dims.halo import HaloDim
 from batchpart._vocab.lowered_functions import (
   Registry,
@@ -271,8 +271,8 @@ def lower_scans(owner: str, scans, result_shapes, result_core_ranks, result_lead
       if any(result_leads[k] for k in summary):
         raise ValueError(f"{where}: the results without the scanned dim need their batch "
                          "dims in front (no core dims before the signature's '...').")
-      core = lambda k: tuple(result_shapes[k][len(result_shapes[k]) - result_core_ranks[k]:])
-      types = [jax.ShapeDtypeStruct(core(k), result_dtypes[k]) for k in summary]
+      types = [jax.ShapeDtypeStruct(core_shape(result_shapes[k], 0, result_core_ranks[k]),
+                                    result_dtypes[k]) for k in summary]
       j = s.state[1]
       s = dataclasses.replace(s, fold=lowered_name(where, s.fold, types, types[
           summary.index(j)], summary.index(j)))
