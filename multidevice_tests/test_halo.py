@@ -95,13 +95,16 @@ def test_batch_dims_and_halo_dims_split_together(partitioner, mesh2x4):
   assert local_shapes(the_custom_call(text, STENCIL)) == [(2, 10 + 3)]
 
 
-@pytest.mark.parametrize("n, lo, hi, seen", [(30, 1, 2, 30), (16, 1, 2, 4 + 3),
-                                              (24, 2, 2, 6 + 4), (16, 4, 4, 16)])
+@pytest.mark.parametrize("n, lo, hi, seen", [(61, 1, 2, 8 + 3), (30, 1, 2, 8 + 3),
+                                              (16, 1, 2, 4 + 3), (24, 2, 2, 6 + 4),
+                                              (16, 4, 4, 8 + 8), (6, 2, 2, 6)])
 def test_splits_the_window_cannot_take_are_made_coarser_or_kept_whole(partitioner, mesh8, n,
                                                                      lo, hi, seen):
-  """30 over 8 is uneven: whole. 16 over 8 and 24 over 8 make parts shorter
-  than lo + hi: 4 parts instead (the other factor of 2 replicated). 16 with
-  lo + hi = 8 takes no split but one part: whole. The values stay exact."""
+  """61 over 8 is uneven, parts of 8 and a last of 5 >= lo + hi: split 8
+  ways. 30 over 8 leaves a last part of 2, 16 over 8 and 24 over 8 parts
+  shorter than lo + hi: 4 parts instead (the other factor of 2 replicated;
+  30: parts of 8, the last 6), 16 with lo + hi = 8 two parts. 6 takes no
+  split at all: whole. The values stay exact."""
   x = rng(4).standard_normal((4, n)).astype(np.float32)
   f = constrained(lambda x: stencil(x, lo, hi, "nearest"), mesh8, P(None, "x"))
   np.testing.assert_array_equal(np.asarray(f(x)), unsharded(x, lo, hi, "nearest"))

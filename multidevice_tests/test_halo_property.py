@@ -1,9 +1,11 @@
-"""A property test of halo dims over drawn meshes, shardings, sizes, windows
-and boundary rules: the sharded call equals the unsharded one bit for bit,
-the program holds no collective but collective-permutes where the input
-already sits where the plan wants it, and the kernel sees a window of
-``lo + part + hi`` elements along each split halo dim, the whole dim along
-the others."""
+"""A property test of halo dims over drawn meshes, shardings, sizes (even
+and uneven splits), windows, boundary rules and stated or unstated ends: the
+sharded call equals the unsharded one bit for bit, the program holds no
+collective but collective-permutes where the input already sits where the
+plan wants it (with stated ends, one per direction that has a halo), and the
+kernel sees a window of ``lo + part + hi`` elements along each split halo
+dim, the last part holding at least ``lo + hi``, the whole dim along the
+others."""
 
 import math
 
@@ -42,8 +44,9 @@ def test_halo_calls_equal_the_unsharded_call(partitioner, data):
   lo = data.draw(st.integers(0, 3), label="lo")
   hi = data.draw(st.integers(0, 3), label="hi")
   mode = data.draw(st.sampled_from(list(kernels.HALO_MODES)), label="mode")
-  periodic = mode == "wrap"
-  sizes = [data.draw(st.sampled_from([4, 8, 12, 16, 24, 30, 32]), label=f"size {i}")
+  # The kernel's rules are named as bp.Halo's ends; "wrap" must be stated.
+  ends = mode if mode == "wrap" or data.draw(st.booleans(), label="ends stated") else None
+  sizes = [data.draw(st.sampled_from([4, 8, 12, 16, 24, 30, 32, 37, 61]), label=f"size {i}")
            for i in range(rank)]
   batch = data.draw(st.sampled_from([1, 2, 4]), label="batch")
   shape = (batch, *sizes)
@@ -57,7 +60,7 @@ def test_halo_calls_equal_the_unsharded_call(partitioner, data):
   def call(x):
     x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
     return bp.ffi_call(STENCIL, jax.ShapeDtypeStruct(x.shape, x.dtype), signature=signature,
-                       halo={k: bp.Halo(lo, hi, periodic) for k in names})(x, **attrs)
+                       halo={k: bp.Halo(lo, hi, ends=ends) for k in names})(x, **attrs)
 
   f = jax.jit(call)
   want = jax.ffi.ffi_call(STENCIL, jax.ShapeDtypeStruct(x.shape, x.dtype))(x, **attrs)
@@ -67,14 +70,24 @@ def test_halo_calls_equal_the_unsharded_call(partitioner, data):
   entries = [tuple(spec)[1 + i] if len(spec) > 1 + i else None for i in range(rank)]
   tiles = [math.prod(mesh.shape[a] for a in _axes(e)) for e in entries]
   for size, seen in zip(sizes, local[1:]):
-    # Whole, or a window of lo + part + hi around a part of at least lo + hi.
+    # Whole, or a window of lo + part + hi around parts of XLA's split whose
+    # last holds at least lo + hi.
     part = seen - lo - hi
-    assert seen == size or (part >= lo + hi and size % part == 0 and part < size), (
+    assert seen == size or (0 < part < size and _last(size, part) >= max(lo + hi, 1)), (
         local, spec)
-  if all(t == 1 or (n % t == 0 and n // t >= lo + hi) for n, t in zip(sizes, tiles)):
+  even = [t == 1 or (n % t == 0 and n // t >= lo + hi) for n, t in zip(sizes, tiles)]
+  if all(even):
     # The input sits where the plan wants it: halo exchanges only.
     if spec[0] is None:
       assert collective_kinds(text) <= {"collective-permute"}, (spec, text)
+      if ends is not None:
+        sides = (lo > 0) + (hi > 0)
+        assert text.count(" collective-permute(") == sides * sum(t > 1 for t in tiles), text
     for size, seen, t in zip(sizes, local[1:], tiles):
       if t > 1:
         assert seen == size // t + lo + hi
+
+
+def _last(size: int, part: int) -> int:
+  """The last part's elements where XLA cuts ``size`` into parts of ``part``."""
+  return size - (-(-size // part) - 1) * part

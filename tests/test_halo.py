@@ -94,7 +94,7 @@ def test_splits_into_needs_even_parts_no_shorter_than_the_window():
 
 
 def _description(**halo_fields):
-  halo = HaloDim("n", 1, 2, True, ((0, -1), (1, 0)), ((0, -1),))
+  halo = HaloDim("n", 1, 2, True, ((0, -1), (1, 0)), ((0, -1),), "wrap")
   return CallDescription(
       target="t", operand_batch_ranks=(1, 1), result_batch_ranks=(1,),
       operand_layouts=((1, 0), (2, 1, 0)), result_layouts=((1, 0),),
@@ -151,11 +151,32 @@ def test_the_plan_keeps_a_halo_dim_split_where_the_window_takes_it():
 
 
 def test_the_plan_keeps_a_halo_dim_whole_where_no_split_takes_the_window():
-  """30 over 8 (or 4, or 2) is uneven: the dim is planned as a core dim, its
-  axis moved onto the batch dim (4 rows)."""
-  plan = _plan(bp.Halo(1, 2), (4, 30), (1, 8))
+  """5 over 8 (or 4, or 2) leaves no last part of lo + hi = 3: the dim is
+  planned as a core dim, its axis moved onto the batch dim (4 rows)."""
+  plan = _plan(bp.Halo(1, 2), (4, 5), (1, 8))
   assert plan.halo_tiles == (1,) and plan.whole_halos == ("n",)
-  assert [list(s) for s in plan.operand_local_shapes] == [[1, 30]]
+  assert [list(s) for s in plan.operand_local_shapes] == [[1, 5]]
+
+
+@pytest.mark.parametrize("n, parts, local", [(61, 8, 8), (30, 4, 8)])
+def test_the_plan_keeps_an_uneven_halo_split_whose_last_part_takes_the_window(n, parts, local):
+  """XLA's uneven split (parts of ceil(n / parts), the last short) stays
+  where the last part holds lo + hi: 61 over 8 (the last 5), 30 over 4 (30
+  over 8 would leave 2; the other factor of 2 replicated)."""
+  plan = _plan(bp.Halo(1, 2), (4, n), (1, 8))
+  assert plan.halo_tiles == (parts,) and plan.whole_halos == ()
+  assert [list(s) for s in plan.operand_local_shapes] == [[4, local]]
+
+
+@pytest.mark.parametrize("ends, n, ok", [
+    (None, 61, True), ("nearest", 61, True), ("reflect", 61, True), ("mirror", 61, False),
+    ("mirror", 64, True), ("reflect", 60, False), ("nearest", 60, True), ("wrap", 61, True)])
+def test_an_uneven_split_takes_a_mirrored_end_where_the_last_part_holds_its_reach(ends, n, ok):
+  """Padding the top end by reflection reads hi plus the last part's padding
+  off the last part: 61 over 8 has parts of 8 and a last of 5, reaching
+  2 + 3 = 5 (mirror, which skips the edge element: 6); 60's last part holds
+  4. Other rules read no more than the edge element."""
+  assert splits_into(bp.Halo(1, 2, ends=ends), n, 8) is ok
 
 
 def test_the_plan_splits_a_halo_dim_less_finely_where_parts_would_be_too_short():

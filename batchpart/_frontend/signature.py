@@ -149,7 +149,7 @@ class Signature:
         raise ValueError(f"{owner}: halo names the dim '{name}', which {problem} "
                          f"(signature '{self}').")
       out.append(HaloDim(name, h.lo, h.hi, h.periodic, tuple(where["o"]),
-                         tuple(where["r"])))
+                         tuple(where["r"]), h.ends, h.cval))
     return tuple(out)
 
   def scans(self, scan, reductions, halos, *, owner: str) -> tuple[ScanDim, ...]:

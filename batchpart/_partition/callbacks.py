@@ -62,7 +62,8 @@ def _partition(d, rule, arg_shapes, arg_shardings, result_shape, result_sharding
   local_batch = (plan.result_local_shapes[0][
       d.result_leads[0]:d.result_leads[0] + d.result_batch_ranks[0]]
       if result_shapes else ())
-  exchanges = halo.exchanges(d, plan.result_shardings, getattr(plan, "halo_tiles", ()))
+  exchanges = halo.exchanges(d, _dims(result_shapes[:1]), plan.result_shardings,
+                             getattr(plan, "halo_tiles", ()))
   module = _local_module(
       d, arg_shapes, result_shapes, backend_config, plan.operand_local_shapes,
       plan.result_local_shapes, batch_shape=local_batch, rule=rule,
@@ -118,7 +119,8 @@ def _partition_callback(d, plan, arg_shapes, result_shape, backend_config):
                              planner(b.operand_shardings, b.operand_local_shapes),
                              b.operand_local_shapes),
                          exchanges=halo.exchanges(
-                             d, planner(b.result_shardings, b.result_local_shapes), tiles),
+                             d, _dims(result_shapes[:1]),
+                             planner(b.result_shardings, b.result_local_shapes), tiles),
                          carry=scan.carry(
                              d, planner(b.operand_shardings, b.operand_local_shapes),
                              b.scan_tiles))

@@ -1,27 +1,34 @@
 """The halo exchange around a partitioned call (``_vocab/dims/halo``).
 
-For each halo dim the plan splits into ``t`` parts of ``p`` elements, every
-device sends the first and the last ``w = lo + hi`` elements of its part to
-its neighbours below and above (two collective-permutes per operand that has
-the dim), and joins its window of ``p + w`` elements:
+For each halo dim the plan splits into ``t`` parts of ``p`` elements (the
+last one ``last <= p``, where XLA splits unevenly), every device sends an
+edge slab of its part to each neighbour (one collective-permute per
+direction and operand that has the dim; none for an empty slab) and joins
+its window of ``lo + p + hi`` elements, one concatenate of static pieces:
 
-- an interior part: the last ``lo`` elements it received from below, its
-  part, the first ``hi`` from above;
-- the first part (not periodic): its part and the ``w`` elements from above,
-  so the window starts at the array's start;
-- the last part (not periodic): the ``w`` elements from below and its part,
-  so the window ends at the array's end.
+- **unstated ends** (exact for any boundary rule): the slabs are ``w = lo +
+  hi`` elements (upwards ``p + w - last``, the same where even); an interior
+  part joins the last ``lo`` from below, its part, the first ``hi`` from
+  above; the first part its part and ``w`` from above, so its window starts
+  at the array's start; the last part what came from below and its
+  elements, so its window ends at the array's end.
+- **stated ends** (``padded``): ``lo`` up, ``hi`` down, as a hand-written
+  exchange; every window reaches ``lo`` below and ``hi`` above its part, and
+  the first and last parts pad the array's true ends by the rule (a
+  constant zero is what a permute delivers where nothing arrives, so those
+  need no padding at all).
+- **periodic**: as stated ends, the first and last parts each other's
+  neighbours.
 
-Each is one concatenate of static pieces, in a branch chosen by the part's
-kind (a copy of the part, as a hand-written exchange makes).
-
-With ``periodic`` every part is interior and the first and last parts are
-each other's neighbours. The plan cuts parts of ``p >= w`` only, so a slab
-comes from one neighbour. The kernel runs on the windows, and each result
-keeps the part's own ``p`` elements: from ``lo`` (interior), 0 (first) or
-``w`` (last). Halo dims are exchanged one after another, each on the windows
-of the ones before, so corners come along. Which part a device holds is
-read from tables indexed by ``partition_id``.
+Where the joins differ by part, a ``stablehlo.case`` on the part's kind
+(read by ``partition_id``) picks one. The last part of an uneven split
+joins its elements only; its window is filled up to ``lo + p + hi`` with
+what lies past them (the padding, or for periodic the first part's next
+elements), whose results are dropped. The plan cuts only parts the last of
+which holds ``w`` elements, so a slab comes from one neighbour. The kernel
+runs on the windows, and each result keeps ``p`` elements from the part's
+start in its window. Halo dims are exchanged one after another, each on the
+windows of the ones before, so corners come along.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from batchpart import _compat as compat, _core
 from batchpart._partition import emit, shardings as sh
 from batchpart._vocab.description import CallDescription
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.halo import HaloDim
+from batchpart._vocab.dims.halo import HaloDim, part_sizes
 
 ir, hlo = compat.ir, compat.hlo
 _Kind = _core.Sharding.Kind
@@ -43,47 +50,66 @@ FIRST, INTERIOR, LAST = 0, 1, 2
 
 @dataclasses.dataclass(frozen=True)
 class Exchange:
-  """One split halo dim: its window, the (source, target) device pairs that
-  send to the part above and to the part below, and per partition id the
-  part's kind (``FIRST``, ``INTERIOR``, ``LAST``) and the kept part's start
-  in the window."""
+  """One split halo dim: its window, its parts' length ``part`` (the last
+  one's elements ``last``), the (source, target) device pairs that send to
+  the part above and to the part below, and per partition id the part's
+  kind (``FIRST``, ``INTERIOR``, ``LAST``)."""
   halo: HaloDim
+  part: int
+  last: int
   up: np.ndarray
   down: np.ndarray
   kind: np.ndarray
-  keep_start: np.ndarray
+
+  @property
+  def uneven(self) -> bool:
+    return self.last != self.part
+
+  def slabs(self) -> tuple[int, int]:
+    """How many elements each device sends up and down."""
+    h, p, w = self.halo, self.part, self.halo.width
+    if h.ends is None:
+      return p + w - self.last, w
+    return h.lo, h.hi + (p - self.last if h.periodic else 0)
+
+  def keep_start(self) -> np.ndarray:
+    """Per partition id, where its part starts in its window."""
+    if self.halo.ends is not None:
+      return np.full(self.kind.shape, self.halo.lo, np.int64)
+    up, _ = self.slabs()
+    return np.choose(self.kind, [0, self.halo.lo, up]).astype(np.int64)
 
 
-def exchanges(d: CallDescription, result_shardings, halo_tiles) -> list[Exchange]:
+def exchanges(d: CallDescription, result_shapes, result_shardings,
+              halo_tiles) -> list[Exchange]:
   """The exchanges of the halo dims the plan splits, read off each one's
-  tiling in result 0 (every result has every halo dim)."""
+  tiling and global size in result 0 (every result has every halo dim)."""
   out = []
   for h, tiles in zip(d.halos, halo_tiles):
     if tiles == 1 or h.width == 0:
       continue
     sharding, rank = result_shardings[0], d.result_ranks[0]
-    out.append(_exchange(h, sharding, absolute_dim(dict(h.result_dims)[0], rank), rank))
+    dim = absolute_dim(dict(h.result_dims)[0], rank)
+    out.append(_exchange(h, sharding, dim, rank, int(result_shapes[0][dim])))
   return out
 
 
-def _exchange(h: HaloDim, sharding, dim: int, rank: int) -> Exchange:
+def _exchange(h: HaloDim, sharding, dim: int, rank: int, size: int) -> Exchange:
   assert sharding.kind == _Kind.TILED and len(sharding.tile_dims) == rank
   devices = sh.device_grid(sharding)
   t = devices.shape[dim]
-  size = int(devices.max()) + 1
-  kind, keep = np.full(size, INTERIOR, np.int64), np.zeros(size, np.int64)
+  kind = np.full(int(devices.max()) + 1, INTERIOR, np.int64)
   up, down = [], []
   for index, device in np.ndenumerate(devices):
     c = index[dim]
-    first, last = c == 0 and not h.periodic, c == t - 1 and not h.periodic
-    if not last:
+    first, last = c == 0, c == t - 1
+    if not last or h.periodic:
       up.append((int(device), _neighbour(devices, index, dim, 1)))
-    if not first:
+    if not first or h.periodic:
       down.append((int(device), _neighbour(devices, index, dim, -1)))
     kind[device] = FIRST if first else LAST if last else INTERIOR
-    keep[device] = 0 if first else h.width if last else h.lo
-  return Exchange(h, np.asarray(up, np.int64).reshape(-1, 2),
-                  np.asarray(down, np.int64).reshape(-1, 2), kind, keep)
+  return Exchange(h, *part_sizes(size, t), np.asarray(up, np.int64).reshape(-1, 2),
+                  np.asarray(down, np.int64).reshape(-1, 2), kind)
 
 
 def _neighbour(devices, index, dim: int, step: int) -> int:
@@ -133,38 +159,93 @@ def kept(value, dims, exchanges_):
   """A result on the window cut back to this device's part."""
   for x, dim in zip(exchanges_, dims):
     if dim is not None:
+      keep = x.keep_start()
       size = ir.RankedTensorType(value.type).shape[dim] - x.halo.width
-      value = emit.slice_along(value, dim, emit.partition_scalar(x.keep_start), size)
+      if keep.max() > x.halo.width:
+        # The short last part keeps the end of a window that ends at the
+        # array's end: what follows it in the result is padding.
+        value = _concatenate([value, _filler(value, dim, size - x.last)], dim)
+      value = emit.slice_along(value, dim, emit.partition_scalar(keep), size)
   return value
 
 
 def _window(value, dim: int, x: Exchange):
-  shape = list(ir.RankedTensorType(value.type).shape)
-  p, hi, w = shape[dim], x.halo.hi, x.halo.width
-  # The part below's top, and the part above's bottom.
-  below = emit.collective_permute(_static_slice(value, dim, p - w, p), x.up)
-  above = emit.collective_permute(_static_slice(value, dim, 0, w), x.down)
-  joins = {
-      FIRST: lambda: [value, above],
-      INTERIOR: lambda: [_static_slice(below, dim, hi, w), value,
-                         _static_slice(above, dim, 0, hi)],
-      LAST: lambda: [below, value],
-  }
-  if x.halo.periodic:
+  """This device's window along ``dim`` (the module doc's joins)."""
+  h, p, last = x.halo, x.part, x.last
+  up, down = x.slabs()
+  below = above = None
+  if up:
+    top = (_static_slice(value, dim, p - up, p) if not (h.periodic and x.uneven) else
+           emit.slice_along(value, dim, emit.partition_scalar(
+               np.where(x.kind == LAST, last, p) - up), up))
+    below = emit.collective_permute(top, x.up)
+  if down:
+    above = emit.collective_permute(_static_slice(value, dim, 0, down), x.down)
+  cut = lambda v, a, b: None if v is None else _static_slice(v, dim, a, b)
+  mine = lambda: value if last == p else _static_slice(value, dim, 0, last)
+  if h.ends is None:
+    joins = {
+        FIRST: lambda: [value, above],
+        INTERIOR: lambda: [cut(below, up - h.lo, up), value, cut(above, 0, h.hi)],
+        LAST: lambda: [below, mine()],
+    }
+  else:
+    interior = lambda: [below, value, cut(above, 0, h.hi)]
+    past = (lambda: above) if h.periodic else (
+        lambda: _end(mine(), dim, h, h.hi + p - last, top=True))
+    joins = {
+        FIRST: interior if h.periodic else (
+            lambda: [_end(value, dim, h, h.lo, top=False), value, above]),
+        INTERIOR: interior,
+        LAST: lambda: [below, mine(), past()],
+    }
+    if (h.periodic and not x.uneven) or _zeros_arrive(h, x):
+      joins = dict.fromkeys(joins, interior)
+  if joins[FIRST] is joins[INTERIOR] is joins[LAST]:
     return _concatenate(joins[INTERIOR](), dim)
-  out = list(shape)
-  out[dim] = p + w
-  index = emit.partition_index(x.kind)
+  out = list(ir.RankedTensorType(value.type).shape)
+  out[dim] = p + h.width
   element = ir.RankedTensorType(value.type).element_type
-  case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], index, 3)
+  case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], emit.partition_index(x.kind), 3)
   for kind in (FIRST, INTERIOR, LAST):
     with ir.InsertionPoint(case.regions[kind].blocks.append()):
       hlo.return_([_concatenate(joins[kind](), dim)])
   return case.result
 
 
+def _zeros_arrive(h: HaloDim, x: Exchange) -> bool:
+  """Whether the padding is exactly what the permutes deliver where nothing
+  arrives (zeros at both ends of an even split), so no part pads."""
+  return h.ends == "constant" and h.cval == 0 and not x.uneven
+
+
+def _end(value, dim: int, h: HaloDim, size: int, *, top: bool):
+  """``size`` elements past one end of ``value`` along ``dim`` (past its
+  last element with ``top``, else before its first) by ``h``'s rule."""
+  shape = list(ir.RankedTensorType(value.type).shape)
+  n = shape[dim]
+  shape[dim] = size
+  to = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
+  if h.ends == "constant":
+    return emit.splat(h.cval, to)
+  if h.ends == "nearest":
+    edge = _static_slice(value, dim, n - 1, n) if top else _static_slice(value, dim, 0, 1)
+    return hlo.broadcast_in_dim(to, edge, ir.DenseI64ArrayAttr.get(list(range(len(shape)))))
+  skip = int(h.ends == "mirror")   # mirror leaves out the edge element itself
+  piece = (_static_slice(value, dim, n - size - skip, n - skip) if top else
+           _static_slice(value, dim, skip, size + skip))
+  return hlo.reverse(piece, ir.DenseI64ArrayAttr.get([dim]))
+
+
+def _filler(value, dim: int, size: int):
+  """``size`` zeros shaped like ``value`` along ``dim``: padding."""
+  shape = list(ir.RankedTensorType(value.type).shape)
+  shape[dim] = size
+  return emit.splat(0, ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type))
+
+
 def _concatenate(pieces, dim: int):
-  pieces = [v for v in pieces if ir.RankedTensorType(v.type).shape[dim] > 0]
+  pieces = [v for v in pieces if v is not None and ir.RankedTensorType(v.type).shape[dim] > 0]
   if len(pieces) == 1:
     return pieces[0]
   return hlo.concatenate(pieces, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim))

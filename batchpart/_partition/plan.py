@@ -111,12 +111,15 @@ def _halo_plan(d: CallDescription, args, *, coarsen: bool):
   while True:
     plan, view = _plan_view(d, [planned[i] for i in halos], *args,
                             coarse={j: coarse[i] for j, i in enumerate(halos) if i in coarse})
+    # A scanned dim's parts start where the one before stops: evenly.
+    even = lambda i: i >= len(d.halos)
     bad = [(j, i) for j, i in enumerate(halos) if not splits_into(
-        planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))]
+        planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]), even=even(i))]
     if not bad:
       return plan, view, halos, coarse
     for j, i in bad:
-      fewer = _fewer_parts(planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]))
+      fewer = _fewer_parts(planned[i], int(plan.batch_shape[j]), int(plan.batch_tiles[j]),
+                           even=even(i))
       if coarsen and i not in coarse and fewer:
         coarse[i] = fewer
       else:
@@ -124,11 +127,11 @@ def _halo_plan(d: CallDescription, args, *, coarsen: bool):
         coarse.pop(i, None)
 
 
-def _fewer_parts(h, size: int, parts: int) -> int | None:
+def _fewer_parts(h, size: int, parts: int, *, even: bool) -> int | None:
   """The most parts, fewer than ``parts`` and dividing it, that a halo dim of
   ``size`` may be cut into; None where no split of more than one part can."""
   return next((f for f in range(parts - 1, 1, -1)
-               if parts % f == 0 and splits_into(h, size, f)), None)
+               if parts % f == 0 and splits_into(h, size, f, even=even)), None)
 
 
 def _coarsened(sharding: _core.Sharding, dim: int, parts: int) -> _core.Sharding:

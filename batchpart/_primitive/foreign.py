@@ -20,7 +20,7 @@ from batchpart._partition import attributes
 from batchpart._primitive.lowering import declaration_text, place
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.description import describe
-from batchpart._vocab.dims.halo import Halo, check_halo_sizes
+from batchpart._vocab.dims.halo import check_halo_sizes, halo_value
 from batchpart._vocab.dims.reduced import check_results
 from batchpart._vocab.dims.scan import Scan, check_scan_arrays
 
@@ -43,7 +43,7 @@ class BatchDeclaration:
     ``num_batch_dims`` is a function of the shapes."""
     if self.core_ranks is not None:
       reduce = {r.name: r.op for r in self.core_ranks.reductions}
-      halo = {h.name: _halo_value(h) for h in self.core_ranks.halos}
+      halo = {h.name: halo_value(h) for h in self.core_ranks.halos}
       scan = {t.name: t.fold if isinstance(t.fold, Scan) else Scan(t.state, reverse=t.reverse)
               for t in self.core_ranks.scans}
       return declaration_text(None, self.signature, reduce, halo, scan)
@@ -80,11 +80,6 @@ class BatchDeclaration:
               f"shape {tuple(operand_shapes[0])}.")
     return BatchSpec(tuple(len(s) - k for s in operand_shapes),
                      tuple(len(s) - k for s in result_shapes))
-
-
-def _halo_value(h):
-  """A declared halo dim's window as the user writes it."""
-  return h.lo if h.lo == h.hi and not h.periodic else Halo(h.lo, h.hi, h.periodic)
 
 
 def _shapes(values) -> list[tuple[int, ...]]:

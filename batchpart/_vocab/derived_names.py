@@ -33,9 +33,10 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
   ``:k<result>.<axis>,...`` where a ``max_k`` / ``min_k``'s results hold k
 - ``$k:<name>=<o|r><index>.<axis>``: where a named core dim first appears
   (for a per-shard attribute rule's core sizes), one field per name
-- ``$h:<name>=<lo>.<hi>[.p]:<operand>.<axis>,...:<result>.<axis>,...``: a
-  halo dim, its window (``.p``: periodic) and its core axis in each operand
-  and each result that has it, one field per dim
+- ``$h:<name>=<lo>.<hi>[.<ends>]:<operand>.<axis>,...:<result>.<axis>,...``: a
+  halo dim, its window, its stated ends (``.p``: periodic, ``.nearest``,
+  ``.reflect``, ``.mirror``, ``.constant~<cval>``; none: unstated) and its
+  core axis in each operand and each result that has it, one field per dim
 - ``$t:<name>=<k>.<j>[.r][.scan_<digest>]:<operand>.<axis>,...:<result>.<axis>,...``:
   the scanned dim, its state operand ``k`` and result ``j``, ``.r`` where the
   state flows from the end, the lowered merge of a parallel scan (none:
@@ -66,7 +67,8 @@ _FIELD = re.compile(r"\$([a-z]+)([^$]*)")
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PAIRS = r"-?\d+\.-?\d+(?:,-?\d+\.-?\d+)*"
 _REDUCTION = re.compile(rf"^:(\w+)=(\w+):({_PAIRS})(?::r({_PAIRS}))?(?::k({_PAIRS}))?$")
-_HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(\.p)?:({_PAIRS}):({_PAIRS})$")
+_HALO = re.compile(rf"^:(\w+)=(\d+)\.(\d+)(?:\.(p|nearest|reflect|mirror|constant~[^:]+))?"
+                   rf":({_PAIRS}):({_PAIRS})$")
 _SCAN = re.compile(
     rf"^:(\w+)=(\d+)\.(\d+)(\.r)?(?:\.(scan_[0-9a-f]{{16}}))?:({_PAIRS}):({_PAIRS})?$")
 _DIM_NAME = re.compile(r"^:(\w+)=([or])(\d+)\.(-?\d+)$")
@@ -96,7 +98,7 @@ def encode(d: CallDescription) -> str:
              + (f":r{_write_pairs(r.results)}" if r.results else "")
              + (f":k{_write_pairs(r.k_dims)}" if r.k_dims else "")
              for r in d.reductions]
-  fields += [f"$h:{h.name}={h.lo}.{h.hi}{'.p' if h.periodic else ''}"
+  fields += [f"$h:{h.name}={h.lo}.{h.hi}{_ends_text(h)}"
              f":{_write_pairs(h.operand_dims)}:{_write_pairs(h.result_dims)}" for h in d.halos]
   fields += [f"$t:{t.name}={t.state[0]}.{t.state[1]}{'.r' if t.reverse else ''}"
              f"{'.' + str(t.fold) if t.fold else ''}"
@@ -109,6 +111,26 @@ def encode(d: CallDescription) -> str:
   if d.attribute_rule:
     fields.append(f"$f={d.attribute_rule}")
   return d.target + MARKER + "".join(fields)
+
+
+def _ends_text(h) -> str:
+  """A halo dim's stated ends in its field (empty where unstated)."""
+  if h.ends is None:
+    return ""
+  if h.periodic:
+    return ".p"
+  return f".constant~{h.cval!r}" if h.ends == "constant" else f".{h.ends}"
+
+
+def _halo_dim(m) -> HaloDim:
+  """The halo dim a ``$h`` field's match holds."""
+  ends, cval = m.group(4), 0.0
+  if ends and ends.startswith("constant~"):
+    ends, cval = "constant", float(ends[len("constant~"):])
+  if ends == "p":
+    ends = "wrap"
+  return HaloDim(m.group(1), int(m.group(2)), int(m.group(3)), ends == "wrap",
+                 _read_pairs(m.group(5)), _read_pairs(m.group(6)), ends, cval)
 
 
 def _write_pairs(dims) -> str:
@@ -184,8 +206,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
                                   _read_pairs(x.group(4) or ""),
                                   _read_pairs(x.group(5) or "")))
     elif tag == "h" and (h := _HALO.match(value)):
-      halos.append(HaloDim(h.group(1), int(h.group(2)), int(h.group(3)), bool(h.group(4)),
-                           _read_pairs(h.group(5)), _read_pairs(h.group(6))))
+      halos.append(_halo_dim(h))
     elif tag == "t" and (t := _SCAN.match(value)):
       scans.append(ScanDim(t.group(1), (int(t.group(2)), int(t.group(3))), bool(t.group(4)),
                            _read_pairs(t.group(6)), _read_pairs(t.group(7) or ""),
