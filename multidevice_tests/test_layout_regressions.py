@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import batchpart as bp
+from batchpart._partition import export as partition_export
 from batchpart._vocab.dims import user_combiner
 from batchpart.testing import layouts
 
@@ -140,13 +141,15 @@ def test_a_merge_closing_over_a_traced_value_is_refused_naming_it(partitioner, m
     jax.jit(f)(np.zeros((4, 16), np.float32), jnp.float32(2))
 
 
-def test_an_exported_combiner_not_declared_here_raises_value_error(
+def test_an_exported_combiner_not_carried_nor_declared_here_raises_value_error(
     partitioner, mesh8, monkeypatch):
   from jax import export
 
   sizes = _sizes()
   merge = bp.Combiner(lambda a, b: (a[0] + b[0],))
   x = put(_data(["0n"], sizes)[0], mesh8, P(None, "x"))
+  # An artifact without its merge, as a batchpart that did not carry it wrote it.
+  monkeypatch.setattr(partition_export, "carried_functions", lambda ctx, d: {})
   exported = export.export(
       jax.jit(layouts.ffi_call("sum", ["0n"], ["0"], sizes, reduce={"n": merge})),
       disabled_checks=[export.DisabledSafetyCheck.custom_call(layouts.TARGET)])(x)
@@ -155,7 +158,8 @@ def test_an_exported_combiner_not_declared_here_raises_value_error(
   monkeypatch.setattr(user_combiner.COMBINERS, "_by_name", {})
   with pytest.raises(ValueError, match="the call to 'batchpart_test_layout' merges its parts "
                                        "with the Combiner 'merge_[0-9a-f]+', which this "
-                                       "process has not declared"):
+                                       "process has not declared and the program does not "
+                                       "carry"):
     jax.jit(loaded.call)(x)
 
 

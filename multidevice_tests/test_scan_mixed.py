@@ -11,8 +11,8 @@ than a summary-sized array or a halo slab between devices. The same steps in
 a ``jax.lax.fori_loop`` carry the scan's final state from step to step; under
 ``jax.vmap`` the vmapped dim is sharded too. A Scan whose merge or apply
 closes over a value traced in the jitted function is refused when lowered;
-an exported parallel scan loaded in a process that never declared its merge
-raises ValueError naming it.
+an exported parallel scan that does not carry its merge, loaded in a
+process that never declared it, raises ValueError naming it.
 """
 
 import jax
@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import batchpart as bp
 import batchpart.testing as bt
 from batchpart import _hlo
+from batchpart._partition import export
 from batchpart._vocab.dims import scan as scan_dim
 
 from helpers import local_shapes, put, the_custom_call
@@ -233,13 +234,16 @@ def test_a_scan_closing_over_a_traced_value_is_refused(partitioner, mesh8, where
     jax.jit(f).lower(put(a, mesh8, seq), put(x, mesh8, seq), h0, 2.0)
 
 
-def test_an_exported_scan_whose_merge_is_not_declared_here_raises(partitioner, mesh8,
-                                                                   monkeypatch):
+def test_an_exported_scan_that_does_not_carry_its_merge_raises(partitioner, mesh8,
+                                                                monkeypatch):
+  """An artifact without the Scan's functions (as a batchpart that did not
+  carry them wrote it), loaded where they were never declared."""
   # A shape no other test uses: a program compiled before in this process
   # would be taken from jax's cache without being partitioned again.
   a, x, h0, _ = data(batch=(3,), seed=3)
   a, x = a[:, :56], x[:, :56]
   seq = NamedSharding(mesh8, P(None, "x"))
+  monkeypatch.setattr(export, "carried_functions", lambda ctx, d: {})
   exported = jax.export.export(
       jax.jit(lambda a, x, h: linear(a, x, h)),
       disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(LINEAR)])(
@@ -250,5 +254,5 @@ def test_an_exported_scan_whose_merge_is_not_declared_here_raises(partitioner, m
   monkeypatch.setattr(scan_dim.SCANS, "_by_name", {})
   with pytest.raises(ValueError, match=rf"the call to '{LINEAR}' scans with the merge "
                                        r"'scan_[0-9a-f]+', which this process has not "
-                                       r"declared"):
+                                       r"declared and the program does not carry"):
     jax.jit(loaded.call)(jax.device_put(a, seq), jax.device_put(x, seq), h0)

@@ -51,6 +51,14 @@ def test_the_name_digests_the_lowered_merge():
   assert a == again and a != other
 
 
+def test_the_name_tells_index_results_apart():
+  """The same merge with other index results offsets other results: another
+  name, so neither takes the other's offsets (nor an artifact's)."""
+  offset = _name(call(bp.Combiner(first_max, index_results=(1,))))
+  kept = _name(call(bp.Combiner(first_max)))
+  assert offset != kept
+
+
 def test_an_index_result_must_be_an_integer():
   with pytest.raises(TypeError, match=re.escape(f"batchpart.ffi_call('{ARG}')") +
                      r": reduce Combiner\(first_max.*over the dim\(s\) n: result 0 is an "
@@ -95,5 +103,13 @@ def test_a_merge_this_process_never_lowered_is_named():
   from batchpart._vocab.dims.user_combiner import registered
   with pytest.raises(ValueError, match="the call to 't' merges its parts with the Combiner "
                                        "'merge_0000000000000000', which this process has "
-                                       "not declared"):
+                                       "not declared and the program does not carry"):
     registered("merge_0000000000000000", "t")
+
+
+def test_only_a_call_lowered_for_export_carries_its_merge():
+  f = call(bp.Combiner(first_max, index_results=(1,)))
+  assert "batchpart.functions" not in jax.jit(f).lower(X).as_text()
+  exported = jax.export.export(jax.jit(f), disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call(ARG)])(X)
+  assert re.search(r"batchpart.functions = \{merge_[0-9a-f]{16} = ", exported.mlir_module())

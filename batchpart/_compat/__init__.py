@@ -53,6 +53,8 @@ from batchpart._compat.export import (  # noqa: E402
   custom_call_check as custom_call_check,
   disabled_custom_call_target as disabled_custom_call_target,
   extend_export_safety_checks as extend_export_safety_checks,
+  lowering_for_export as lowering_for_export,
+  refined_module_text as refined_module_text,
   stable_custom_call_targets as stable_custom_call_targets,
 )
 from batchpart._compat.ffi import (  # noqa: E402

@@ -8,6 +8,11 @@ Checked against jax/jaxlib 0.10.2 and 0.12.x (``versions``).
   and ``_CUSTOM_CALL_TARGETS_GUARANTEED_STABLE``, so
   ``DisabledSafetyCheck.custom_call(name)`` and jax's stable targets cover
   their derived names.
+- ``ModuleContext.lowering_parameters.for_export``: whether a lowering is
+  for ``jax.export`` (its calls then carry the functions they need).
+- ``jax._src.interpreters.mlir.refine_polymorphic_shapes``: a function that
+  calls a shape-polymorphic artifact, lowered on static shapes, made static
+  (as jax's own compile does).
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ def after_exported_call_lowering(callback: Callable) -> None:
 
   lowering._batchpart_hook = True  # type: ignore[attr-defined]  # a marker on our own function
   mlir.register_lowering(prim, lowering, inline=entry.inline)
+
+
+def lowering_for_export(ctx) -> bool:
+  """Whether the lowering ``ctx`` belongs to is for ``jax.export``; True
+  where jax does not say (carrying what an artifact needs is then safe)."""
+  return bool(getattr(ctx.module_context.lowering_parameters, "for_export", True))
+
+
+def refined_module_text(module) -> str:
+  """``module`` (lowered on static argument shapes) with the dynamic shapes
+  of the shape-polymorphic artifacts it calls resolved, as text."""
+  return str(mlir.refine_polymorphic_shapes(module))
 
 
 def stable_custom_call_targets() -> set[str]:

@@ -157,10 +157,12 @@ def jax_function(fn, arg_types, operands, result_types, *, x64: bool) -> list:
   returning ``result_types``) lowered by jax with 64-bit types as ``x64``
   says, its functions moved into the module being built under private
   names, and called on ``operands``: as ``custom_partitioning`` lowers its
-  partition functions into the per-device module."""
+  partition functions into the per-device module. ``fn`` may call a
+  shape-polymorphic ``jax.export`` artifact (a function an exported program
+  carried): its shapes are made static first, since XLA takes no others."""
   with jax.enable_x64(x64), compat.without_mesh():
     lowered = jax.jit(fn).lower(*arg_types).compiler_ir("stablehlo")
-  entry = _import_functions(str(lowered))
+  entry = _import_functions(compat.refined_module_text(lowered))
   call = compat.func_dialect.CallOp(list(result_types), ir.FlatSymbolRefAttr.get(entry),
                                     list(operands))
   return list(call.results)

@@ -13,6 +13,14 @@ The export safety check allows a derived name whenever it allows the user's
 target: named by ``DisabledSafetyCheck.custom_call(target)``, or on jax's own
 list of stable targets (jaxlib's LAPACK targets after
 ``partition_primitive``).
+
+A call whose description names ``jax.numpy`` functions (a ``bp.Combiner``'s
+merge, a parallel ``bp.Scan``'s merge and apply) carries them when it is
+lowered for export (``carried_functions``): the ``batchpart.functions``
+attribute maps each name to what ``lowered_functions`` exported of it. The
+caller registers them before it partitions the call, so the artifact runs
+sharded in a process that never ran the code that declared them. XLA drops
+the attribute when it reads the module.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from batchpart._vocab.dims import scan, user_combiner
 from batchpart._vocab.dims.reduced import splits_reductions
 from batchpart._vocab.dims.scan import as_halos
 from batchpart._vocab.dims.user_combiner import is_user_combiner
+from batchpart._vocab.lowered_functions import Registry
 
 ir = compat.ir
 
@@ -62,15 +71,41 @@ def _drop_frontend_attribute(op, name: str) -> None:
   op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(entries)
 
 
-def _check_functions_declared(d) -> None:
-  """Raises ``ValueError`` naming the target where the artifact's call needs a
-  Combiner's merge or a Scan's merge and apply this process never lowered."""
-  for r in d.reductions:
-    if is_user_combiner(r.op):
-      user_combiner.registered(str(r.op), d.target)
-  for s in d.scans:
-    if s.parallel:
-      scan.registered(str(s.fold), d.target)
+#: the attribute of a call exported with the functions its description names
+CARRIED_ATTRIBUTE = "batchpart.functions"
+
+
+def _named_functions(d) -> list[tuple[Registry, str]]:
+  """The registry and name of each function ``d`` names: a Combiner's merge,
+  a parallel Scan's merge and apply."""
+  out: list[tuple[Registry, str]] = [(user_combiner.COMBINERS, str(r.op))
+                                     for r in d.reductions if is_user_combiner(r.op)]
+  return out + [(scan.SCANS, str(s.fold)) for s in d.scans if s.parallel]
+
+
+def carried_functions(ctx, d) -> dict:
+  """The extra attribute of a call lowered for ``jax.export`` whose
+  description ``d`` names functions: each one as ``lowered_functions``
+  carries it; empty otherwise."""
+  named = _named_functions(d)
+  if not named or not compat.lowering_for_export(ctx):
+    return {}
+  platform = compat.lowering_platforms(ctx)[0]
+  return {CARRIED_ATTRIBUTE: ir.DictAttr.get({
+      name: ir.StringAttr.get(registry.carried(name, platform)) for registry, name in named})}
+
+
+def _adopt_carried(op, d) -> None:
+  """Registers the functions the artifact's call ``op`` carries, then
+  raises ``ValueError`` naming the target where one ``d`` names is neither
+  carried nor lowered in this process."""
+  if CARRIED_ATTRIBUTE in op.attributes:
+    registries = {name: registry for registry, name in _named_functions(d)}
+    for entry in ir.DictAttr(op.attributes[CARRIED_ATTRIBUTE]):  # type: ignore[attr-defined]  # jaxlib's MLIR stubs omit it
+      if entry.name in registries:
+        registries[entry.name].adopt(entry.name, ir.StringAttr(entry.attr).value, d.target)
+  for registry, name in _named_functions(d):
+    registry.get(name, d.target)
 
 
 def adopt_exported_calls(ctx, ops) -> list[str]:
@@ -91,7 +126,7 @@ def adopt_exported_calls(ctx, ops) -> list[str]:
       if not partitioned:
         continue   # runs as exported: the user's target, or passes through
       d = derived_names.decode(name)
-      _check_functions_declared(d)
+      _adopt_carried(op, d)
       if (d.reductions or d.halos or d.scans) and not splits_reductions(ctx):
         d = dataclasses.replace(d, reductions=(), halos=(), scans=())
         name = derived_names.encode(d)

@@ -206,7 +206,7 @@ def _fold(reg, c: Carry, summary_types, init, gathered, index) -> list:
 
   def fold(*args):
     *summaries, state, part = args
-    merge, apply = reg.scan.merge, reg.apply
+    merge, apply = reg.merge, reg.apply
     for _ in range(batch_rank):
       merge, apply = jax.vmap(merge), jax.vmap(apply)
     acc, prefixes = None, []

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from batchpart import _compat as compat
-from batchpart._partition import declared, emit, sharding_rule, targets
+from batchpart._partition import declared, emit, export, sharding_rule, targets
 from batchpart._primitive.primitive import batchpart_ffi_call_p, ffi_call_owner
 from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
@@ -47,7 +47,9 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
 
   The derived name only where XLA's SPMD partitioner runs, which replaces it
   by the user's target: no executable ever runs a derived name. Elsewhere the
-  user's name, with the derived one in a frontend attribute."""
+  user's name, with the derived one in a frontend attribute. Lowered for
+  ``jax.export``, the functions the description names travel with the call
+  (``export.carried_functions``)."""
   if not splits_reductions(ctx):
     # Halo exchanges name devices of the whole program too: kept whole here.
     d = dataclasses.replace(d, reductions=(), halos=(), scans=())
@@ -58,10 +60,11 @@ def place(ctx, d: CallDescription, *, caller: str, rule, spec: BatchSpec,
   frontend = {"num_batch_dims": str(len(batch_shape))}
   if declaration:
     frontend[FRONTEND_DECLARATION] = declaration
+  carried = export.carried_functions(ctx, d)
   if not compat.xla_partitions(ctx):
     frontend[derived_names.FRONTEND_ATTRIBUTE] = derived
-    return d.target, {"mhlo.frontend_attributes": compat.ir_attribute(frontend)}
-  extra = {"mhlo.frontend_attributes": compat.ir_attribute(frontend)}
+    return d.target, {"mhlo.frontend_attributes": compat.ir_attribute(frontend), **carried}
+  extra = {"mhlo.frontend_attributes": compat.ir_attribute(frontend), **carried}
   rule_attr = sharding_rule.attribute(ctx, operand_shapes, spec.operand_core_ranks,
                                       result_shapes, spec.result_core_ranks, batch_shape,
                                       operand_types, result_types,

@@ -17,7 +17,8 @@ from part to part (no ``merge``). ``reverse``: the state flows from the end.
 A scan's merge and apply are identified by what they compute: when a call
 is lowered they are lowered on one element's summary and state and the
 digest of that text names them (``scan_<digest>`` in the derived name); the
-per-device module looks them up by that digest (``registered``).
+per-device module looks them up by that digest (``registered``), and an
+exported program carries them (``lowered_functions``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from batchpart._vocab.lowered_functions import (
   Registry,
   check_closure,
   check_same,
+  export_batched,
   fmt,
   lowered_text,
+  restore_batched,
 )
 
 OP_PREFIX = "scan_"
@@ -182,26 +185,50 @@ def check_scan_arrays(owner: str, scans, operand_shapes, operand_dtypes, result_
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-  """A lowered parallel scan: the ``Scan``, one element's summary types
-  (the results without the dim, in order), the state's, where the state
-  result sits among the summary, and whether 64-bit types were on."""
-  scan: Scan
+  """A lowered parallel scan: ``merge(a, b)`` and ``apply(summary, state)
+  -> state`` on one element, one element's summary types (the results
+  without the dim, in order), the state's, where the state result sits
+  among the summary, and whether 64-bit types were on."""
+  merge: Callable
+  apply: Callable
   summary_types: tuple[jax.ShapeDtypeStruct, ...]
   state_type: jax.ShapeDtypeStruct
   state_slot: int
   x64: bool
 
-  def apply(self, summary, state):
-    """The state after a stretch with ``summary`` entered with ``state``."""
-    if self.scan.apply is None:
-      assert self.scan.merge is not None, "a registered scan is parallel"
-      out = self.scan.merge((state,), tuple(summary))
-      return out[0]
-    out = self.scan.apply(tuple(summary), state)
+
+def _apply(scan: Scan) -> Callable:
+  """``scan``'s apply as a function returning the state alone: its own,
+  or (where the summary is the final state alone) the merge's."""
+  merge, apply = scan.merge, scan.apply
+  assert merge is not None, "a registered scan is parallel"
+  if apply is None:
+    return lambda summary, state: merge((state,), tuple(summary))[0]
+
+  def applied(summary, state):
+    out = apply(tuple(summary), state)
     return out[0] if isinstance(out, (tuple, list)) else out
+  return applied
 
 
-SCANS: Registry[Registered] = Registry(OP_PREFIX, "scans with the merge")
+def _carry(reg: Registered, platform: str) -> dict:
+  """What an exported call carries of ``reg``: the merge and apply
+  exported, where the state sits in the summary and the 64-bit mode."""
+  types, state = reg.summary_types, reg.state_type
+  return {"merge": export_batched(reg.merge, platform, reg.x64, types, types),
+          "apply": export_batched(reg.apply, platform, reg.x64, types, state),
+          "state_slot": reg.state_slot, "x64": reg.x64}
+
+
+def _restore(data: dict) -> Registered:
+  """The scan ``_carry`` wrote, its merge and apply the exported ones."""
+  merge, (types, _) = restore_batched(data["merge"])
+  apply, (_, state) = restore_batched(data["apply"])
+  return Registered(merge, apply, tuple(types), state, int(data["state_slot"]),
+                    bool(data["x64"]))
+
+
+SCANS: Registry[Registered] = Registry(OP_PREFIX, "scans with the merge", _carry, _restore)
 
 
 def is_scan_op(name) -> bool:
@@ -237,7 +264,7 @@ def lowered_name(where: str, scan: Scan, summary_types, state_type, state_slot: 
       raise ValueError(f"{where}: the Scan's merge fails on two summaries {fmt(types)}: "
                        f"{e}") from e
     check_same(where, "the Scan's merge", out, types)
-    reg = Registered(scan, types, state, state_slot, x64)
+    reg = Registered(merge, _apply(scan), types, state, state_slot, x64)
     if scan.apply is not None:
       check_closure(where, "the Scan's apply", scan.apply, types, state)
     try:

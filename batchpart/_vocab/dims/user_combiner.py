@@ -12,7 +12,8 @@ A combiner is identified by what it computes: when a call is lowered, the
 merge is lowered on one element's shapes and the digest of that text names
 it (``merge_<digest>`` in the derived name), so the partition cache and
 jax's persistent cache see a changed merge as a new call. The per-device
-module looks the merge up by that digest (``registered``).
+module looks the merge up by that digest (``registered``); an exported
+program carries it (``lowered_functions``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from batchpart._vocab.lowered_functions import (
   Registry,
   check_closure,
   check_same,
+  export_batched,
   fmt,
   lowered_text,
+  restore_batched,
 )
 
 OP_PREFIX = "merge_"
@@ -71,7 +74,23 @@ class Registered:
   x64: bool
 
 
-COMBINERS: Registry[Registered] = Registry(OP_PREFIX, "merges its parts with the Combiner")
+def _carry(reg: Registered, platform: str) -> dict:
+  """What an exported call carries of ``reg``: the merge exported, its
+  index results and 64-bit mode."""
+  types = reg.element_types
+  return {"merge": export_batched(reg.combiner.merge, platform, reg.x64, types, types),
+          "index_results": list(reg.combiner.index_results), "x64": reg.x64}
+
+
+def _restore(data: dict) -> Registered:
+  """The combiner ``_carry`` wrote, its merge the exported one."""
+  merge, (types, _) = restore_batched(data["merge"])
+  return Registered(Combiner(merge, index_results=data["index_results"]), tuple(types),
+                    bool(data["x64"]))
+
+
+COMBINERS: Registry[Registered] = Registry(OP_PREFIX, "merges its parts with the Combiner",
+                                           _carry, _restore)
 
 
 def is_user_combiner(op) -> bool:
@@ -110,7 +129,11 @@ def lowered_name(where: str, combiner: Combiner, element_types) -> str:
       raise ValueError(f"{where}: {what} fails on two tuples of one batch element's "
                        f"combining results {fmt(types)}: {e}") from e
     check_same(where, what, out, types)
-    return lowered_text(combiner.merge, types, types), Registered(combiner, types, x64)
+    # The index results are part of what the name stands for: the same
+    # merge with others offsets other results.
+    text = (f"{lowered_text(combiner.merge, types, types)}\n"
+            f"index_results={list(combiner.index_results)}")
+    return text, Registered(combiner, types, x64)
 
   return COMBINERS.name((combiner, tuple((t.shape, np.dtype(t.dtype).str) for t in types),
                          x64), lower)
