@@ -245,8 +245,8 @@ def _halo_dims(declared, global_results, device_results, device_operands,
         local = device_results[0][dim]
         part = local - h.width if local != size or _exchanged(
             h, device_operands, permuted) else local
-        parts = size // part if part > 0 and size % part == 0 else None
-    out.append(HaloDimReport(h.name, h.lo, h.hi, h.periodic, size, parts))
+        parts = -(-size // part) if part > 0 else None
+    out.append(HaloDimReport(h.name, h.lo, h.hi, h.periodic, size, parts, h.ends, h.cval))
   return tuple(out)
 
 
@@ -274,12 +274,11 @@ def _scan_dims(declared, global_operands, device_operands, own
 
 
 def _exchanged(h, device_operands, permuted) -> bool:
-  """Whether the call's collective-permutes carry slabs of ``h``: ``lo + hi``
-  elements along its dim of an operand that has it, no more along the
+  """Whether the call's collective-permutes carry slabs of ``h``: fewer
+  elements along its dim than an operand's window, no more along the
   others. This tells apart the one split the window alone cannot: two parts
-  of ``lo + hi`` make a window as long as the whole dim. Before its own
-  exchange the dim is a part of ``lo + hi`` only where it is split, and
-  after it a window of twice that, so no other dim's slabs match."""
+  of ``lo + hi`` make a window as long as the whole dim. Another dim's slabs
+  span this dim's window, or its part where this dim is exchanged too."""
   if not h.width or device_operands is None:
     return False
   for k, axis in h.operand_dims:
@@ -287,7 +286,7 @@ def _exchanged(h, device_operands, permuted) -> bool:
       continue
     shape = device_operands[k]
     dim = absolute_dim(axis, len(shape))
-    if any(len(s) == len(shape) and s[dim] == h.width and all(
+    if any(len(s) == len(shape) and s[dim] < shape[dim] and all(
         a <= b for a, b in zip(s, shape)) for s in permuted):
       return True
   return False

@@ -178,15 +178,19 @@ def _halo_text(call: Any) -> str:
   parts = []
   for h in call.halo_dims:
     size = f" (size {h.size})" if h.size is not None else ""
-    window = f"lo {h.lo}, hi {h.hi}" + (", periodic" if h.periodic else "")
+    window = f"lo {h.lo}, hi {h.hi}" + (
+        ", periodic" if h.periodic else f", ends {h.ends}" + (f" {h.cval:g}" if h.cval else "")
+        if h.ends else "")
     if h.parts is None:
       where = "split unknown"
     elif h.parts > 1:
-      where = (f"in {h.parts} parts of {h.size // h.parts}, each device's window "
-               f"{h.lo + h.size // h.parts + h.hi} elements")
+      part = -(-h.size // h.parts)
+      last = h.size - (h.parts - 1) * part
+      where = (f"in {h.parts} parts of {part}" + (f" (the last {last})" if last != part else "")
+               + f", each device's window {h.lo + part + h.hi} elements")
     else:
-      where = ("whole on every device (a halo dim stays split only where it splits "
-               "evenly into parts of at least lo + hi)")
+      where = ("whole on every device (a halo dim stays split only where its last part "
+               "holds at least lo + hi)")
     parts.append(f"{h.name}{size}, {window}: {where}")
   text = "; ".join(parts)
   return text + (f"; exchanged by collective-permutes of {_bytes(sent)} per device"

@@ -142,7 +142,10 @@ class HaloDimReport:
     lo, hi, periodic: its window, as declared.
     size: its global size (None where unknown).
     parts: how many parts the devices split it into (1: whole on every
-      device, so nothing is exchanged; None where unknown).
+      device, so nothing is exchanged; None where unknown); uneven where
+      ``size`` is not a multiple, each ``ceil(size / parts)`` but the last.
+    ends, cval: the stated rule at the array's ends (``bp.Halo``'s; None:
+      unstated, the end windows shifted inward).
   """
   name: str
   lo: int
@@ -150,6 +153,8 @@ class HaloDimReport:
   periodic: bool
   size: int | None
   parts: int | None
+  ends: str | None = None
+  cval: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,8 +168,9 @@ def _kept_entries(avals_in, result_avals, reductions, entries) -> dict:
 
 def _explicit_halo_entries(avals_in, spec: BatchSpec) -> dict[str, tuple]:
   """Per halo dim the plan splits, the mesh axes of the first operand whose
-  Explicit type shards it (as the partitioner keeps them: where the window
-  can take the split)."""
+  Explicit type shards it, as the partitioner keeps them: where the window
+  can take the split, else the most major of them that it can take (the
+  partitioner cuts a split too fine for the window into fewer parts)."""
   out: dict[str, tuple] = {}
   for h in (*spec.halos, *as_halos(spec.scans)):
     for k, axis in h.operand_dims:
@@ -180,10 +181,13 @@ def _explicit_halo_entries(avals_in, spec: BatchSpec) -> dict[str, tuple]:
         continue
       dim = absolute_dim(axis, len(aval.shape))
       axes = _axes(_partitions(pspec, len(aval.shape))[dim])
-      tiles = math.prod(sharding.mesh.shape[a] for a in axes)
       taken = {a for v in out.values() for a in v}
-      if axes and not taken & set(axes) and splits_into(h, aval.shape[dim], tiles):
-        out[h.name] = axes
+      even = h.name in {s.name for s in spec.scans}
+      kept = next((axes[:k] for k in range(len(axes), 0, -1) if splits_into(
+          h, aval.shape[dim], math.prod(sharding.mesh.shape[a] for a in axes[:k]), even=even)),
+          ())
+      if kept and not taken & set(kept):
+        out[h.name] = kept
       break
   return out
 
