@@ -12,7 +12,13 @@ batchpart, interleaved in one process, under both partitioners.
   device every step. By hand: a ``shard_map`` whose body exchanges one row
   and one column with each neighbour (``ppermute``), calls the kernel on the
   padded block and keeps its interior. batchpart: ``bp.ffi_call(...,
-  halo={"n": 1, "m": 1})``.
+  halo={"n": 1, "m": 1})`` (the rule unstated: end windows shift inward,
+  slabs of ``lo + hi``) and ``halo=bp.Halo(1, 1, ends="zero")`` (the
+  hand-written exchange's slabs).
+- ``causal``: ``batchpart_test_stencil`` with ``lo = K - 1``, ``hi = 0`` and
+  zero before the start (a causal convolution of width ``K``), stepped in a
+  ``lax.fori_loop`` on ``ROWS x N`` float32 sharded 8 ways along ``N``. By
+  hand: one ``ppermute`` of the last ``K - 1`` columns to the next device.
 - ``gaussian_filter`` / ``median_filter``: ``scipy.ndimage`` on an image
   sharded 8 ways by rows, through ``bp.pure_callback(..., halo=...)``, vs
   ``jax.pure_callback`` (the whole image on one device), vs by hand: a
@@ -45,6 +51,9 @@ def laplacian_candidates(jax, bp, n: int, steps: int, partitioner: str):
   plain = lambda u: jax.ffi.ffi_call("batchpart_test_laplacian", S(u.shape, u.dtype))(u)
   halo = lambda u: bp.ffi_call("batchpart_test_laplacian", S(u.shape, u.dtype),
                                signature="(n,m)->(n,m)", halo={"n": 1, "m": 1})(u)
+  zero = bp.Halo(1, 1, ends="zero")
+  ends = lambda u: bp.ffi_call("batchpart_test_laplacian", S(u.shape, u.dtype),
+                               signature="(n,m)->(n,m)", halo={"n": zero, "m": zero})(u)
 
   def by_hand(u):
     def body(block):
@@ -57,7 +66,39 @@ def laplacian_candidates(jax, bp, n: int, steps: int, partitioner: str):
     return jax.jit(lambda u: jax.lax.fori_loop(0, steps, lambda i, u: u + 0.1 * step(u), u))
 
   return ({name: stepped(step).lower(u).compile() for name, step in
-           (("stock", plain), ("shard_map", by_hand), ("batchpart", halo))}, u)
+           (("stock", plain), ("shard_map", by_hand), ("batchpart", halo),
+            ("batchpart, ends", ends))}, u)
+
+
+def causal_candidates(jax, bp, rows: int, n: int, k: int, steps: int, partitioner: str):
+  """The causal convolution programs under ``partitioner``, and the input."""
+  import numpy as np
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+  x = jax.device_put(np.random.default_rng(2).standard_normal((rows, n), np.float32),
+                     NamedSharding(mesh, P(None, "x")))
+  S = jax.ShapeDtypeStruct
+  attrs = dict(rank=np.int64(1), lo=np.int64(k - 1), hi=np.int64(0), mode=np.int64(0))
+  plain = lambda x: jax.ffi.ffi_call("batchpart_test_stencil", S(x.shape, x.dtype))(x, **attrs)
+  declared = lambda ends: lambda x: bp.ffi_call(
+      "batchpart_test_stencil", S(x.shape, x.dtype), signature="(n)->(n)",
+      halo={"n": bp.Halo(k - 1, 0, ends=ends)})(x, **attrs)
+
+  def by_hand(x):
+    def body(block):
+      import jax.numpy as jnp
+      top = block[:, block.shape[1] - (k - 1):]
+      below = jax.lax.ppermute(top, "x", [(i, i + 1) for i in range(7)])
+      return plain(jnp.concatenate([below, block], axis=1))[:, k - 1:]
+    return jax.shard_map(body, mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"))(x)
+
+  def stepped(step):
+    return jax.jit(lambda x: jax.lax.fori_loop(0, steps, lambda i, x: x + 0.01 * step(x), x))
+
+  return ({name: stepped(step).lower(x).compile() for name, step in
+           (("stock", plain), ("shard_map", by_hand), ("batchpart", declared(None)),
+            ("batchpart, ends", declared("zero")))}, x)
 
 
 def _exchange(jax, block, dim: int, axis: str, parts: int, width: int = 1):
@@ -149,6 +190,23 @@ def main(argv):
     times = interleaved(programs, (u,), repeats=repeats, min_time=0.5)
     for name, t in times.items():
       print(f"| {partitioner} | {name} | {fmt_time(t)} | {t / times['batchpart']:.2f}x |")
+  rows, length, k = (8, 1 << 15, 8) if quick else (8, 1 << 18, 16)
+  print(f"\n# causal convolution, width {k}, {rows}x{length} float32, {steps} steps, "
+        "8 devices\n")
+  print("| partitioner | program | time | vs batchpart |\n| --- | --- | ---: | ---: |")
+  for partitioner in ("shardy", "gspmd"):
+    programs, x = causal_candidates(jax, bp, rows, length, k, steps, partitioner)
+    want = np.asarray(programs["stock"](x))
+    for name, f in programs.items():
+      assert np.array_equal(np.asarray(f(x)), want), name
+      moved = sum(t.nbytes for c in _collectives(f) if c.opcode == "collective-permute"
+                  for t in c.result_types)
+      print(f"<!-- {partitioner} {name}: collective-permute bytes {moved} -->")
+    times = interleaved(programs, (x,), repeats=repeats, min_time=0.5)
+    for name, t in times.items():
+      print(f"| {partitioner} | {name} | {fmt_time(t)} | {t / times['batchpart']:.2f}x |")
+  if "--no-filters" in argv:
+    return
   m = 1024 if quick else 2048
   for label, filt, radius in (
       ("gaussian_filter(sigma=2)", lambda x: ndi.gaussian_filter(x, 2.0), int(4 * 2.0 + 0.5)),

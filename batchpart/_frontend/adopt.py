@@ -79,7 +79,7 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
       combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
       with a signature: dims every result combines over, as for
       :func:`batchpart.ffi_call` (docs/reductions.md).
-    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False)}``,
+    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0)}``,
       with a signature: dims along which the call is local, as for
       :func:`batchpart.ffi_call` (docs/halos.md).
     shard_attributes: None, or a callable ``(attributes, batch_shape) ->

@@ -73,7 +73,7 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       takes it and returns no dim of its size is declared reduced over it (the
       contract then holds for that kernel). A call whose results have a dim of
       that size is left with the dim whole, with a warning.
-    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False)}``,
+    halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0)}``,
       with a signature: core dims of the wrapper's arguments and every
       result along which it is local (docs/halos.md). The dim is followed
       through the wrapper like a reduced dim; each ``jax.ffi.ffi_call`` that

@@ -68,7 +68,7 @@ def ffi_call(
       ``(value, index)``, the index local to the part) or ``"logsumexp"``
       (results ``(m_1, ..., m_j, lse)``); see docs/reductions.md.
     halo: ``{core dim name: w}`` or ``{name: batchpart.Halo(lo, hi,
-      periodic=False)}``: core dims that the operands and every result have
+      periodic=False, ends=None, cval=0.0)}``: core dims that the operands and every result have
       with one size, along which the call is local: result element ``i``
       depends only on operand elements ``i - lo .. i + hi`` and on where
       ``i`` lies relative to the array's two ends. Where the dim is split,

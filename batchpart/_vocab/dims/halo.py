@@ -77,6 +77,11 @@ class Halo:
                        "constant" if self.ends == "zero" else self.ends)
     object.__setattr__(self, "cval", float(self.cval))
 
+  def __repr__(self) -> str:
+    ends = ", periodic=True" if self.periodic else f", ends={self.ends!r}" if self.ends else ""
+    cval = f", cval={self.cval!r}" if self.cval else ""
+    return f"Halo({self.lo}, {self.hi}{ends}{cval})"
+
   @property
   def width(self) -> int:
     """``lo + hi``: the slab each part sends its neighbours, and the
@@ -123,7 +128,7 @@ def check_halo_mapping(owner: str, halo) -> dict[str, Halo]:
   ``Halo(w, w)``), checked for shape and for negative widths."""
   if not isinstance(halo, dict) or not all(isinstance(k, str) for k in halo):
     raise TypeError(f"{owner}: halo must be a dict of core dim name -> width or "
-                    f"batchpart.Halo(lo, hi, periodic=False), e.g. halo={{'n': 1}}; got "
+                    f"batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0), e.g. halo={{'n': 1}}; got "
                     f"{halo!r}.")
   out = {}
   for name, value in halo.items():
@@ -133,7 +138,7 @@ def check_halo_mapping(owner: str, halo) -> dict[str, Halo]:
       spec = Halo(int(value), int(value))
     else:
       raise TypeError(f"{owner}: halo={{{name!r}: {value!r}}}: the width of the halo dim "
-                      f"'{name}' must be an int or batchpart.Halo(lo, hi, periodic=False).")
+                      f"'{name}' must be an int or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0).")
     if spec.lo < 0 or spec.hi < 0:
       raise ValueError(f"{owner}: halo={{{name!r}: {value!r}}}: the halo dim '{name}' has a "
                        f"negative width (lo={spec.lo}, hi={spec.hi}); widths count elements "
@@ -190,14 +195,7 @@ def halo_value(h):
 
 def halo_text(halos) -> str:
   """The declaration's ``halo=`` as written back, for messages and explain."""
-  def one(h):
-    value = halo_value(h)
-    if isinstance(value, int):
-      return f"{h.name!r}: {value}"
-    ends = f", periodic=True" if h.periodic else f", ends={h.ends!r}" if h.ends else ""
-    cval = f", cval={h.cval!r}" if h.cval else ""
-    return f"{h.name!r}: Halo({h.lo}, {h.hi}{ends}{cval})"
-  return "{" + ", ".join(one(h) for h in halos) + "}"
+  return "{" + ", ".join(f"{h.name!r}: {halo_value(h)!r}" for h in halos) + "}"
 
 
 def check_halo_sizes(owner: str, halos, operand_shapes, result_shapes) -> None:
