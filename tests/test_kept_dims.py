@@ -57,6 +57,16 @@ def test_the_decorator_refuses_a_kept_reduced_dim():
         lambda x, w: (x, w))
 
 
+def test_a_result_that_keeps_some_reduced_dims_but_not_all_is_refused():
+  """Such a result would need combining over the dims it lacks while split
+  along the others."""
+  with pytest.raises(ValueError, match=r"batchpart\.ffi_call\('k'\): result 1 keeps the "
+                                       r"reduced dim\(s\) n but not m; a result keeps every "
+                                       "reduced dim or none"):
+    bp.ffi_call("k", [S((2,), np.float32), S((2, 4), np.float32)],
+                signature="(n,m)->(),(n)", reduce={"n": "sum", "m": "sum"})
+
+
 def test_the_shardy_rule_shares_the_factor_with_the_kept_result():
   from batchpart._partition import sharding_rule
   r = Reduction("n", "sum", ((0, -2), (1, -1)), ((1, -1),))
