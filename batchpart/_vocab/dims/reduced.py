@@ -84,18 +84,6 @@ def check_kept_whole(owner: str, reductions) -> None:
                        "none. Declare the dims it lacks in a call of their own.")
 
 
-def refuse_kept_results(owner: str, reductions, why: str) -> None:
-  """Raises naming ``owner`` where a result keeps a reduced dim, which this
-  entry point cannot split (``why``)."""
-  for r in reductions:
-    if r.results:
-      raise ValueError(
-          f"{owner}: reduce names the dim '{r.name}', which result(s) "
-          f"{', '.join(str(k) for k, _ in r.results)} keep; {why}. Declare a call whose "
-          "results keep a reduced dim with batchpart.ffi_call, partition_ffi_target, "
-          "partition_primitive, ffi_lowering, pure_callback or partition_callback.")
-
-
 def combining_op(reductions) -> str | Combiner | None:
   """The op that combines the results (every reduction has the same one)."""
   return reductions[0].op if reductions else None
