@@ -144,7 +144,7 @@ def test_attention_merged_by_a_user_combiner(partitioner, mesh2x4):
 def corners(x):
   """Per (j, batch element): the first and the last element of x's (n, m)
   block in row-major order, x laid out as (j, n, batch, m)."""
-  return x[:, 0, :, 0], x[:, -1, :, -1]
+  return x[:, 0, ..., 0], x[:, -1, ..., -1]
 
 
 # Associative and not commutative; it merges the parts along n, or along m,
@@ -160,18 +160,23 @@ def test_a_combiner_over_two_dims_with_core_dims_before_the_batch(partitioner):
               axis_types=(AxisType.Auto,) * 2)
   x = np.random.default_rng(5).standard_normal((3, 16, 4, 6))
   out = (jax.ShapeDtypeStruct((3, 4), np.float64),) * 2
-  f = jax.jit(lambda x: bp.pure_callback(corners, out, x,
-                                         signature="(j,n,...,m)->(j,...),(j,...)",
-                                         reduce={"n": CORNERS, "m": CORNERS}))
+  call = lambda x: bp.pure_callback(corners, out, x, signature="(j,n,...,m)->(j,...),(j,...)",
+                                    reduce={"n": CORNERS, "m": CORNERS})
+  f = jax.jit(call)
   xs = put(x, mesh, P(None, "b", None, "a"))
   first, last = f(xs)
   np.testing.assert_array_equal(np.asarray(first), x[:, 0, :, 0])
   np.testing.assert_array_equal(np.asarray(last), x[:, -1, :, -1])
   text = f.lower(xs).compile().as_text()
-  call = the_custom_call(text, "xla_ffi_python_cpu_callback")
+  kernel = the_custom_call(text, "xla_ffi_python_cpu_callback")
   # The callback's operand, batch dims first: x's part of n and m, never gathered.
-  assert local_shapes(call)[1] == (4, 3, 4, 3)
+  assert local_shapes(kernel)[1] == (4, 3, 4, 3)
   assert {c.opcode for c in _hlo.collectives(text)} == {"all-gather"}
+  # vmap adds a batch dim at the '...', which the merge is mapped over too.
+  stacked = np.stack([x, -x])
+  first, last = jax.jit(jax.vmap(call))(put(stacked, mesh, P(None, None, "b", None, "a")))
+  np.testing.assert_array_equal(np.asarray(first), stacked[:, :, 0, :, 0])
+  np.testing.assert_array_equal(np.asarray(last), stacked[:, :, -1, :, -1])
 
 
 SUM_MAX = bp.Combiner(lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])))
