@@ -174,7 +174,8 @@ def _check(data, route: str, partitioner: str) -> None:
     assert math.prod(local) * parts <= arrays[0].size, (what, local)
 
 
-_report_known_bug_hits = known_bug_report("layouts property", EXAMPLES, KNOWN_BUG_HITS)
+_report_known_bug_hits = known_bug_report(
+    "layouts property", f"{EXAMPLES} (or, slow, {SLOW_EXAMPLES})", KNOWN_BUG_HITS)
 
 
 def _drawn(examples: int, **settings):
