@@ -1,7 +1,8 @@
 """Every kind of dim in every layout: a property test over drawn signatures.
 
 Each example draws a kind (sum, max, min, argmax, argmin, max_k, min_k,
-logsumexp, a ``bp.Combiner``, a halo), one or two reduced or halo dims, batch
+logsumexp, a ``bp.Combiner``, a halo), one or two reduced or halo dims (a
+``bp.Combiner`` over both folds the grid of parts), batch
 dims (none, or up to two, of size 1 too) before, between or after each
 array's core dims, the core dims' order, kept and combined results in any
 order, sizes that split evenly or not, a mesh (of 4, 6 or 8 devices) and
@@ -13,6 +14,7 @@ logsumexp to float32 rounding. Where the only split is an even one of the
 reduced dim, the program gathers no operand.
 """
 
+import collections
 import math
 
 import jax
@@ -20,12 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, seed, strategies as st
+from jax._src.sharding import IndivisibleError  # not public in jax 0.10.2
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 import batchpart as bp
 from batchpart.testing import layouts
 
-from helpers import local_shapes, property_settings, random_spec, the_custom_call
+from helpers import known_bug_report, local_shapes, property_settings, random_spec, the_custom_call
 
 EXAMPLES = 40
 SLOW_EXAMPLES = 300
@@ -33,6 +36,8 @@ KINDS = ("sum", "max", "min", "argmax", "argmin", "max_k", "min_k", "logsumexp",
          "combiner", "halo")
 CALLBACK_TARGET = "xla_ffi_python_cpu_callback"
 ROUTES = {"ffi": layouts.ffi_call, "callback": layouts.pure_callback}
+# How often a known bug was worked around (reported after the module's tests).
+KNOWN_BUG_HITS: collections.Counter = collections.Counter()
 MERGES = {
     "sum": bp.Combiner(lambda a, b: (a[0] + b[0],)),
     "sum_max": bp.Combiner(lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1]))),
@@ -54,7 +59,7 @@ def _draw_case(data):
   kind = data.draw(st.sampled_from(KINDS), label="kind")
   batch = "01"[:data.draw(st.integers(0, 2), label="batch rank")]
   j = "j" if data.draw(st.booleans(), label="a core dim kept whole") else ""
-  two = kind in ("sum", "max", "min", "logsumexp", "halo") and data.draw(
+  two = kind in ("sum", "max", "min", "logsumexp", "combiner", "halo") and data.draw(
       st.booleans(), label="two reduced or halo dims")
   dims = "nm" if two else "n"
   op = kind
@@ -67,7 +72,8 @@ def _draw_case(data):
       combining = [_place(data, j, batch, "result")]
     elif kind == "combiner":
       op = data.draw(st.sampled_from(sorted(MERGES)), label="merge")
-      combining = [batch + j] * (2 if op == "sum_max" else 1)   # batch dims in front
+      combining = [_place(data, j, batch, f"result {i}")
+                   for i in range(2 if op == "sum_max" else 1)]
     elif kind in ("argmax", "argmin"):
       combining = [_place(data, j, batch, "results")] * 2
     elif kind in ("max_k", "min_k"):
@@ -93,7 +99,7 @@ def _draw_case(data):
   if kind == "halo":
     declaration = {"halo": {d: bp.Halo(lo, hi) for d in dims}}
   elif kind == "combiner":
-    declaration = {"reduce": {"n": MERGES[op]}}
+    declaration = {"reduce": {d: MERGES[op] for d in dims}}
   else:
     declaration = {"reduce": {d: kind for d in dims}}
   return op, operands, results, sizes, declaration, lo, hi
@@ -139,7 +145,16 @@ def _check(data, route: str, partitioner: str) -> None:
                   for x, s in zip(xs, specs)))
 
   f = jax.jit(sharded)
-  got = f(*arrays)
+  try:
+    got = f(*arrays)
+  except IndivisibleError:
+    # The output sharding GSPMD hands jax splits a mesh axis, which jax cannot
+    # write as a NamedSharding: batchpart's GSPMD re-batching
+    # (test_properties.py counts it too). Check the values with the outputs
+    # replicated.
+    KNOWN_BUG_HITS[f"{partitioner} {route}: output sharding splits a mesh axis"] += 1
+    f = jax.jit(sharded, out_shardings=NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    got = f(*arrays)
   want = layouts.compute(op, operands, results, *arrays, lo=lo, hi=hi, k=sizes["k"])
   what = (f"{route} {op} {layouts.signature(operands, results)} {declaration} sizes {sizes} "
           f"mesh {dict(mesh.shape)} specs {specs}")
@@ -157,6 +172,10 @@ def _check(data, route: str, partitioner: str) -> None:
                            layouts.TARGET if route == "ffi" else CALLBACK_TARGET)
     local = local_shapes(call)[0 if route == "ffi" else 1]
     assert math.prod(local) * parts <= arrays[0].size, (what, local)
+
+
+_report_known_bug_hits = known_bug_report(
+    "layouts property", f"{EXAMPLES} (or, slow, {SLOW_EXAMPLES})", KNOWN_BUG_HITS)
 
 
 def _drawn(examples: int, **settings):

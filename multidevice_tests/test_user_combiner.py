@@ -6,18 +6,23 @@ every part's combining results (one all-gather, never an operand) and folds
 them with the user's jnp merge in part order, vmapped over the batch dims.
 Values against NumPy on the whole dim: an argmax written as a merge (index
 results offset to global, the first index wins: order matters), a Welford
-(count, mean, M2) merge, and attention's (o, lse) merge.
+(count, mean, M2) merge, and attention's (o, lse) merge; over two dims (the
+grid of parts folded in order, the first dim major) and with core dims
+before the batch dims.
 """
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
 import batchpart as bp
 from batchpart import _hlo, testing as kernels
+from batchpart.testing import layouts
 
 import helpers
 from helpers import local_shapes, put, the_custom_call
@@ -134,6 +139,71 @@ def test_attention_merged_by_a_user_combiner(partitioner, mesh2x4):
   o_ref, lse_ref = kernels.attention_reference(q, k, v, bias)
   np.testing.assert_allclose(np.asarray(o), o_ref, rtol=1e-12, atol=1e-12)
   np.testing.assert_allclose(np.asarray(lse), lse_ref, rtol=1e-12)
+
+
+def corners(x):
+  """Per (j, batch element): the first and the last element of x's (n, m)
+  block in row-major order, x laid out as (j, n, batch, m)."""
+  return x[:, 0, ..., 0], x[:, -1, ..., -1]
+
+
+# Associative and not commutative; it merges the parts along n, or along m,
+# on its own, so folding the grid of parts n-major gives the whole block's.
+CORNERS = bp.Combiner(lambda a, b: (a[0], b[1]))
+
+
+def test_a_combiner_over_two_dims_with_core_dims_before_the_batch(partitioner):
+  """The grid of parts (4 along n, 2 along m) folds in order, the first
+  declared dim major, on a mesh whose devices run backwards (so device order
+  is not part order); the results have a core dim before their batch dims."""
+  mesh = Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("a", "b"),
+              axis_types=(AxisType.Auto,) * 2)
+  x = np.random.default_rng(5).standard_normal((3, 16, 4, 6))
+  out = (jax.ShapeDtypeStruct((3, 4), np.float64),) * 2
+  call = lambda x: bp.pure_callback(corners, out, x, signature="(j,n,...,m)->(j,...),(j,...)",
+                                    reduce={"n": CORNERS, "m": CORNERS})
+  f = jax.jit(call)
+  xs = put(x, mesh, P(None, "b", None, "a"))
+  first, last = f(xs)
+  np.testing.assert_array_equal(np.asarray(first), x[:, 0, :, 0])
+  np.testing.assert_array_equal(np.asarray(last), x[:, -1, :, -1])
+  text = f.lower(xs).compile().as_text()
+  kernel = the_custom_call(text, "xla_ffi_python_cpu_callback")
+  # The callback's operand, batch dims first: x's part of n and m, never gathered.
+  assert local_shapes(kernel)[1] == (4, 3, 4, 3)
+  assert {c.opcode for c in _hlo.collectives(text)} == {"all-gather"}
+  # vmap adds a batch dim at the '...', which the merge is mapped over too.
+  stacked = np.stack([x, -x])
+  first, last = jax.jit(jax.vmap(call))(put(stacked, mesh, P(None, None, "b", None, "a")))
+  np.testing.assert_array_equal(np.asarray(first), stacked[:, :, 0, :, 0])
+  np.testing.assert_array_equal(np.asarray(last), stacked[:, :, -1, :, -1])
+
+
+SUM_MAX = bp.Combiner(lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])))
+
+
+@pytest.mark.parametrize("dims", ["n", "nm"])
+def test_the_layout_kernel_with_core_dims_before_the_batch(partitioner, mesh2x4, dims):
+  """``batchpart_test_layout`` with x laid out (j, n, batch[, m]), the
+  combining results (j, batch) and a result that keeps the reduced dims:
+  against NumPy, each device's kernel on its part of x, one all-gather of
+  result-sized parts."""
+  roles = "jn0" + dims[1:]
+  results = ["j0", roles, "j0"]
+  sizes = {"0": 4, "j": 3, "n": 8, "m": 2}
+  x = np.random.default_rng(6).integers(-4, 5, [sizes[r] for r in roles]).astype(np.float32)
+  call = layouts.ffi_call("sum_max", [roles], results, sizes,
+                          reduce={d: SUM_MAX for d in dims})
+  f = jax.jit(call)
+  xs = put(x, mesh2x4, P(None, "b", "a", None) if dims == "nm" else P(None, "b", "a"))
+  got = f(xs)
+  for g, w in zip(got, layouts.compute("sum_max", [roles], results, x)):
+    np.testing.assert_array_equal(np.asarray(g), w)
+  text = f.lower(xs).compile().as_text()
+  assert local_shapes(the_custom_call(text, layouts.TARGET))[0][:3] == (3, 2, 2)
+  gathers = [c for c in _hlo.collectives(text)]
+  assert {c.opcode for c in gathers} == {"all-gather"}
+  assert all(math.prod(t.shape) <= 4 * 3 * 4 for c in gathers for t in c.result_types)
 
 
 @pytest.mark.timeout(600)

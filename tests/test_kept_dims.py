@@ -1,7 +1,7 @@
 """Results that keep a reduced dim, on one device: the signature records
 which results keep it, the derived name carries them and reads back, the
-combining checks skip them, and the entry points that cannot split such a
-result refuse it, naming themselves. (Eight devices:
+combining checks skip them, the decorator follows them to its calls, and a
+result that keeps some reduced dims but not all is refused. (Eight devices:
 multidevice_tests/test_kept_dims.py.)"""
 
 import jax
@@ -49,12 +49,30 @@ def test_combiner_checks_skip_the_kept_results():
   np.testing.assert_allclose(np.asarray(total), np.repeat((x * x).sum(-1)[:, None], 3, -1))
 
 
-def test_the_decorator_refuses_a_kept_reduced_dim():
-  with pytest.raises(ValueError, match=r"batchpart\.batch_partitionable.*reduce names the "
-                                       r"dim 'n', which result\(s\) 1 keep; a wrapper's "
-                                       "results cannot be followed"):
-    bp.batch_partitionable(signature="(n,k),(n)->(k),(n)", reduce={"n": "sum"})(
-        lambda x, w: (x, w))
+def test_the_decorator_declares_the_call_that_keeps_the_dim():
+  """The wrapper's result that keeps n walks back to the call's: its derived
+  name keeps n in result 1."""
+  @bp.batch_partitionable(signature="(n,k),(n)->(k),(n)", reduce={"n": "sum"})
+  def weigh(x, w):
+    out = (S((*x.shape[:-2], x.shape[-1]), x.dtype), S(x.shape[:-1], x.dtype))
+    return jax.ffi.ffi_call("batchpart_test_weigh_rows", out)(x, w)
+
+  x = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+  w = np.ones((2, 4), np.float32)
+  assert "$x:n=sum:0.-2,1.-1:r1.-1" in jax.jit(weigh).lower(x, w).as_text()
+  total, row = jax.jit(weigh)(x, w)
+  np.testing.assert_allclose(np.asarray(row), x.sum(-1))
+  np.testing.assert_allclose(np.asarray(total), x.sum(1))
+
+
+def test_a_result_that_keeps_some_reduced_dims_but_not_all_is_refused():
+  """Such a result would need combining over the dims it lacks while split
+  along the others."""
+  with pytest.raises(ValueError, match=r"batchpart\.ffi_call\('k'\): result 1 keeps the "
+                                       r"reduced dim\(s\) n but not m; a result keeps every "
+                                       "reduced dim or none"):
+    bp.ffi_call("k", [S((2,), np.float32), S((2, 4), np.float32)],
+                signature="(n,m)->(),(n)", reduce={"n": "sum", "m": "sum"})
 
 
 def test_the_shardy_rule_shares_the_factor_with_the_kept_result():

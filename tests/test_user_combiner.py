@@ -85,10 +85,22 @@ def test_a_merge_that_changes_its_results_is_refused(merge, message):
     jax.jit(call(bp.Combiner(merge))).lower(X)
 
 
-def test_a_combiner_over_two_dims_is_refused():
-  with pytest.raises(ValueError, match="a Combiner merges the parts of one dim in order"):
-    combiner = bp.Combiner(first_max)
-    bp.ffi_call(ARG, [S((4,), np.float32)], signature="(n,m)->()",
+def test_a_combiner_over_two_dims_names_its_merge_for_each():
+  combiner = bp.Combiner(lambda a, b: (a[0] + b[0],))
+  f = bp.ffi_call("batchpart_test_reduce_rows", [S((2,), np.float32)],
+                  signature="(n,m)->()", reduce={"n": combiner, "m": combiner})
+  text = jax.jit(lambda x: f(x, op=np.int64(0), rows=np.int64(-1))).lower(
+      np.zeros((2, 4, 3), np.float32)).as_text()
+  merges = re.findall(r"\$x:(n|m)=(merge_[0-9a-f]+)", text)
+  assert [d for d, _ in merges] == ["n", "m"] and merges[0][1] == merges[1][1]
+
+
+def test_index_results_over_two_dims_are_refused():
+  with pytest.raises(ValueError, match=re.escape(f"batchpart.ffi_call('{ARG}')") +
+                     r": reduce Combiner\(first_max.*over the dims n, m: its index_results "
+                     r"\(1,\) would count positions along one dim"):
+    combiner = bp.Combiner(first_max, index_results=(1,))
+    bp.ffi_call(ARG, [S((4,), np.float32), S((4,), np.int32)], signature="(n,m)->(),()",
                 reduce={"n": combiner, "m": combiner})
 
 

@@ -161,19 +161,21 @@ class CallPlaces:
             f"cannot be told. Pass it as an argument of the wrapper with its batch dims "
               f"in the signature to partition the call", unclear=True)
 
-  def call_reductions(self, eqn, in_dims, operands, results) -> tuple:
+  def call_reductions(self, eqn, in_dims, operands, results, wants=()) -> tuple:
     """The wrapper's reduced dims this call reduces: those an operand carries
-    (as the flow says) while no result has a core dim of that size. Where a
-    result has one, the call might keep the dim (an elementwise kernel):
-    nothing is declared there, with a warning, never a guess."""
+    (as the flow says). A result with a core dim of that size keeps the dim
+    where its uses (``wants``, walked back from the wrapper's results that
+    keep it) put the dim there and it has no other of that size; elsewhere
+    the call might keep the dim (an elementwise kernel): nothing is declared
+    there, with a warning, never a guess."""
     target = eqn.params["target_name"]
     result_avals = eqn.params["result_avals"]
+    wants = list(wants) + [None] * (len(result_avals) - len(wants))
     out = []
     for r, dims, size in _carried(eqn, in_dims, operands, self.reductions):
-      kept = [i for i, (a, (lead, rank)) in enumerate(zip(result_avals, results))
-              if size in (*a.shape[:lead], *a.shape[lead + rank:])]
-      if kept:
-        self._warn_unclear(target, f"result {kept[0]} has a core dim of the size of the "
+      kept = _kept_dims(result_avals, results, wants, r.name, size)
+      if isinstance(kept, int):
+        self._warn_unclear(target, f"result {kept} has a core dim of the size of the "
                                    f"reduced dim {r.name!r} ({size}), so whether the "
                                    "kernel combines over it cannot be told; it is "
                                    "computed whole", partitioned=True)
@@ -187,14 +189,21 @@ class CallPlaces:
                                    "kernel reads it along that dim cannot be told; it is "
                                    "computed whole", partitioned=True)
         continue
-      k_dims = _k_dims(eqn, operands, results) if r.op in TOP_K_COMBINERS else ()
+      k_dims = (_k_dims(eqn, operands, results, {i for i, _ in kept})
+                if r.op in TOP_K_COMBINERS else ())
       if k_dims is None:
         self._warn_unclear(target, f"reduce {r.op!r} over {r.name!r}: the results do not "
                                    "each have one core dim of a size no operand's core "
                                    "dims have, so where they hold the k candidates cannot "
                                    "be told; it is computed whole", partitioned=True)
         continue
-      out.append(Reduction(r.name, r.op, dims, k_dims=k_dims))
+      out.append(Reduction(r.name, r.op, dims, kept, k_dims))
+    if len({frozenset(i for i, _ in r.results) for r in out}) > 1:
+      self._warn_unclear(target, f"its results keep some of the reduced dims "
+                                 f"{', '.join(r.name for r in out)} but not all, which "
+                                 "cannot be merged; they are computed whole",
+                         partitioned=True)
+      return ()
     check_results(f"batchpart.batch_partitionable({self.name}) (its call to '{target}')",
                   out, [a.shape for a in result_avals], [a.dtype for a in result_avals],
                   [(lead, len(a.shape) - lead - rank)
@@ -281,14 +290,33 @@ def _core_dims(shape, place) -> list[int]:
   return core_dims(len(shape), lead, len(shape) - lead - rank)
 
 
-def _k_dims(eqn, operands, results):
-  """Where each result of a top-k call holds its k candidates: its one core
-  dim of a size no operand core dim has, as (result, core axis) pairs; None
-  where a result has no such dim or several."""
+def _kept_dims(result_avals, results, wants, name: str, size: int):
+  """Where the call's results keep the reduced dim ``name`` (of ``size``), as
+  (result, core axis) pairs: the one core dim of that size of a result whose
+  uses put ``name`` there; the first result with a core dim of that size
+  that is not so (an int) where any is."""
+  kept = []
+  for i, (a, place, want) in enumerate(zip(result_avals, results, wants)):
+    fits = [j for j in _core_dims(a.shape, place) if a.shape[j] == size]
+    if not fits:
+      continue
+    if want is None or len(fits) > 1 or batch_dims.reduced_at(want, name) != fits[0]:
+      return i
+    kept.append((i, _signed(fits[0], place[0], len(a.shape))))
+  return tuple(kept)
+
+
+def _k_dims(eqn, operands, results, kept=frozenset()):
+  """Where each result of a top-k call but the ``kept`` ones holds its k
+  candidates: its one core dim of a size no operand core dim has, as
+  (result, core axis) pairs; None where a result has no such dim or
+  several."""
   sizes = {shape_of(v)[j] for v, place in zip(eqn.invars, operands)
            for j in _core_dims(shape_of(v), place)}
   out = []
   for i, (a, place) in enumerate(zip(eqn.params["result_avals"], results)):
+    if i in kept:
+      continue
     fresh = [j for j in _core_dims(a.shape, place) if a.shape[j] not in sizes]
     if len(fresh) != 1:
       return None

@@ -27,7 +27,6 @@ from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
 from batchpart._vocab.dims.batch import batch_slice
 from batchpart._vocab.dims.core import absolute_dim
-from batchpart._vocab.dims.reduced import refuse_kept_results
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
@@ -67,12 +66,14 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
       all arguments and results.
     reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
       combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
-      with a signature: core dims of the wrapper's arguments, in no result,
-      that its results combine over (docs/reductions.md). The dim is followed
-      through the wrapper like the batch dims; each ``jax.ffi.ffi_call`` that
-      takes it and returns no dim of its size is declared reduced over it (the
-      contract then holds for that kernel). A call whose results have a dim of
-      that size is left with the dim whole, with a warning.
+      with a signature: core dims of the wrapper's arguments that its
+      results combine over (docs/reductions.md); a result that has
+      the dim keeps it. The dim is followed through the wrapper like the
+      batch dims; each ``jax.ffi.ffi_call`` that takes it is declared reduced
+      over it (the contract then holds for that kernel), its results that
+      the flow walks back from a wrapper's result keeping the dim keeping it
+      too. A call with another result that has a dim of that size is left
+      with the dim whole, with a warning.
     halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0)}``,
       with a signature: core dims of the wrapper's arguments and every
       result along which it is local (docs/halos.md). The dim is followed
@@ -113,8 +114,6 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
   owner = f"batchpart.batch_partitionable({name})"
   parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
                                                        reduce, halo=halo, scan=scan)
-  refuse_kept_results(owner, reductions, "a wrapper's results cannot be followed to "
-                      "the call's")
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -156,10 +155,17 @@ def _wrapper_spec(name, parsed, num_batch_dims, args, outs, reductions=(), halos
                        *((h.name, h.operand_dims) for h in (*halos, *scans))]:
     for k, axis in pairs:
       reduced.setdefault(k, {})[absolute_dim(axis, len(operand_shapes[k]))] = name_
+  # The results that keep a reduced dim name it, so the flow walks it back
+  # to the calls that keep it.
+  kept = {}
+  for r in reductions:
+    for k, axis in r.results:
+      kept.setdefault(k, {})[absolute_dim(axis, len(result_shapes[k]))] = r.name
   in_dims = dims(operand_shapes, spec.operand_core_ranks, spec.operand_leads)
+  out_dims = dims(result_shapes, spec.result_core_ranks, spec.result_leads)
   return (batch_shape,
           [batch_dims.with_reduced(d, reduced.get(k, {})) for k, d in enumerate(in_dims)],
-          dims(result_shapes, spec.result_core_ranks, spec.result_leads),
+          [batch_dims.with_reduced(d, kept.get(k, {})) for k, d in enumerate(out_dims)],
           (*spec.operand_lead_ranks, *spec.result_lead_ranks))
 
 
@@ -213,7 +219,7 @@ class _Rewriter(RewriteWarnings, CallPlaces):
     declared.declare(params["target_name"])
     result_avals = tuple(params["result_avals"])
     result_shapes = [tuple(r.shape) for r in result_avals]
-    reductions = self.call_reductions(eqn, in_dims, operands, results)
+    reductions = self.call_reductions(eqn, in_dims, operands, results, wants)
     leads = {"reductions": reductions} if reductions else {}
     halos = self.call_halos(eqn, in_dims, operands, results)
     if halos:
@@ -241,11 +247,13 @@ class _Rewriter(RewriteWarnings, CallPlaces):
     rank = len(self.batch_shape)
     dims = [batch_dims.of_array(len(s), lead, len(s) - lead - rank, rank)
             for s, (lead, _) in zip(result_shapes, results)]
-    # The results carry the halo and scanned dims on, for the calls that
-    # take them next.
-    return outs, [batch_dims.with_reduced(d, {absolute_dim(a, len(d)): h.name
-                                              for h in (*halos, *scans)
-                                              for k2, a in h.result_dims if k2 == k})
+    # The results carry the halo, scanned and kept reduced dims on, for the
+    # calls that take them next.
+    carried = [*((h.name, h.result_dims) for h in (*halos, *scans)),
+               *((r.name, r.results) for r in reductions)]
+    return outs, [batch_dims.with_reduced(d, {absolute_dim(a, len(d)): name
+                                              for name, pairs in carried
+                                              for k2, a in pairs if k2 == k})
                   for k, d in enumerate(dims)]
 
   def closed(self, closed, in_dims, out_dims=()):

@@ -17,7 +17,7 @@ from batchpart._vocab.batch_spec import BatchSpec, broadcast_batch_shapes, fmt a
 from batchpart._vocab.dims.core import DimName
 from batchpart._vocab.dims.halo import HaloDim, check_halo_mapping
 from batchpart._vocab.dims.named_combiners import TOP_K_COMBINERS
-from batchpart._vocab.dims.reduced import Reduction, check_reduce_mapping
+from batchpart._vocab.dims.reduced import Reduction, check_kept_whole, check_reduce_mapping
 from batchpart._vocab.dims.scan import ScanDim, check_scan_mapping
 
 _DIM = r"\s*(?:\w+|\.\.\.)\s*"
@@ -90,6 +90,7 @@ class Signature:
                          f"(signature '{self}').")
       out.append(Reduction(name, op, tuple(where), tuple(kept),
                            self._k_dims(name, op, {i for i, _ in kept}, owner=owner)))
+    check_kept_whole(owner, out)
     return tuple(out)
 
   def _k_dims(self, name: str, op, kept, *, owner: str) -> tuple[tuple[int, int], ...]:

@@ -60,7 +60,7 @@ def _combine(target: str, reductions, results, layouts, groups, part_offsets) ->
     reg = registered(str(op), target)
     results = [_global(r, part_offsets) if i in reg.combiner.index_results else r
                for i, r in enumerate(results)]
-    return merge.fold(reg, results, groups, merge.part_order(groups, part_offsets))
+    return merge.fold(reg, results, layouts, groups, merge.part_order(groups, part_offsets))
   if op in ARG_COMBINERS:
     assert part_offsets is not None, "an index combines with the parts' offsets"
     return _arg_extreme(op, list(results), groups, part_offsets)
@@ -77,15 +77,25 @@ def _combine(target: str, reductions, results, layouts, groups, part_offsets) ->
 
 def part_offsets(reductions, operand_shardings, operand_local_shapes) -> np.ndarray | None:
   """For a combiner with an index, or a Combiner (which merges the parts in
-  order): each partition's global start of its part of the reduced dim (an
-  int64 vector indexed by partition id), read off the planner sharding of
-  the first operand that has the dim; None otherwise.
+  order): per reduced dim, each partition's global start of its part of
+  that dim (an int64 table of shape (dims, partitions)), read off the
+  planner sharding of the first operand that has the dim; None otherwise.
   The plan splits a reduced dim only evenly, so a part starts at its tile
   coordinate times the local size."""
   op = combining_op(reductions)
   if op not in INDEX_COMBINERS and not is_user_combiner(op):
     return None
-  k, axis = reductions[0].dims[0]
+  rows = [_dim_offsets(r, operand_shardings, operand_local_shapes) for r in reductions]
+  # A dim that is not split starts at 0 on every partition, however many.
+  table = np.zeros((len(rows), max(map(len, rows))), np.int64)
+  for row, offsets in zip(table, rows):
+    row[:len(offsets)] = offsets
+  return table
+
+
+def _dim_offsets(reduction, operand_shardings, operand_local_shapes) -> np.ndarray:
+  """Each partition's global start of its part of one reduced dim."""
+  k, axis = reduction.dims[0]
   sharding, local = operand_shardings[k], operand_local_shapes[k]
   dim = absolute_dim(axis, len(local))
   if sharding.kind != _Kind.TILED:
@@ -117,9 +127,11 @@ def _arg_extreme(op: str, results, groups, part_offsets) -> list:
 
 
 def _global(index, part_offsets):
-  """A part-local ``index`` plus this device's part offset."""
+  """A part-local ``index`` plus this device's part offset (along the one
+  reduced dim an index counts along)."""
+  (along,) = part_offsets
   offset = _broadcast(hlo.convert(ir.RankedTensorType.get([], _element(index)),
-                                  emit.partition_scalar(part_offsets)),
+                                  emit.partition_scalar(along)),
                       index.type)
   return hlo.add(index, offset)
 

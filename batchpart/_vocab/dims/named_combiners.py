@@ -78,11 +78,13 @@ def merge_text(op: str) -> str:
 
 
 def check_combiner_dims(owner: str, op: str, names) -> None:
-  """An index result (argmax, argmin, max_k, min_k) counts along one dim:
-  refuses several."""
-  if isinstance(op, Combiner) and len(names) > 1:
-    raise ValueError(f"{owner}: reduce {op!r} over the dims {', '.join(names)}: a Combiner "
-                     "merges the parts of one dim in order; declare it on one dim only.")
+  """An index result (argmax, argmin, max_k, min_k, a Combiner's
+  ``index_results``) counts along one dim: refuses several."""
+  if isinstance(op, Combiner) and op.index_results and len(names) > 1:
+    raise ValueError(f"{owner}: reduce {op!r} over the dims {', '.join(names)}: its "
+                     f"index_results {op.index_results} would count positions along one "
+                     "dim, and which one cannot be told; declare a Combiner with index "
+                     "results on one dim only (or one without them over several).")
   if op in INDEX_COMBINERS and len(names) > 1:
     raise ValueError(f"{owner}: reduce '{op}' over the dims {', '.join(names)}: an index "
                      f"result counts along one dim; declare '{op}' on one dim only.")

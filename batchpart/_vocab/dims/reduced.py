@@ -71,16 +71,17 @@ def kept_results(reductions) -> frozenset[int]:
   return frozenset(k for r in reductions for k, _ in r.results)
 
 
-def refuse_kept_results(owner: str, reductions, why: str) -> None:
-  """Raises naming ``owner`` where a result keeps a reduced dim, which this
-  entry point cannot split (``why``)."""
-  for r in reductions:
-    if r.results:
-      raise ValueError(
-          f"{owner}: reduce names the dim '{r.name}', which result(s) "
-          f"{', '.join(str(k) for k, _ in r.results)} keep; {why}. Declare a call whose "
-          "results keep a reduced dim with batchpart.ffi_call, partition_ffi_target, "
-          "partition_primitive, ffi_lowering, pure_callback or partition_callback.")
+def check_kept_whole(owner: str, reductions) -> None:
+  """Refuses a result that keeps some reduced dims but not all: it would
+  need combining over the others while split along these, which the merge
+  does not do."""
+  for k in sorted(kept_results(reductions)):
+    lacks = [r.name for r in reductions if k not in {i for i, _ in r.results}]
+    if lacks:
+      keeps = [r.name for r in reductions if r.name not in lacks]
+      raise ValueError(f"{owner}: result {k} keeps the reduced dim(s) {', '.join(keeps)} "
+                       f"but not {', '.join(lacks)}; a result keeps every reduced dim or "
+                       "none. Declare the dims it lacks in a call of their own.")
 
 
 def combining_op(reductions) -> str | Combiner | None:
@@ -121,6 +122,7 @@ def check_results(owner: str, reductions, shapes, dtypes, layouts) -> None:
   op = combining_op(reductions)
   if op is None:
     return
+  check_kept_whole(owner, reductions)
   kept = kept_results(reductions)
   layouts = list(layouts)
   combining = [i for i in range(len(shapes)) if i not in kept]
@@ -148,10 +150,6 @@ def lower_combiners(owner: str, reductions, result_shapes, result_core_ranks,
   for r in reductions:
     if isinstance(r.op, Combiner):
       kept = kept_results(reductions)
-      if any(lead for i, lead in enumerate(result_leads) if i not in kept):
-        raise ValueError(f"{owner}: reduce {r.op!r} over the dim {r.name}: a Combiner "
-                         "needs its combining results' batch dims in front (no core dims "
-                         "before the signature's '...').")
       types = [jax.ShapeDtypeStruct(core_shape(s, lead, core), t)
                for i, (s, core, lead, t) in enumerate(zip(result_shapes, result_core_ranks,
                                                           result_leads, result_dtypes))

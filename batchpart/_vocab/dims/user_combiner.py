@@ -4,9 +4,11 @@
 (those without the reduced dim, in result order) and returns one such
 tuple: associative, written in ``jax.numpy``. batchpart applies it, vmapped
 over the batch dims, to the parts in order along the dim (``a`` earlier),
-inside the compiled program. ``index_results`` lists the results that hold
-indices into the dim: each part's global offset is added to them first, so
-the kernel returns part-local indices.
+inside the compiled program. One Combiner may name several dims: the grid of
+parts is folded in order, the first declared dim major (``_partition/merge``).
+``index_results`` lists the results that hold indices into the dim (one dim
+only): each part's global offset is added to them first, so the kernel
+returns part-local indices.
 
 A combiner is identified by what it computes: when a call is lowered, the
 merge is lowered on one element's shapes and the digest of that text names
@@ -43,10 +45,12 @@ class Combiner:
   Args:
     merge: ``merge(a, b) -> c``, each a tuple of one batch element's
       combining results (the results without the reduced dim, in order):
-      associative, in ``jax.numpy``; ``a`` comes from the earlier part.
+      associative, in ``jax.numpy``; ``a`` comes from the earlier part. Over
+      several dims it merges the parts along each dim on its own, and the
+      grid of parts is folded in order, the first declared dim major.
     index_results: positions (among the combining results) of results that
       hold indices into the reduced dim, local to the part the call saw;
-      each part's global offset is added before merging.
+      each part's global offset is added before merging. Only over one dim.
   """
 
   def __init__(self, merge: Callable, *, index_results: Sequence[int] = ()) -> None:
