@@ -165,7 +165,10 @@ def kept(value, dims, exchanges_):
         # The short last part keeps the end of a window that ends at the
         # array's end: what follows it in the result is padding.
         value = _concatenate([value, _filler(value, dim, size - x.last)], dim)
-      value = emit.slice_along(value, dim, emit.partition_scalar(keep), size)
+      if (keep == keep[0]).all():   # every part at one place: a static slice
+        value = _static_slice(value, dim, int(keep[0]), int(keep[0]) + size)
+      else:
+        value = emit.slice_along(value, dim, emit.partition_scalar(keep), size)
   return value
 
 
