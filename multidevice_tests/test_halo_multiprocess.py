@@ -1,7 +1,7 @@
 """A two-process jax.distributed job (gloo, 4 CPU devices per process) with a
 halo dim split across the processes: the devices at the processes' border
 exchange their edge slabs across them, and every part equals the unsharded
-stencil's bit for bit."""
+stencil's bit for bit, with the boundary rule unstated and stated."""
 
 import os
 
@@ -28,7 +28,8 @@ def test_halo_exchanges_cross_the_processes(tmp_path):
   for i in range(2):
     r = np.load(f"{out}.{i}.npz")
     assert list(r["starts"]) == [8 * k for k in range(4 * i, 4 * i + 4)]
-    for start, part in zip(r["starts"], r["values"]):
+    for start, part, stated in zip(r["starts"], r["values"], r["values_ends"]):
       np.testing.assert_array_equal(part, want[:, start:start + 8])
+      np.testing.assert_array_equal(stated, want[:, start:start + 8])
     kinds = {c.opcode for c in _hlo.collectives(str(r["hlo"]))}
     assert kinds == {"collective-permute"}, kinds
