@@ -93,8 +93,8 @@ def test_splits_into_needs_even_parts_no_shorter_than_the_window():
   assert splits_into(h, 12, 4)
 
 
-def _description(**halo_fields):
-  halo = HaloDim("n", 1, 2, True, ((0, -1), (1, 0)), ((0, -1),), "wrap")
+def _description(periodic=True, ends="wrap", cval=0.0):
+  halo = HaloDim("n", 1, 2, periodic, ((0, -1), (1, 0)), ((0, -1),), ends, cval)
   return CallDescription(
       target="t", operand_batch_ranks=(1, 1), result_batch_ranks=(1,),
       operand_layouts=((1, 0), (2, 1, 0)), result_layouts=((1, 0),),
@@ -105,6 +105,17 @@ def test_the_derived_name_carries_the_halo_and_reads_back():
   d = _description()
   name = derived_names.encode(d)
   assert "$h:n=1.2.p:0.-1,1.0:0.-1" in name
+  assert derived_names.decode(name) == d
+
+
+@pytest.mark.parametrize("ends, cval, field", [
+    (None, 0.0, "1.2:"), ("nearest", 0.0, "1.2.nearest:"), ("reflect", 0.0, "1.2.reflect:"),
+    ("mirror", 0.0, "1.2.mirror:"), ("constant", 0.0, "1.2.constant~0.0:"),
+    ("constant", -2.5e-08, "1.2.constant~-2.5e-08:"), ("constant", float("inf"), "constant~inf:")])
+def test_the_derived_name_carries_a_stated_rule_and_reads_back(ends, cval, field):
+  d = _description(periodic=False, ends=ends, cval=cval)
+  name = derived_names.encode(d)
+  assert f"$h:n={field}" in name or field in name, name
   assert derived_names.decode(name) == d
 
 
