@@ -24,8 +24,15 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import testing as kernels
 
-from helpers import collective_lines, draw_auto_mesh, local_shapes, property_settings, \
-  put, rng, the_custom_call
+from helpers import (
+  collective_lines,
+  draw_auto_mesh,
+  local_shapes,
+  property_settings,
+  put,
+  rng,
+  the_custom_call,
+)
 
 STENCIL = "batchpart_test_stencil"
 LAPLACIAN = "batchpart_test_laplacian"
@@ -56,7 +63,7 @@ def test_a_causal_window_with_stated_ends_takes_one_permute_of_lo_elements(parti
   xs = put(x, mesh8, P(None, "x"))
   want = np.asarray(causal(x, 4, ends=None))
   for ends, shapes in (("zero", ["f32[4,3]"]), (None, ["f32[4,3]", "f32[4,3]"])):
-    f = jax.jit(lambda x: causal(x, 4, ends))
+    f = jax.jit(lambda x, ends=ends: causal(x, 4, ends))
     np.testing.assert_array_equal(np.asarray(f(xs)), want)
     text = f.lower(xs).compile().as_text()
     assert [s.split("{")[0] for s in permuted_shapes(text)] == shapes, text
@@ -93,7 +100,8 @@ def test_an_uneven_split_stays_sharded(partitioner, mesh8, n, parts, part, last)
   x = rng(2).standard_normal((4, n)).astype(np.float32)
   cut = NamedSharding(mesh8, P(None, "x"))
   for ends in (None, "zero"):
-    f = jax.jit(lambda x: causal(jax.lax.with_sharding_constraint(x, cut), 3, ends) * 2)
+    f = jax.jit(lambda x, ends=ends: causal(jax.lax.with_sharding_constraint(x, cut), 3, ends)
+                * 2)
     np.testing.assert_array_equal(np.asarray(f(x)), 2 * np.asarray(causal(x, 3, None)))
     text = f.lower(x).compile().as_text()
     assert local_shapes(the_custom_call(text, STENCIL)) == [(4, part + 2)]

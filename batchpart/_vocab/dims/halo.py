@@ -29,7 +29,6 @@ import numbers
 
 from batchpart._vocab.dims.core import absolute_dim
 
-
 #: How a kernel may read past an array's ends, scipy.ndimage's names: the
 #: array padded with ``cval`` ("constant"; "zero": 0), with its edge element
 #: ("nearest"), mirrored about its edge ("reflect": ``d c b a | a b c d``;
@@ -128,8 +127,8 @@ def check_halo_mapping(owner: str, halo) -> dict[str, Halo]:
   ``Halo(w, w)``), checked for shape and for negative widths."""
   if not isinstance(halo, dict) or not all(isinstance(k, str) for k in halo):
     raise TypeError(f"{owner}: halo must be a dict of core dim name -> width or "
-                    f"batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0), e.g. halo={{'n': 1}}; got "
-                    f"{halo!r}.")
+                    f"batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0), e.g. "
+                    f"halo={{'n': 1}}; got {halo!r}.")
   out = {}
   for name, value in halo.items():
     if isinstance(value, Halo):
@@ -138,7 +137,8 @@ def check_halo_mapping(owner: str, halo) -> dict[str, Halo]:
       spec = Halo(int(value), int(value))
     else:
       raise TypeError(f"{owner}: halo={{{name!r}: {value!r}}}: the width of the halo dim "
-                      f"'{name}' must be an int or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0).")
+                      f"'{name}' must be an int or batchpart.Halo(lo, hi, periodic=False, "
+                      "ends=None, cval=0.0).")
     if spec.lo < 0 or spec.hi < 0:
       raise ValueError(f"{owner}: halo={{{name!r}: {value!r}}}: the halo dim '{name}' has a "
                        f"negative width (lo={spec.lo}, hi={spec.hi}); widths count elements "
