@@ -101,8 +101,9 @@ def halo(mesh, num_devices: int, repeats: int) -> None:
   rng = np.random.default_rng(3)
   x = rng.standard_normal((rows, n), dtype=np.float32)
   out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-  # The zero boundary rule: the hand-written exchange pads the array's ends
-  # with zeros, which is then the same sum as the kernel's own rule.
+  # The zero boundary rule, stated (ends="zero"): the hand-written exchange
+  # pads the array's ends with zeros, the same sum as the kernel's own rule,
+  # and batchpart's moves the same lo and hi columns.
   attrs = {"rank": np.int64(1), "lo": np.int64(lo), "hi": np.int64(hi),
            "mode": np.int64(testing.HALO_MODES["zero"])}
   plain = lambda x: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(
@@ -119,7 +120,8 @@ def halo(mesh, num_devices: int, repeats: int) -> None:
   spec = P(None, "x")
   fns = {
       "bp.ffi_call": jax.jit(lambda x: bp.ffi_call(
-          target, out, signature="(n)->(n)", halo={"n": bp.Halo(lo, hi)})(x, **attrs)),
+          target, out, signature="(n)->(n)",
+          halo={"n": bp.Halo(lo, hi, ends="zero")})(x, **attrs)),
       "jax.ffi.ffi_call": jax.jit(plain),
       "shard_map by hand": jax.jit(jax.shard_map(
           by_hand, mesh=mesh, in_specs=spec, out_specs=spec)),
@@ -128,15 +130,16 @@ def halo(mesh, num_devices: int, repeats: int) -> None:
   want = np.asarray(jax.block_until_ready(jax.jit(plain)(x)))
   print(f"halo: a stencil (y[i] = sum over a in [-{lo}, {hi}] of w_a x[i + a]) along {n} "
         f"columns of {rows} rows\n(float32), columns sharded over {num_devices} devices, "
-        f"signature '(n)->(n)', halo={{'n': bp.Halo({lo}, {hi})}}:")
+        f"signature '(n)->(n)', halo={{'n': bp.Halo({lo}, {hi}, ends='zero')}}:")
   same = True
   for f in fns.values():
     same &= bool(np.array_equal(np.asarray(jax.block_until_ready(f(arg))), want))
   _table(fns, (arg,), "window", 0, _interleaved_args(fns, (arg,), repeats))
   print(f"  equal to the unsharded call bit for bit, all three: {same}")
   print(f"  Each device calls the kernel on its part and {lo} + {hi} columns of its "
-        "neighbours,\n  exchanged by collective-permutes; jax's call gathers the whole "
-        "array onto every\n  device. The docs' page 'Halos' says more.")
+        "neighbours,\n  exchanged by collective-permutes (the bytes of the hand-written "
+        "exchange: the\n  kernel's zero rule stated); jax's call gathers the whole array onto "
+        "every device.\n  The docs' page 'Halos' says more.")
 
 
 def scan(mesh, num_devices: int, repeats: int) -> None:
