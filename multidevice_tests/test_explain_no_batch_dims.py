@@ -163,3 +163,19 @@ def test_ffi_call_with_halo_and_no_batch_dims(partitioner, mesh8):
   assert "batch dims:  none" in str(bp.explain(f, xs))
   (hlo_call,) = _hlo.custom_calls(compiled_text(f, xs), "batchpart_test_stencil")
   assert _user_shapes(hlo_call) == ([(11,)], [(11,)])   # an 8-element part + 1 + 2
+
+
+def test_buffer_callback_without_batch_dims_gets_the_user_s_shapes(partitioner, mesh8):
+  seen = []
+
+  def add_one(ctx, out, x):
+    seen.append((tuple(x.shape), tuple(out.shape)))
+    np.asarray(out)[...] = np.asarray(x) + 1
+
+  x = rng(7).standard_normal((4, 5)).astype(np.float32)
+  f = bp.buffer_callback(add_one, S(x.shape, x.dtype), signature="(a,b)->(a,b)")
+  xs = put(x, mesh8, P())
+  np.testing.assert_array_equal(np.asarray(jax.jit(f)(xs)), x + 1)
+  assert seen == [((4, 5), (4, 5))]   # one call, on one device
+  (hlo_call,) = _hlo.custom_calls(compiled_text(f, xs), "xla_buffer_python_cpu_callback")
+  assert _user_shapes(hlo_call, hidden=1) == ([(4, 5)], [(4, 5)])
