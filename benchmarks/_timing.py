@@ -108,15 +108,17 @@ def fastest(f, args, *, repeats: int, min_time: float, min_loops: int = 1) -> fl
   return best
 
 
-def under_both_partitioners(candidates, args, check, *, repeats: int) -> list[tuple]:
+def under_both_partitioners(candidates, args, check, *, repeats: int,
+                            partitioners=("shardy", "gspmd")) -> list[tuple]:
   """``(partitioner, name, seconds, bytes received per device)`` of each
-  candidate under Shardy, then GSPMD, timed interleaved. ``candidates()``,
-  called once the partitioner is set, gives name -> (function to time, the
-  jitted function whose compiled program's collectives are counted);
-  ``check(out)`` asserts each candidate's result first."""
+  candidate under Shardy, then GSPMD (or ``partitioners``), timed
+  interleaved. ``candidates()``, called once the partitioner is set, gives
+  name -> (function to time, the jitted function whose compiled program's
+  collectives are counted); ``check(out)`` asserts each candidate's result
+  first."""
   from batchpart import _hlo
   rows = []
-  for partitioner in ("shardy", "gspmd"):
+  for partitioner in partitioners:
     jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
     made = candidates()
     timed = {name: f for name, (f, _) in made.items()}

@@ -14,22 +14,25 @@ one process, under both partitioners (Shardy, then GSPMD).
   batchpart declares ``reduce={"n": "logsumexp"}``.
 - ``knn``: ``faiss.knn`` (exact L2, one OpenMP thread per call: 8 devices
   share the cores) through a host callback with the database sharded 8 ways.
-  Stock ``jax.pure_callback`` would run one call over the whole database
-  (timed as that call on the host: see ``_knn``); by hand, ``shard_map``
-  calls faiss per device and offsets the labels, then a second program
-  takes the k smallest of all candidates; batchpart declares
-  ``reduce={"n": "min_k"}`` on ``bp.pure_callback``.
+  Stock ``jax.pure_callback`` runs one call over the whole database on
+  device 0; by hand, ``shard_map`` calls faiss per device and offsets the
+  labels, then a second program takes the k smallest of all candidates;
+  batchpart declares ``reduce={"n": "min_k"}`` on ``bp.pure_callback``.
 
 Every call blocks until its result is ready (``_timing.interleaved``).
-On this 2-core machine stock's kNN program hung in XLA's CPU all-gather
-rendezvous (see ``_knn``), and a ``shard_map`` with the callback and the
-merge in one program did too: by hand is two programs there (the per-device
-calls, then the merge), as in benchmarks/callbacks.py.
+On simulated CPU devices a program with ``jax.pure_callback`` and a
+collective can stall in XLA's CPU rendezvous until its 40 s timeout ends the
+process (docs/callbacks.md): each partitioner's kNN runs in a child process
+under a time limit, with stock first, and without stock where that child
+fails. By hand is two programs for the same reason (the per-device calls,
+then the merge), as in benchmarks/callbacks.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,7 +50,12 @@ def main(quick: bool) -> None:
   kernels.register()
   repeats = 3 if quick else 7
   mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-  cases = {"attention": _attention, "knn": _knn}
+  if "--knn-child" in sys.argv:
+    partitioner = sys.argv[sys.argv.index("--knn-child") + 1]
+    rows = _knn(jax, np, _timing, mesh, repeats, quick, partitioner, "--stock" in sys.argv)
+    print(json.dumps(rows))
+    return
+  cases = {"attention": _attention, "knn": _knn_in_children}
   for title in [c for c in cases if c in sys.argv] or list(cases):
     rows = cases[title](jax, np, _timing, mesh, repeats, quick)
     print(f"\n### {title}\n")
@@ -100,7 +108,41 @@ def kernels_reference(q, k, v, bias):
   return kernels.attention_reference(q, k, v, bias)
 
 
-def _knn(jax, np, _timing, mesh, repeats, quick):
+# Per partitioner, the seconds a kNN child may run: compiling and timing
+# everything takes one to two minutes on 2 shared cores; XLA ends a stalled
+# rendezvous after 40 s, and a stall it never ends is cut here.
+_KNN_CHILD_SECONDS = 300
+
+
+def _knn_in_children(jax, np, _timing, mesh, repeats, quick):
+  """The kNN rows, each partitioner's in a child process: first with stock;
+  where that child fails or runs out of time, the failure is printed and the
+  others are timed without stock (tried twice). A partitioner whose children
+  all fail has no rows."""
+  del jax, np, _timing, mesh, repeats
+  rows = []
+  for partitioner in ("shardy", "gspmd"):
+    for stock in (True, False, False):
+      args = [sys.executable, __file__, "--knn-child", partitioner,
+              *(["--stock"] if stock else []), *(["--quick"] if quick else [])]
+      try:
+        proc = subprocess.run(args, stdout=subprocess.PIPE, text=True,
+                              timeout=_KNN_CHILD_SECONDS)
+      except subprocess.TimeoutExpired:
+        failure = f"no result in {_KNN_CHILD_SECONDS} s"
+      else:
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and lines:
+          print("\n".join(lines[:-1]))
+          rows += [tuple(r) for r in json.loads(lines[-1])]
+          break
+        failure = f"exit status {proc.returncode}"
+      print(f"knn under {partitioner}, {'with' if stock else 'without'} stock: the child "
+            f"failed ({failure})", flush=True)
+  return rows
+
+
+def _knn(jax, np, _timing, mesh, repeats, quick, partitioner, stock):
   import faiss
   from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -130,29 +172,38 @@ def _knn(jax, np, _timing, mesh, repeats, quick):
     return -neg, jax.numpy.take_along_axis(labels, at, 1)
 
   def candidates():
-    # Two programs: a collective in the callback's program hangs (module
+    # Two programs: a collective in the callback's program can stall (module
     # docstring).
     per_device = jax.jit(jax.shard_map(partials, mesh=mesh, in_specs=(P(), P("x")),
                                        out_specs=(P("x"), P("x")), check_vma=False))
     merged = jax.jit(merge)
-    hand = lambda xq, xb: merged(*per_device(xq, xb))
+    # The merge waits for every device's call: jax's callback moves its
+    # operands onto device 0, which must not be in the merge's collective
+    # by then.
+    hand = lambda xq, xb: merged(*jax.block_until_ready(per_device(xq, xb)))
     ours = jax.jit(lambda xq, xb: bp.pure_callback(
         knn, out, xq, xb, signature="(q,d),(n,d)->(q,k),(q,k)", reduce={"n": "min_k"}))
-    return {"shard_map": (hand, per_device), "batchpart": (ours, ours)}
+    made = {"shard_map": (hand, per_device), "batchpart": (ours, ours)}
+    if stock:
+      # Each call waits for its result: where device 0 is still in the
+      # callback when the others start the next call's all-gather, its
+      # transfer of the operands stalls (docs/callbacks.md).
+      whole = jax.jit(lambda xq, xb: jax.pure_callback(knn, out, xq, xb))
+      made = {"stock": (lambda *a: jax.block_until_ready(whole(*a)), whole), **made}
+    return made
 
   ref_dist, _ = faiss.knn(xq, xb, kk)
 
   def check(result):
     np.testing.assert_allclose(np.asarray(result[0]), ref_dist, rtol=1e-4, atol=1e-3)
 
-  rows = _timing.under_both_partitioners(candidates, args, check, repeats=repeats)
-  # Stock's program (jax.pure_callback over the sharded database) hung in XLA's
-  # CPU all-gather rendezvous here (4 of 8 devices arrived) on its first call;
-  # its work, one faiss call over the whole database, is timed on the host
-  # instead: a lower bound on stock's time (no gather, no transfer).
+  rows = _timing.under_both_partitioners(candidates, args, check, repeats=repeats,
+                                         partitioners=(partitioner,))
+  # Stock's work alone, one faiss call over the whole database on the host:
+  # a lower bound on stock's time (no gather, no transfer).
   host = _timing.interleaved({"stock": knn}, (xq, xb), repeats=repeats)["stock"]
-  print(f"knn, stock's one faiss call over the whole database on the host (no jax): "
-        f"{_timing.fmt_time(host).strip()}")
+  print(f"knn ({partitioner}), one faiss call over the whole database on the host "
+        f"(no jax): {_timing.fmt_time(host).strip()}")
   return rows
 
 

@@ -273,19 +273,18 @@ def test_the_same_function_compiles_once():
 # -- the views, without running a program ---------------------------------
 
 
-def test_view_layout_trims_drops_and_permutes():
+def test_view_layout_trims_and_permutes():
   strides = buffer_host.c_strides((4, 5, 6), 4)
   assert strides == (120, 24, 4)
-  assert buffer_host.view_layout((4, 5, 6), strides, [3], drop_unit=False) == (
+  assert buffer_host.view_layout((4, 5, 6), strides, [3]) == (
       (3, 5, 6), (120, 24, 4))
-  assert buffer_host.view_layout((4, 5, 6), strides, [None, 2], drop_unit=False,
+  assert buffer_host.view_layout((4, 5, 6), strides, [None, 2],
                                  order=[1, 0, 2]) == ((2, 4, 6), (24, 120, 4))
-  assert buffer_host.view_layout((1, 5), (20, 4), [], drop_unit=True) == ((5,), (4,))
 
 
 def test_block_buffer_on_cpu_is_a_numpy_view_and_exports_dlpack():
   base = np.arange(24, dtype=np.float32).reshape(4, 6)
-  shape, strides = buffer_host.view_layout(base.shape, base.strides, [3], drop_unit=False,
+  shape, strides = buffer_host.view_layout(base.shape, base.strides, [3],
                                            order=[1, 0])
   view = buffer_host.BlockBuffer(base, shape, strides, writeable=True)
   a = np.asarray(view)
@@ -327,13 +326,13 @@ class _FakeCudaBuffer:
 def test_cuda_array_interface_of_a_trimmed_and_permuted_view():
   base = _FakeCudaBuffer((4, 5, 6), np.float32, 0x7000)
   shape, strides = buffer_host.view_layout(base.shape, buffer_host.c_strides(base.shape, 4),
-                                           [3], drop_unit=False)
+                                           [3])
   view = buffer_host.BlockBuffer(base, shape, strides, writeable=True)
   cai = view.__cuda_array_interface__
   assert cai == {"shape": (3, 5, 6), "typestr": "<f4", "data": (0x7000, False),
                  "strides": None, "version": 3, "stream": 1}
   shape, strides = buffer_host.view_layout(base.shape, buffer_host.c_strides(base.shape, 4),
-                                           [None, 2], drop_unit=False, order=[2, 0, 1])
+                                           [None, 2], order=[2, 0, 1])
   ro = buffer_host.BlockBuffer(base, shape, strides, writeable=False)
   assert ro.__cuda_array_interface__["shape"] == (6, 4, 2)
   assert ro.__cuda_array_interface__["strides"] == (4, 120, 24)

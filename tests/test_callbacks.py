@@ -586,19 +586,22 @@ def test_broadcast_operand_is_never_trimmed_on_a_short_block():
 
 
 def test_unit_call_gets_and_returns_no_batch_dim():
+  # The unit batch dim is the block vector's alone: XLA's buffers, the
+  # user's arrays and the padding device's zeros all have the user's shapes.
   got = []
   call = _host_call(lambda x, index: got.append((x.shape, index)) or x * 2, batch=(1,),
                     operand_shapes=[(1, 3)], operand_batch_ranks=(1,),
                     result_shapes=[(1, 3)], unit=True)
-  (y,) = call(np.array([0, 1]), np.ones((1, 3), np.float32))
-  assert got == [((3,), ())] and y.shape == (1, 3)
-  (z,) = call(np.array([1, 1]), np.ones((1, 3), np.float32))   # the padding device
-  assert z.shape == (1, 3) and len(got) == 1
+  (y,) = call(np.array([0, 1]), np.ones((3,), np.float32))
+  assert got == [((3,), ())]
+  np.testing.assert_array_equal(y, [2, 2, 2])
+  (z,) = call(np.array([1, 1]), np.ones((3,), np.float32))   # the padding device
+  assert z.shape == (3,) and len(got) == 1
   with pytest.raises(host.CallbackError, match=r"result 0 has shape \(1, 3\).*needs shape "
                      r"\(3,\)"):
     _host_call(lambda x, index: x[None], batch=(1,), operand_shapes=[(1, 3)],
                operand_batch_ranks=(1,), result_shapes=[(1, 3)], unit=True)(
-                   np.array([0, 1]), np.ones((1, 3), np.float32))
+                   np.array([0, 1]), np.ones((3,), np.float32))
 
 
 @pytest.mark.parametrize("fn, match", [

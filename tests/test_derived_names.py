@@ -33,6 +33,7 @@ def descriptions(draw):
       operand_layouts=ol, result_layouts=rl, aliases=aliases,
       has_side_effect=draw(st.booleans()),
       attribute_rule=draw(st.sampled_from(["", "nufft.n_tot", "rule-1"])),
+      unit_batch=draw(st.booleans()),
       operand_lead_ranks=op, result_lead_ranks=rp)
 
 

@@ -33,16 +33,13 @@ from batchpart._vocab.dims.batch import batch_first, inverse
 _CPU, _CUDA, _ROCM = 1, 2, 10   # DLPack device types
 
 
-def view_layout(shape, strides, valid_lead, *, drop_unit: bool, order=None):
+def view_layout(shape, strides, valid_lead, *, order=None):
   """The shape and byte strides of a view that keeps the first
   ``valid_lead[m]`` entries of each leading dim ``m`` (None: all of it),
-  drops a leading unit dim, then permutes dims by ``order``. The view starts
-  where the buffer does."""
+  then permutes dims by ``order``. The view starts where the buffer does."""
   shape = [n if v is None else v for n, v in
            zip(shape, list(valid_lead) + [None] * (len(shape) - len(valid_lead)))]
   strides = list(strides)
-  if drop_unit:
-    shape, strides = shape[1:], strides[1:]
   if order is not None:
     shape, strides = [shape[p] for p in order], [strides[p] for p in order]
   return tuple(shape), tuple(strides)
@@ -197,7 +194,8 @@ class BufferHostCall:
   Static, as ``HostCall``'s: the global batch shape, each operand's global
   shape and batch rank (right-aligned; a size-1 batch dim is broadcast and
   passed whole), each result's global shape, ``unit`` (the call had no batch
-  dims and was given a leading one of size 1) and, per operand and result,
+  dims and was given a leading one of size 1, which its block vector has
+  and its buffers do not) and, per operand and result,
   the dim order back to the user's layout (None where batch dims lead), and
   ``agreement`` (as ``HostCall``'s)."""
 
@@ -246,11 +244,14 @@ class BufferHostCall:
     rank = len(self.batch)
     n_in = len(self.operand_shapes)
     valid_key = tuple(valid)
-    ins = [self._view(i, buf, shape, b, valid_key, order, writeable=False)
+    # A unit call's buffers have the user's shapes: its batch dim is the
+    # block vector's alone.
+    ins = [self._view(i, buf, shape, b - self.unit, valid_key, order, writeable=False)
            for i, (buf, shape, b, order) in enumerate(zip(
                buffers[:n_in], self.operand_shapes, self.operand_batch_ranks,
                self.operand_orders))]
-    outs = [self._view(n_in + i, buf, shape, rank, valid_key, order, writeable=True)
+    outs = [self._view(n_in + i, buf, shape, rank - self.unit, valid_key, order,
+                       writeable=True)
             for i, (buf, shape, order) in enumerate(zip(buffers[n_in:], self.result_shapes,
                                                         self.result_orders))]
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))[int(self.unit):]
@@ -290,7 +291,7 @@ class BufferHostCall:
              for m in range(batch_rank)]
       dtype = np.dtype(buf.dtype)
       shape, strides = view_layout(key[1], c_strides(key[1], dtype.itemsize), cut,
-                                   drop_unit=self.unit, order=order)
+                                   order=order)
       layout = self._layouts[key] = (shape, strides, dtype)
     shape, strides, dtype = layout
     return BlockBuffer(buf, shape, strides, writeable=writeable,

@@ -192,17 +192,15 @@ class FlatCallback:
 class _Block:
   """What one block vector means for a ``HostCall``, worked out once: the
   ``index`` passed to the user, each operand's cut (None: nothing to trim),
-  each result's shape as the user must return it, its shape for jaxlib
-  where that differs (the unit dim, else None), and its padded local shape
-  (None: no padding); ``empty``: all padding, with ``zeros`` to return."""
+  each result's shape as the user must return it, and its padded local
+  shape (None: no padding); ``empty``: all padding, with ``zeros`` to return."""
 
-  __slots__ = ("empty", "zeros", "index", "cuts", "wants", "reshapes", "pads")
+  __slots__ = ("empty", "zeros", "index", "cuts", "wants", "pads")
   empty: bool
   zeros: tuple
   index: tuple
   cuts: list | None
   wants: list
-  reshapes: list
   pads: list
 
 
@@ -213,7 +211,8 @@ class HostCall:
   (batch dims right-aligned, a size-1 one broadcast), each result's global
   shape and dtype, and ``unit``: the call has no batch dims of its own and
   was given a leading one of size 1 (so that a replicated call is still
-  made once). ``agreement``: where XLA partitions the call, how its devices
+  made once); its block vector has that dim, its buffers do not.
+  ``agreement``: where XLA partitions the call, how its devices
   holding only padding learn that the others failed; None where each call
   stands alone. ``reduced``: how many reduced dims the block vector
   carries parts of (``index`` adds a slice per reduced dim), ``kept``: the
@@ -276,7 +275,10 @@ class HostCall:
                            len(self.halos) + len(self.scans))
     cores = self._part_cores(parts, windows)
     windows, scanned = windows[:len(self.halos)], windows[len(self.halos):]
-    local_results = [tuple(local) + c for c in cores]
+    # A unit call's buffers have the user's shapes: its batch dim is the
+    # block vector's alone.
+    drop = int(self.unit)
+    local_results = [(*local[drop:], *c) for c in cores]
     out = _Block()
     out.empty = bool(rank) and any(v == 0 for v in valid)
     out.zeros = (tuple(_frozen_zeros(s, t) for s, t in zip(local_results, self.result_dtypes))
@@ -286,13 +288,11 @@ class HostCall:
     if all(c is None for c in out.cuts):
       out.cuts = None
     index = tuple(slice(o, o + v) for o, v in zip(offsets, valid))
-    out.index = (*(index[1:] if self.unit else index), *parts,
+    out.index = (*index[drop:], *parts,
                  *((slice(a, b), slice(c, e)) for a, b, c, e in windows),
                  *(slice(c, e) for _, _, c, e in scanned))
-    wants = [tuple(valid) + c for c in cores]
-    out.wants = [w[1:] for w in wants] if self.unit else wants
-    out.reshapes = wants if self.unit else [None] * len(wants)
-    out.pads = [None if w == full else full for w, full in zip(wants, local_results)]
+    out.wants = [(*valid[drop:], *c) for c in cores]
+    out.pads = [None if w == full else full for w, full in zip(out.wants, local_results)]
     return out
 
   def _part_cores(self, parts, windows) -> list[tuple[int, ...]]:
@@ -324,8 +324,6 @@ class HostCall:
       return b.zeros
     if b.cuts is not None:
       args = [x if c is None else x[c] for x, c in zip(args, b.cuts)]
-    if self.unit:
-      args = [x[0] for x in args]
     try:
       outs = self.flat(*args, index=b.index)
     except CallbackError:
@@ -344,8 +342,6 @@ class HostCall:
         r = np.asarray(compat.canonicalize_value(r))
       if r.shape != b.wants[i] or r.dtype != dtype:
         raise self._mismatch(i, r, b)
-      if b.reshapes[i] is not None:
-        r = r.reshape(b.reshapes[i])
       if b.pads[i] is not None:
         full = np.zeros(b.pads[i], dtype)
         full[tuple(slice(0, n) for n in r.shape)] = r

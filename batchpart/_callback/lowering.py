@@ -36,7 +36,7 @@ from batchpart._primitive.lowering import FRONTEND_DECLARATION
 from batchpart._vocab import derived_names
 from batchpart._vocab.batch_spec import BatchSpec, check_spec
 from batchpart._vocab.blocks import whole_block
-from batchpart._vocab.description import describe
+from batchpart._vocab.description import describe, without_unit_batch
 from batchpart._vocab.dims.core import absolute_dim
 from batchpart._vocab.dims.scan import as_halos
 
@@ -109,11 +109,13 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
   spec = BatchSpec(operand_core_ranks, result_core_ranks)
   batch = check_spec(callback.owner, spec, [a.shape for a in avals_in],
                      [a.shape for a in avals_out])
-  operands = list(operands)
+  operands = user_operands = list(operands)
   unit = not batch
   if unit:
     # No batch dims: give the call one of size 1, so that where XLA would
-    # replicate it, one device computes it and the others get padding.
+    # replicate it, one device computes it and the others get padding. Only
+    # XLA's partitioner sees that dim: the call each device makes (and the
+    # call here, where nothing is partitioned) has the user's shapes.
     operands = _with_unit_dim(operands, avals_in, ctx)
     avals_in = [_unit(a) for a in avals_in]
     avals_out = [_unit(a) for a in avals_out]
@@ -166,8 +168,8 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
                input_output_aliases=aliases, has_side_effect=io, reductions=reductions,
                result_dtypes=[a.dtype for a in avals_out], halos=halos, scans=scans,
                owner=callback.owner)
-  d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1)})
-  frontend = {"num_batch_dims": str(rank), FRONTEND_CALLBACK: callback.owner}
+  d = type(d)(**{**d.__dict__, "callback_partitions": max(partitions, 1), "unit_batch": unit})
+  frontend = {"num_batch_dims": str(0 if unit else rank), FRONTEND_CALLBACK: callback.owner}
   if declaration:
     frontend[FRONTEND_DECLARATION] = declaration
   extra = {}
@@ -184,10 +186,14 @@ def _lowering(ctx, *operands, callback, operand_core_ranks, result_core_ranks, i
     if rule is not None:
       extra["sdy.sharding_rule"] = rule
   else:
-    name = target
     frontend[derived_names.FRONTEND_ATTRIBUTE] = derived_names.encode(d)
   extra["mhlo.frontend_attributes"] = compat.ir_attribute(frontend)
   config = {"index": compat.ir_attribute(np.uint64(index))}
+  if not partitioned:
+    return list(emit.custom_call(
+        target, without_unit_batch(d) if unit else d, [block, *user_operands],
+        [compat.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out], config,
+        extra_attributes=extra))
   results = emit.custom_call(name, d, [block, *operands], result_types, config,
                              extra_attributes=extra)
   if unit:

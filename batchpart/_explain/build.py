@@ -22,6 +22,7 @@ from batchpart._explain.lowered import (
   lowered_calls,
   reductions,
   scans,
+  unit_batch,
 )
 from batchpart._explain.report import (
   CallReport,
@@ -130,8 +131,11 @@ def _report(low: LoweredCall | None, inst: _hlo.Instruction | None,
                    for c in before)
   scan_dims = _scan_dims(scans(derived, hidden), global_operands, device_operands,
                          collectives.own(module, inst, _SCAN_COLLECTIVES) if inst else ())
-  if one_device is not None:
-    shared_by = 1   # one device computes everything, so nothing twice
+  if one_device is not None or (unit_batch(derived) and low is not None
+                                and not low.in_shard_map):
+    # One device computes everything (a callback without batch dims: its
+    # unit batch dim gives the others padding), so nothing twice.
+    shared_by = 1
   elif low is not None and inst is not None and not low.in_shard_map:
     shared_by = replication.replication(
         num_devices, global_operands, global_results, device_operands,

@@ -59,7 +59,15 @@ def batch_dims(num_batch_dims: str | None, derived_name: str | None) -> int | No
     pass
   d = _description(derived_name)
   return None if d is None else max(d.operand_batch_ranks + d.result_batch_ranks,
-                                    default=0)
+                                    default=0) - d.unit_batch
+
+
+def unit_batch(derived_name: str | None) -> bool:
+  """Whether a derived name is a host callback's without batch dims of its
+  own, which batchpart gave a unit one: one device makes the call, the
+  others get padding."""
+  d = _description(derived_name)
+  return d is not None and d.unit_batch
 
 
 def leading_core_dims(derived_name: str | None, hidden: int = 0
@@ -143,10 +151,18 @@ def lowered_calls(module) -> list[LoweredCall]:
     derived = _stablehlo.derived_name(op)
     callback = _stablehlo.frontend_attribute(op, FRONTEND_CALLBACK)
     operands = _arrays(op.operands)
+    user_operands = operands[1:] if callback is not None else operands
+    results = _arrays(op.results)
+    d = _description(derived)
+    if d is not None and d.unit_batch and derived_names.is_derived(target):
+      # The unit batch dim is for XLA's partitioner only: the devices' calls
+      # are made without it.
+      user_operands = tuple((t, s[1:]) for t, s in user_operands)
+      results = tuple((t, s[1:]) for t, s in results)
     out.append(LoweredCall(
         target=derived_names.user_target(target),
-        operands=operands[1:] if callback is not None else operands,
-        results=_arrays(op.results),
+        operands=user_operands,
+        results=results,
         num_batch_dims=batch_dims(_stablehlo.frontend_attribute(op, "num_batch_dims"),
                                   derived),
         in_shard_map=call.in_manual_region, frames=_frames(op.location),

@@ -121,6 +121,8 @@ def _batch_text(call: Any) -> str:
     if getattr(call, "single_device", None) is not None:
       return "none declared"
     return "none declared (replication judged over all dims)"
+  if call.num_batch_dims == 0:
+    return "none"
   if call.leading_core_dims is None:
     return f"{call.num_batch_dims} leading"
   ins, outs = call.leading_core_dims

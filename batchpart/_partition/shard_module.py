@@ -6,7 +6,7 @@ import numpy as np
 
 from batchpart import _compat as compat
 from batchpart._partition import attributes, combine, emit, halo, scan
-from batchpart._vocab.description import CallDescription
+from batchpart._vocab.description import CallDescription, without_unit_batch
 
 ir = compat.ir
 
@@ -21,6 +21,22 @@ def _first_batch_dims(d: CallDescription):
   first = lambda leads, ranks: [lead if rank else None for lead, rank in zip(leads, ranks)]
   return (first(d.operand_leads, d.operand_batch_ranks),
           first(d.result_leads, d.result_batch_ranks))
+
+
+def _user_call(d: CallDescription, operands, result_types, config) -> list:
+  """The user's custom call on these operands; a ``unit_batch`` callback's
+  on its arrays without the unit batch dim, which only XLA's partitioner
+  needed (the target sees the user's shapes), added back to its results."""
+  if not d.unit_batch:
+    return list(emit.custom_call(d.target, d, operands, result_types, config))
+  shape = lambda t: ir.RankedTensorType(t).shape
+  inner = [ir.RankedTensorType.get(shape(t)[1:], ir.RankedTensorType(t).element_type)
+           for t in result_types]
+  results = emit.custom_call(
+      d.target, without_unit_batch(d),
+      [operands[0], *(emit.reshaped(v, shape(v.type)[1:]) for v in operands[1:])],
+      inner, config)
+  return [emit.reshaped(r, shape(t)) for r, t in zip(results, result_types)]
 
 
 def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
@@ -65,13 +81,13 @@ def build(d: CallDescription, *, operand_shapes, operand_dtypes, result_shapes,
                   for k, s in enumerate(result_shapes)]
           call_types = [_tensor_type(halo.window_size(s, dim, exchanges), t)
                         for s, t, dim in zip(result_shapes, result_dtypes, dims)]
+        call = lambda ops, types: _user_call(d, ops, types, config)
         if carry is not None:
           results = scan.scanned(
-              carry, lambda ops, types: emit.custom_call(d.target, d, ops, types, config),
-              operands, call_types, d.target,
+              carry, call, operands, call_types, d.target,
               None if block_table is not None or rule is not None else _first_batch_dims(d))
         else:
-          results = emit.custom_call(d.target, d, operands, call_types, config)
+          results = call(operands, call_types)
         if exchanges:
           results = [halo.kept(r, dim, exchanges) for r, dim in zip(results, dims)]
         if len(reduce_groups):

@@ -24,6 +24,8 @@ The name is ``<target>$bp1`` followed by fields, each starting with ``$``:
 - ``$s``: the call has a side effect
 - ``$c<n>``: a host callback in a program of ``n`` partitions; operand 0 is
   its block vector, filled in per partition (``batchpart/_vocab/blocks``)
+- ``$u``: that callback has no batch dims of its own; its arrays' leading
+  batch dim of size 1 is batchpart's (``CallDescription.unit_batch``)
 - ``$x:<name>=<op>:<operand>.<axis>,...``: a reduced core dim, the op that
   combines the results over its parts (``sum``, ``max``, ``min`` or a named
   combiner: ``argmax``, ``argmin``, ``max_k``, ``min_k``, ``logsumexp``, or
@@ -108,6 +110,8 @@ def encode(d: CallDescription) -> str:
     fields.append("$s")
   if d.callback_partitions:
     fields.append(f"$c{int(d.callback_partitions)}")
+  if d.unit_batch:
+    fields.append("$u")
   if d.attribute_rule:
     fields.append(f"$f={d.attribute_rule}")
   return d.target + MARKER + "".join(fields)
@@ -180,7 +184,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
     raise ValueError("malformed fields")
   values: dict[str, str] = {}
   layouts: dict[str, dict[int, tuple[int, ...]]] = {"o": {}, "r": {}}
-  aliases, side_effect, rule, callback_partitions = [], False, "", 0
+  aliases, side_effect, rule, callback_partitions, unit_batch = [], False, "", 0, False
   reductions, dim_names, halos, scans = [], [], [], []
   for m in _FIELD.finditer(body):
     tag, value = m.group(1), m.group(2)
@@ -198,6 +202,8 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       side_effect = True
     elif tag == "c" and value.isdigit() and int(value) > 0:
       callback_partitions = int(value)
+    elif tag == "u" and not value:
+      unit_batch = True
     elif tag == "f" and value.startswith("=") and _RULE_NAME.match(value[1:]):
       rule = value[1:]
     elif tag == "x" and (x := _REDUCTION.match(value)) and (
@@ -250,6 +256,7 @@ def _decode_fields(target: str, body: str) -> CallDescription:
       has_side_effect=side_effect,
       attribute_rule=rule,
       callback_partitions=callback_partitions,
+      unit_batch=unit_batch,
       operand_lead_ranks=operand_leads,
       result_lead_ranks=result_leads,
       reductions=tuple(reductions),

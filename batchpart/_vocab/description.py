@@ -33,7 +33,11 @@ class CallDescription(DeclaredDims):
   its block vector (the block's offsets in the global batch, then the local
   batch shape), which the per-device module fills in per partition, and a
   batch replicated over devices is split across them instead
-  (``_vocab/blocks``).
+  (``_vocab/blocks``). ``unit_batch`` marks such a callback with no batch
+  dims of its own: its user arrays were given a leading batch dim of size 1,
+  so that where XLA would replicate the call one device makes it and the
+  others get padding; the call each device makes drops that dim again
+  (``without_unit_batch``), so jax's callback target sees the user's shapes.
   ``operand_lead_ranks`` / ``result_lead_ranks``: the core dims before each
   array's batch dims (a signature's ``...`` not in front); ``()`` where all
   are zero, so an array's batch dims are [lead, lead + batch rank).
@@ -47,6 +51,7 @@ class CallDescription(DeclaredDims):
   has_side_effect: bool = False
   attribute_rule: str = ""
   callback_partitions: int = 0
+  unit_batch: bool = False
   operand_lead_ranks: tuple[int, ...] = ()
   result_lead_ranks: tuple[int, ...] = ()
 
@@ -181,6 +186,19 @@ class CallDescription(DeclaredDims):
   @property
   def result_ranks(self) -> tuple[int, ...]:
     return tuple(len(l) for l in self.result_layouts)
+
+
+def without_unit_batch(d: CallDescription) -> CallDescription:
+  """The call a ``unit_batch`` description's devices make: every array but
+  operand 0 (the block vector) without its leading unit batch dim."""
+  drop = lambda layout: tuple(a - 1 for a in layout if a != 0)
+  return dataclasses.replace(
+      d, unit_batch=False,
+      operand_batch_ranks=(d.operand_batch_ranks[0],
+                           *(b - 1 for b in d.operand_batch_ranks[1:])),
+      result_batch_ranks=tuple(b - 1 for b in d.result_batch_ranks),
+      operand_layouts=(d.operand_layouts[0], *map(drop, d.operand_layouts[1:])),
+      result_layouts=tuple(map(drop, d.result_layouts)))
 
 
 def describe(target_name, operand_shapes, operand_core_ranks, result_shapes,
