@@ -11,8 +11,7 @@ import scipy.ndimage as ndi
 from jax.sharding import PartitionSpec as P
 
 import batchpart as bp
-from batchpart import _hlo
-from batchpart import testing as kernels
+from batchpart import _hlo, testing as kernels
 
 from helpers import compiled_text, put, rng
 
