@@ -40,7 +40,9 @@ from batchpart._frontend.signature import (
 )
 from batchpart._primitive.primitive import explicit_result_types
 from batchpart._vocab.batch_spec import check_spec
-from batchpart._vocab.dims.scan import refuse_parallel
+from batchpart._vocab.dims.arguments import HaloSpec, ReduceOp, ReduceSpec, ScanSpec
+from batchpart._vocab.dims.halo import Halo
+from batchpart._vocab.dims.scan import Scan, refuse_parallel
 
 # jax's vmap methods after which the callback gets every vmapped dim at once.
 _VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
@@ -52,11 +54,11 @@ class CallbackDeclaration:
   owner: str
   num_batch_dims: int | None
   signature: str | None
-  reduce: tuple[tuple[str, str], ...] | None
+  reduce: tuple[tuple[str, ReduceOp], ...] | None
   leads: bool   # a signature's '...' stands after a core dim somewhere
   arrays: str = "jax"   # what a pure/io callback's function gets
-  halo: tuple[tuple[str, Any], ...] | None = None
-  scan: tuple[tuple[str, Any], ...] | None = None
+  halo: tuple[tuple[str, int | Halo], ...] | None = None
+  scan: tuple[tuple[str, Scan], ...] | None = None
 
   def options(self) -> dict:
     return {"num_batch_dims": self.num_batch_dims, "signature": self.signature,
@@ -330,9 +332,9 @@ def _hook() -> None:
 
 def partition_callback(callback: Callable, *, num_batch_dims: int | None = None,
                        signature: str | None = None,
-                       reduce: dict[str, str] | None = None,
-                       arrays: str = "jax", halo: dict[str, Any] | None = None,
-                       scan: dict[str, Any] | None = None) -> Callable:
+                       reduce: ReduceSpec | None = None,
+                       arrays: str = "jax", halo: HaloSpec | None = None,
+                       scan: ScanSpec | None = None) -> Callable:
   """Makes every jax host callback whose function is ``callback`` run per
   batch shard.
 

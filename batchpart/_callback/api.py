@@ -33,6 +33,7 @@ from batchpart._frontend.signature import (
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.arguments import HaloSpec, ReduceSpec, ScanSpec
 from batchpart._vocab.dims.batch import batch_first, inverse
 from batchpart._vocab.dims.reduced import check_results
 from batchpart._vocab.dims.scan import check_scan_arrays, refuse_parallel
@@ -40,10 +41,10 @@ from batchpart._vocab.dims.scan import check_scan_arrays, refuse_parallel
 
 def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                   num_batch_dims: int | None = None, signature: str | None = None,
-                  reduce: dict[str, str] | None = None,
-                  halo: dict[str, Any] | None = None,
+                  reduce: ReduceSpec | None = None,
+                  halo: HaloSpec | None = None,
                   vmap_method: str | None = None, with_index: bool = False,
-                  arrays: str = DEFAULT_ARRAYS, scan: dict[str, Any] | None = None,
+                  arrays: str = DEFAULT_ARRAYS, scan: ScanSpec | None = None,
                   **kwargs: Any) -> Any:
   """Calls a pure Python function on blocks of the batch, where they are.
 
@@ -72,8 +73,9 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
       NumPy-style (a size-1 or missing batch dim is passed whole to every
       call). Exactly one of ``num_batch_dims`` and ``signature``.
     reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"`` or ``"min"``,
-      one for all, or a combiner ``"argmax"``, ``"argmin"``,
-      ``"logsumexp"``, as for :func:`batchpart.ffi_call`), with a signature:
+      one for all, or a combiner ``"argmax"``, ``"argmin"``, ``"max_k"``,
+      ``"min_k"``, ``"logsumexp"`` or a ``batchpart.Combiner``, as for
+      :func:`batchpart.ffi_call`), with a signature:
       core dims of the operands, in no result, that the results combine
       over. ``callback`` may then be called
       on a part of each such dim and must return the results of that part;
@@ -120,8 +122,8 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
 def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
                 num_batch_dims: int | None = None, signature: str | None = None,
                 ordered: bool = False, with_index: bool = False,
-                reduce: dict[str, str] | None = None, arrays: str = DEFAULT_ARRAYS,
-                halo: dict[str, Any] | None = None, scan: dict[str, Any] | None = None,
+                reduce: ReduceSpec | None = None, arrays: str = DEFAULT_ARRAYS,
+                halo: HaloSpec | None = None, scan: ScanSpec | None = None,
                 **kwargs: Any) -> Any:
   """Calls an impure Python function on blocks of the batch, where they are.
 

@@ -15,13 +15,14 @@ from batchpart._frontend import declarations
 from batchpart._frontend.signature import batch_rank, parse_declaration
 from batchpart._partition import attributes
 from batchpart._primitive import foreign
+from batchpart._vocab.dims.arguments import HaloSpec, ReduceSpec, ScanSpec
 
 
 def _declaration(owner: str, num_batch_dims: int | None, signature: str | None,
                  shard_attributes: Callable[..., Any] | None,
-                 reduce: dict[str, str] | None = None,
-                 halo: dict[str, Any] | None = None,
-                 scan: dict[str, Any] | None = None) -> foreign.BatchDeclaration:
+                 reduce: ReduceSpec | None = None,
+                 halo: HaloSpec | None = None,
+                 scan: ScanSpec | None = None) -> foreign.BatchDeclaration:
   """The checked declaration of a ``partition_primitive`` / ``ffi_lowering``
   call (``owner`` names it in errors)."""
   parsed, reductions, halos, scans = parse_declaration(owner, num_batch_dims, signature,
@@ -53,9 +54,9 @@ def _same_declaration(a: foreign.BatchDeclaration, b: foreign.BatchDeclaration) 
 def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = None,
                         signature: str | None = None,
                         shard_attributes: Callable[..., Any] | None = None,
-                        reduce: dict[str, str] | None = None,
-                        halo: dict[str, Any] | None = None,
-                        scan: dict[str, Any] | None = None) -> Primitive:
+                        reduce: ReduceSpec | None = None,
+                        halo: HaloSpec | None = None,
+                        scan: ScanSpec | None = None) -> Primitive:
   """Makes every FFI custom call ``primitive``'s lowering rules emit batch
   partitionable.
 
@@ -76,7 +77,8 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
       (a ``...`` in a group puts that array's batch dims there instead of in
       front, e.g. ``"(a,...,n)->(...)"``).
     reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
-      combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
+      combiner: ``"argmax"``, ``"argmin"``, ``"max_k"``, ``"min_k"``,
+      ``"logsumexp"`` or a ``batchpart.Combiner``),
       with a signature: dims every result combines over, as for
       :func:`batchpart.ffi_call` (docs/reductions.md).
     halo: ``{core dim name: w or batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0)}``,
@@ -123,9 +125,9 @@ def partition_primitive(primitive: Primitive, *, num_batch_dims: int | None = No
 def partition_ffi_target(target_name: str, *, num_batch_dims: int | None = None,
                          signature: str | None = None,
                          shard_attributes: Callable[..., Any] | None = None,
-                         reduce: dict[str, str] | None = None,
-                         halo: dict[str, Any] | None = None,
-                         scan: dict[str, Any] | None = None) -> None:
+                         reduce: ReduceSpec | None = None,
+                         halo: HaloSpec | None = None,
+                         scan: ScanSpec | None = None) -> None:
   """Makes every ``jax.ffi.ffi_call`` to ``target_name`` batch partitionable.
 
   From now on every ``jax.ffi.ffi_call`` to ``target_name`` lowered in this
@@ -192,9 +194,9 @@ def unpartition(primitive_or_target_name: Primitive | str | Callable[..., Any]) 
 def ffi_lowering(target_name: str, *, num_batch_dims: int | None = None,
                  signature: str | None = None,
                  shard_attributes: Callable[..., Any] | None = None,
-                 reduce: dict[str, str] | None = None,
-                 halo: dict[str, Any] | None = None,
-                 scan: dict[str, Any] | None = None,
+                 reduce: ReduceSpec | None = None,
+                 halo: HaloSpec | None = None,
+                 scan: ScanSpec | None = None,
                  operand_layouts: Sequence[Sequence[int] | None] | None = None,
                  result_layouts: Sequence[Sequence[int] | None] | None = None,
                  **lowering_args: Any) -> Callable[..., Any]:

@@ -25,15 +25,16 @@ from batchpart._frontend.rewrite_warnings import RewriteWarnings
 from batchpart._frontend.signature import declared_spec, parse_declaration
 from batchpart._partition import declared
 from batchpart._vocab.batch_spec import broadcast_batch_shapes
+from batchpart._vocab.dims.arguments import HaloSpec, ReduceSpec, ScanSpec
 from batchpart._vocab.dims.batch import batch_slice
 from batchpart._vocab.dims.core import absolute_dim
 
 
 def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str | None = None,
                         num_batch_dims: int | None = None,
-                        reduce: dict[str, str] | None = None,
-                        halo: dict[str, Any] | None = None,
-                        scan: dict[str, Any] | None = None) -> Any:
+                        reduce: ReduceSpec | None = None,
+                        halo: HaloSpec | None = None,
+                        scan: ScanSpec | None = None) -> Any:
   """Makes the ``jax.ffi.ffi_call`` calls inside an existing wrapper batch partitionable.
 
   The wrapper's positional array arguments follow ``signature`` (or
@@ -65,7 +66,9 @@ def batch_partitionable(fn: Callable[..., Any] | None = None, *, signature: str 
     num_batch_dims: alternatively, the number of leading batch dims shared by
       all arguments and results.
     reduce: ``{core dim name: op}`` (op ``"sum"``, ``"max"``, ``"min"`` or a
-      combiner: ``"argmax"``, ``"argmin"``, ``"logsumexp"``),
+      combiner: ``"argmax"``, ``"argmin"``, ``"max_k"``, ``"min_k"``,
+      ``"logsumexp"`` or a ``batchpart.Combiner``; as for
+      :func:`batchpart.ffi_call`),
       with a signature: core dims of the wrapper's arguments that its
       results combine over (docs/reductions.md); a result that has
       the dim keeps it. The dim is followed through the wrapper like the

@@ -13,6 +13,7 @@ from batchpart._frontend.signature import (
 )
 from batchpart._primitive.lowering import declaration_text
 from batchpart._vocab.batch_spec import BatchSpec, checked_operand_avals
+from batchpart._vocab.dims.arguments import HaloSpec, ReduceSpec, ScanSpec
 from batchpart._vocab.dims.reduced import check_results
 from batchpart._vocab.dims.scan import check_scan_arrays
 
@@ -23,9 +24,9 @@ def ffi_call(
     *,
     num_batch_dims: int | None = None,
     signature: str | None = None,
-    reduce: dict[str, str] | None = None,
-    halo: dict[str, Any] | None = None,
-    scan: dict[str, Any] | None = None,
+    reduce: ReduceSpec | None = None,
+    halo: HaloSpec | None = None,
+    scan: ScanSpec | None = None,
     has_side_effect: bool = False,
     input_layouts: Sequence[Sequence[int] | None] | None = None,
     output_layouts: Sequence[int] | Sequence[Sequence[int] | None] | None = None,
@@ -63,10 +64,13 @@ def ffi_call(
       op, over any split of that dim into parts, of the results the kernel
       computes on the parts. Where the dim is sharded, each device runs the
       kernel on its own part and one all-reduce over the devices holding the
-      parts combines the results (docs/reductions.md). Or a named combiner
-      that reads the results together: ``"argmax"`` / ``"argmin"`` (results
-      ``(value, index)``, the index local to the part) or ``"logsumexp"``
-      (results ``(m_1, ..., m_j, lse)``); see docs/reductions.md.
+      parts combines the results (docs/reductions.md). Or a combiner that
+      reads the results together: ``"argmax"`` / ``"argmin"`` (results
+      ``(value, index)``, the index local to the part), ``"max_k"`` /
+      ``"min_k"`` (results ``(values, indices)``, the k best of the part
+      along a core dim no operand has), ``"logsumexp"`` (results
+      ``(m_1, ..., m_j, lse)``), or your own ``batchpart.Combiner(merge,
+      index_results=())``; see docs/reductions.md.
     halo: ``{core dim name: w}`` or ``{name: batchpart.Halo(lo, hi,
       periodic=False, ends=None, cval=0.0)}``: core dims that the operands and every result have
       with one size, along which the call is local: result element ``i``

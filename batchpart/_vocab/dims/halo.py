@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Mapping
 
 from batchpart._vocab.dims.core import absolute_dim
 
@@ -125,7 +126,7 @@ class HaloDim:
 def check_halo_mapping(owner: str, halo) -> dict[str, Halo]:
   """``halo`` as a dict of dim name -> ``Halo`` (an int ``w`` is
   ``Halo(w, w)``), checked for shape and for negative widths."""
-  if not isinstance(halo, dict) or not all(isinstance(k, str) for k in halo):
+  if not isinstance(halo, Mapping) or not all(isinstance(k, str) for k in halo):
     raise TypeError(f"{owner}: halo must be a dict of core dim name -> width or "
                     f"batchpart.Halo(lo, hi, periodic=False, ends=None, cval=0.0), e.g. "
                     f"halo={{'n': 1}}; got {halo!r}.")

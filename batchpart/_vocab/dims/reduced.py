@@ -17,6 +17,7 @@ A reduction names its dim by its core axis in each operand that has it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -91,7 +92,7 @@ def combining_op(reductions) -> str | Combiner | None:
 
 def check_reduce_mapping(owner: str, reduce) -> dict[str, str]:
   """``reduce`` as a dict of dim name -> op, checked for shape."""
-  if not isinstance(reduce, dict) or not all(isinstance(k, str) for k in reduce):
+  if not isinstance(reduce, Mapping) or not all(isinstance(k, str) for k in reduce):
     raise TypeError(f"{owner}: reduce must be a dict of core dim name -> op "
                     f"({', '.join(map(repr, ALL_OPS))}), e.g. reduce={{'n': 'sum'}}; got "
                     f"{reduce!r}.")

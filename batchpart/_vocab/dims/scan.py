@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -129,7 +129,7 @@ def as_halos(scans) -> tuple[HaloDim, ...]:
 
 def check_scan_mapping(owner: str, scan) -> dict[str, Scan]:
   """``scan`` as a dict of dim name -> ``Scan``, checked for shape."""
-  if not isinstance(scan, dict) or not all(isinstance(k, str) for k in scan) or not all(
+  if not isinstance(scan, Mapping) or not all(isinstance(k, str) for k in scan) or not all(
       isinstance(v, Scan) for v in scan.values()):
     raise TypeError(f"{owner}: scan must be a dict of core dim name -> batchpart.Scan("
                     f"state=(k, j), merge=None, apply=None, reverse=False), e.g. "
@@ -143,7 +143,7 @@ def check_scan_mapping(owner: str, scan) -> dict[str, Scan]:
 def refuse_parallel(owner: str, scan, call: str, hint: str = "") -> None:
   """Raises where the ``scan=`` mapping has a merge for ``call``, a call with
   side effects: a parallel scan runs every part twice."""
-  if isinstance(scan, dict) and any(getattr(s, "merge", None) is not None
+  if isinstance(scan, Mapping) and any(getattr(s, "merge", None) is not None
                                     for s in scan.values()):
     raise ValueError(f"{owner}: scan={scan!r} over the dim(s) {', '.join(map(repr, scan))} "
                      f"has a merge; {call}, and a parallel scan runs every part twice, so its "
