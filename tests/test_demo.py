@@ -1,8 +1,10 @@
 """The demo's guards (``batchpart._demo``): a baseline that can hang runs in a
 child process with a time limit, and XLA's C++ log lines are held back; and
-its named-combiner and halo sections print equal results."""
+its named-combiner and halo sections print equal results; its reduction table
+has a header and one byte format, and its shard_map baseline no relayout copies."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -79,3 +81,38 @@ def test_the_combiner_and_halo_sections_print_and_equal_the_unsharded_call():
   assert "collective-permute" in rows["bp.ffi_call"] and "all-gather" not in rows["bp.ffi_call"]
   assert "no result" not in out and not any(
       _demo._XLA_LOG_LINE.match(line) for line in done.stderr.splitlines())
+
+
+_REDUCTION_AND_CHOLESKY = """
+from batchpart import _demo
+_demo._configure(8)
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+a, _ = _demo._spd_batch(64, 8)
+a = jax.device_put(a, NamedSharding(mesh, P("x")))
+for name, f in _demo._candidates(mesh).items():
+  text = jax.jit(f, out_shardings=NamedSharding(mesh, P("x"))).lower(a).compile().as_text()
+  print("copies", name, sum(" copy(" in l or "wrapped_copy" in l for l in text.splitlines()))
+with _demo._without_xla_logs():
+  _demo._reductions(mesh, 8, 2)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_reduction_table_has_a_header_and_one_byte_format():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  done = subprocess.run([sys.executable, "-c", _REDUCTION_AND_CHOLESKY], capture_output=True,
+                        text=True, timeout=240, env=env)
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.splitlines()
+  # The shard_map baseline runs the kernel as batchpart does, with no relayout copies.
+  assert "copies shard_map wrapper 0" in lines and "copies batchpart.linalg 0" in lines
+  table = lines[[i for i, line in enumerate(lines) if line.startswith("reduction:")][0] + 1:]
+  assert table[0].split()[:2] == ["call", "per-device"] and "collectives" in table[0]
+  rows = {line.split()[0]: line for line in table[1:4]}
+  assert set(rows) == {"bp.ffi_call", "jax.ffi.ffi_call", "shard_map"}
+  assert "all-reduce 256 B" in rows["bp.ffi_call"]
+  assert "all-gather 16.2 MiB" in rows["jax.ffi.ffi_call"]
+  # One format for every size: a space before the unit, no bare KiB counts.
+  assert not re.search(r"\d(B|KiB|MiB)\b", done.stdout)

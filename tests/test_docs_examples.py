@@ -129,3 +129,34 @@ def test_page_runs_as_a_script(page, tmp_path):
   assert proc.returncode == 0, (
       f"{page.relative_to(REPO)} exited {proc.returncode}\n--- stdout (end)\n"
       f"{proc.stdout[-3000:]}\n--- stderr (end)\n{proc.stderr[-6000:]}")
+
+
+SHELL_INFO = re.compile(r"^(bash|sh|shell|console)\s*$")
+#: A command that runs the system's Python (no jax there) where the .venv's is meant.
+BARE_PYTHON = re.compile(r"(?:^|[\s;&|(`$])python3?\s(?!-m venv)")
+
+
+def readme_install() -> str:
+  """The install command of the README's first shell block, without the demo run after it."""
+  body = next(b for _, info, b in blocks(REPO / "README.md") if SHELL_INFO.match(info))
+  return body.strip().split(" && .venv/bin/python")[0]
+
+
+@pytest.mark.parametrize("page", ["docs/index.md", "docs/quickstart.md"])
+def test_install_is_the_readmes(page):
+  shell = [b for _, info, b in blocks(REPO / page) if SHELL_INFO.match(info)]
+  assert any(b.strip() == readme_install() for b in shell), (page, readme_install())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_commands_use_the_venv(page):
+  """Shell blocks and inline commands name the .venv's Python, and an editable install
+  builds without isolation (with it, pip rebuilds from scratch each time, silently)."""
+  text = page.read_text()
+  shell = [b for _, info, b in blocks(page) if SHELL_INFO.match(info)]
+  inline = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text)
+  for cmd in [line for b in shell for line in b.splitlines()] + inline:
+    assert not BARE_PYTHON.search(cmd), (page.name, cmd)
+  for line in (line for b in shell for line in b.splitlines()):
+    if re.search(r"\bpip install\b.*\s-e\s", line.split("#")[0]):
+      assert ".venv/bin/pip install" in line and "--no-build-isolation" in line, (page.name, line)

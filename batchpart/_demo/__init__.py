@@ -19,6 +19,8 @@ import tempfile
 import time
 from typing import Any
 
+from batchpart._explain.render import _bytes
+
 _PLAIN_TARGET = "batchpart_demo_plain_potrf"
 # jaxlib's own LAPACK kernels can deadlock XLA's CPU thread pool on simulated
 # devices (the reliability page, "Hangs on simulated devices"), so the
@@ -45,19 +47,21 @@ def _candidates(mesh):
   from jax.sharding import PartitionSpec as P
 
   import batchpart as bp
-  from batchpart import _core, _lapack_targets
+  from batchpart import _core
 
   bp.linalg.cholesky(jnp.eye(2))  # registers the LAPACK targets
   jax.ffi.register_ffi_target(_PLAIN_TARGET, _core.lapack.handlers()["batchpart_potrf"])
 
   def plain_ffi_call(a):
-    # The same kernel through jax.ffi.ffi_call, under a name batchpart never marks.
+    # The same kernel through jax.ffi.ffi_call, under a name batchpart never
+    # marks, called as bp.linalg.cholesky calls it: row-major, upper. A symmetric
+    # matrix read column-major is itself, and its upper factor read back row-major
+    # is the lower one; asking XLA for column-major layouts instead would add a
+    # transposing copy on each side of the kernel, work batchpart's call never does.
     factor, _ = jax.ffi.ffi_call(
         _PLAIN_TARGET,
         (jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(a.shape[:-2], "int32")),
-        input_layouts=[_lapack_targets.column_major(a.shape)],
-        output_layouts=[_lapack_targets.column_major(a.shape), None],
-        vmap_method="expand_dims")(a, lower=True, symmetrize=False)
+        vmap_method="expand_dims")(a, lower=False, symmetrize=False)
     return factor
 
   shard_map_wrapper = jax.shard_map(
@@ -160,10 +164,26 @@ def _summary(report) -> tuple[str, str, str]:
   kinds: dict[str, int] = {}
   for c in (*call.collectives_before, *call.collectives_after):
     kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
-  # One decimal below 10 KiB, so that a halo's few edge columns do not read as nothing.
-  collectives = ", ".join(f"{k} {v / 1024:.{int(v < 10240)}f}KiB" for k, v in sorted(kinds.items()))
+  collectives = ", ".join(f"{k} {_bytes(v)}" for k, v in sorted(kinds.items()))
   replication = "-" if call.replication is None else str(call.replication)
   return shape, collectives or "none", replication
+
+
+def _table(fns: dict, args, operand: str, index: int, times: dict) -> None:
+  """One row per call, under a header: what ``bp.explain`` reads off its
+  program (the per-device shape of operand ``index``, collectives, devices per
+  element) and its time over the first call's."""
+  import batchpart as bp
+  print(f"  {'call':<19} {'per-device ' + operand:<19} {'collectives':<34} "
+        f"{'devices/element':>15} {'time':>9} {'vs batchpart':>12}")
+  first = next(iter(fns))
+  for name, f in fns.items():
+    report = bp.explain(f, *args)
+    _, collectives, replication = _summary(report)
+    shapes = report.calls[0].device_operand_shapes or ()
+    shape = "x".join(map(str, shapes[index])) if index < len(shapes) else "?"
+    _print_row(name, shape, collectives, replication, times[name],
+               times[name] / times[first])
 
 
 def _interleaved(fns: dict, a, rounds: int) -> dict:
@@ -204,7 +224,7 @@ def _callbacks(mesh, a, repeats: int) -> None:
   for name, f in fns.items():
     text = f.lower(a_sharded).compile().as_text() or ""
     moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
-    print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
+    print(f"  {name:<19} collectives {_bytes(moved):>10} per device "
           f"{times[name] * 1e3:9.2f}ms")
   calls = sorted(set(blocks))
   print(f"  bp.pure_callback called NumPy {len(calls)} times per run, on rows "
@@ -255,7 +275,7 @@ def _buffer_callbacks(mesh, a, repeats: int) -> None:
     text = f.lower(a_sharded).compile().as_text() or ""
     moved = sum(t.nbytes for c in _hlo.collectives(text) for t in c.result_types)
     per_run = len(rows[name]) // repeats
-    print(f"  {name:<19} collectives {moved / 1024:8.0f}KiB per device "
+    print(f"  {name:<19} collectives {_bytes(moved):>10} per device "
           f"{times[name] * 1e3:9.2f}ms  {per_run} calls per run of "
           f"{max(rows[name])} rows each")
   print("  jax's buffer_callback gathers the batch onto every device and each runs it all;\n"
@@ -284,7 +304,7 @@ def _reductions(mesh, num_devices: int, repeats: int) -> None:
   attrs = {"op": np.int64(0), "rows": np.int64(-1)}
   plain_call = lambda x, w: jax.ffi.ffi_call(plain, out)(x, w, **attrs)
   fns = {
-      "bp.ffi_call(reduce=)": jax.jit(lambda x, w: testing.reduce_rows(x, w)),
+      "bp.ffi_call": jax.jit(lambda x, w: testing.reduce_rows(x, w)),
       "jax.ffi.ffi_call": jax.jit(plain_call),
       "shard_map + psum": jax.jit(jax.shard_map(
           lambda x, w: jax.lax.psum(plain_call(x, w), "x"), mesh=mesh,
@@ -297,14 +317,7 @@ def _reductions(mesh, num_devices: int, repeats: int) -> None:
         f"over {num_devices} devices, signature '(n,k),(n)->(k)', reduce={{'n': 'sum'}}:")
   for f in fns.values():
     np.testing.assert_allclose(f(*args), want, rtol=1e-3, atol=1e-2)
-  times = _interleaved_args(fns, args, repeats)
-  for name, f in fns.items():
-    call = bp.explain(f, *args).calls[0]
-    colls = ", ".join(f"{c.kind} {c.bytes / 1024:.1f}KiB" for c in
-                      (*call.collectives_before, *call.collectives_after)) or "none"
-    shape = "x".join(map(str, (call.device_operand_shapes or ((),))[0]))
-    print(f"  {name:<21} per device {shape:<9} collectives {colls:<42} "
-          f"{times[name] * 1e3:7.2f}ms {times[name] / times['bp.ffi_call(reduce=)']:5.1f}x")
+  _table(fns, args, "x", 0, _interleaved_args(fns, args, repeats))
 
   def loglik(d):
     return np.asarray(-0.5 * np.sum(d * d), d.dtype)
@@ -319,11 +332,14 @@ def _reductions(mesh, num_devices: int, repeats: int) -> None:
   for f in fns.values():
     np.testing.assert_allclose(f(args[0]), loglik(x), rtol=1e-3)
   times = _interleaved_args(fns, args[:1], repeats)
+  print(f"  {'call':<19} {'time':>9} {'vs batchpart':>12}")
   for name in fns:
-    print(f"  {name:<21} {times[name] * 1e3:7.2f}ms "
-          f"{times[name] / times['bp.pure_callback']:5.1f}x")
+    print(f"  {name:<19} {times[name] * 1e3:7.2f}ms "
+          f"{times[name] / times['bp.pure_callback']:11.1f}x")
   print("  Each device sums its own rows and one all-reduce of one result combines them;\n"
-        "  jax's calls gather every row first. The docs' page 'Reductions' says more.")
+        "  jax's calls gather every row first. shard_map + psum compiles to batchpart's\n"
+        "  program: a gap between their times is timing noise. The docs' page 'Reductions'\n"
+        "  says more.")
 
 
 def _interleaved_args(fns: dict, args, rounds: int) -> dict:
@@ -382,7 +398,9 @@ def run(*, num_devices: int = 8, repeats: int = 10, batch: int = 512, n: int = 3
         "compute each matrix (1 = no redundant work; '-' inside shard_map); 'vs batchpart' is\n"
         "each call's time over batchpart's, measured interleaved (jnp.linalg's in a child\n"
         "process of its own, against batchpart's there). The shard_map wrapper is right here\n"
-        "only because its in_specs name the batch dim; it cannot follow other specs.\n")
+        "only because its in_specs name the batch dim; it cannot follow other specs. On\n"
+        "batch-sharded input it compiles to batchpart's per-device program: a gap between\n"
+        "their times there is timing noise.\n")
   from batchpart._demo import kinds
   for section in (lambda: _callbacks(mesh, a, repeats),
                   lambda: _buffer_callbacks(mesh, a, repeats),

@@ -5,24 +5,7 @@ recurrence over a sharded dim, in two passes around one all-gather)."""
 
 from __future__ import annotations
 
-from batchpart._demo import _interleaved_args, _print_row, _summary
-
-
-def _table(fns: dict, args, operand: str, index: int, times: dict) -> None:
-  """One row per call: what ``bp.explain`` reads off its program (the
-  per-device shape of operand ``index``, collectives, devices per element)
-  and its time over the first call's."""
-  import batchpart as bp
-  print(f"  {'call':<19} {'per-device ' + operand:<19} {'collectives':<34} "
-        f"{'devices/element':>15} {'time':>9} {'vs batchpart':>12}")
-  first = next(iter(fns))
-  for name, f in fns.items():
-    report = bp.explain(f, *args)
-    _, collectives, replication = _summary(report)
-    shapes = report.calls[0].device_operand_shapes or ()
-    shape = "x".join(map(str, shapes[index])) if index < len(shapes) else "?"
-    _print_row(name, shape, collectives, replication, times[name],
-               times[name] / times[first])
+from batchpart._demo import _interleaved_args, _table
 
 
 def combiner(mesh, num_devices: int, repeats: int) -> None:
