@@ -29,6 +29,22 @@ def test_single_device_call():
   assert "batchpart_test_softmax" in text and "f32[6,5]" in text
 
 
+def test_a_decorated_wrappers_call_is_placed_at_its_line_in_the_wrapper():
+  """The decorator evaluates the wrapper's jaxpr again; the call it binds
+  keeps the source location of the ``jax.ffi.ffi_call`` it replaces."""
+  @bp.batch_partitionable(num_batch_dims=1)
+  def wrapper(x):
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.ffi.ffi_call("batchpart_test_stencil", out)(  # the call's line
+        x, rank=np.int64(1), lo=np.int64(1), hi=np.int64(1), mode=np.int64(0))
+
+  kernels.register()
+  (call,) = bp.explain(jax.jit(wrapper), np.ones((4, 16), np.float32)).calls
+  line = next(i for i, text in enumerate(open(__file__), 1) if "# the call's line" in text)
+  assert f"test_explain.py:{line} (" in call.source, call.source
+  assert call.source.endswith("wrapper)"), call.source
+
+
 def test_explain_does_not_run_the_function():
   kernels.reset_batch_elements_processed()
   bp.explain(kernels.softmax, np.ones((6, 5), np.float32))

@@ -76,6 +76,7 @@ from batchpart._compat.jaxprs import (  # noqa: E402
   bind_custom_vmap_call as bind_custom_vmap_call,
   bind_eqn as bind_eqn,
   called_jaxpr as called_jaxpr,
+  eqn_context as eqn_context,
   inlinable_jaxpr as inlinable_jaxpr,
   is_custom_derivative_call as is_custom_derivative_call,
   is_custom_vmap_call as is_custom_vmap_call,

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jax._src import core, linear_util as lu
+from jax._src import core, linear_util as lu, source_info_util
 
 from batchpart._compat.primitives import ClosedJaxpr
+
+
+def eqn_context(eqn):
+  """A context in which what is bound again carries ``eqn``'s own source
+  location and name stack, as jax's ``eval_jaxpr`` binds: ops then point at
+  the user's line inside the function traced, not at the re-evaluation."""
+  name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+  return source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
 
 
 def bind_eqn(eqn, invals):

@@ -334,9 +334,10 @@ class _Rewriter(RewriteWarnings, CallPlaces):
       return known.get(v)
 
     for eqn in jaxpr.eqns:
-      outs, out_dims = self._eval_eqn(eqn, [read(v) for v in eqn.invars],
-                                      [dims(v) for v in eqn.invars],
-                                      [wants.get(v) for v in eqn.outvars])
+      with compat.eqn_context(eqn):
+        outs, out_dims = self._eval_eqn(eqn, [read(v) for v in eqn.invars],
+                                        [dims(v) for v in eqn.invars],
+                                        [wants.get(v) for v in eqn.outvars])
       env.update(zip(eqn.outvars, outs))
       known.update(zip(eqn.outvars, out_dims))
     return [read(v) for v in jaxpr.outvars], [dims(v) for v in jaxpr.outvars]
