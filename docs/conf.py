@@ -13,6 +13,10 @@ the pages' backs: a page that needs 8 CPU devices says so in its first cell
 """
 
 import importlib.metadata
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "_ext"))
 
 project = "batchpart"
 author = "the batchpart authors"
@@ -24,6 +28,8 @@ extensions = [
     "myst_nb",               # MyST Markdown pages, executed code cells
     "sphinx.ext.autodoc",    # the API reference from the docstrings
     "sphinx.ext.napoleon",   # Google-style docstrings
+    "sphinx.ext.viewcode",   # a [source] link on every entry, to the highlighted module
+    "batchpart_refs",        # docs/_ext: jax/NumPy/Python links offline, the report classes
     "sphinx_copybutton",     # a copy button on every code block
 ]
 
@@ -43,16 +49,22 @@ nb_merge_streams = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
+# Entries are named as users import them (`batchpart.Halo`, never its defining module's path);
+# the report classes, which users get from `bp.explain` but do not import, go by their bare
+# names (docs/_ext/batchpart_refs.py's `report-class`).
+add_module_names = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 
-# Every cross-reference must resolve, except to jax, NumPy and the standard library: the docs
-# cite nothing outside the repository (no intersphinx), so those stay plain text.
+# Every cross-reference must resolve. The build runs offline, so there is no intersphinx (its
+# inventories would have to be downloaded): docs/_ext/batchpart_refs.py links `jax.*`, `numpy.*`
+# (`np.*`, `jnp.*`) and standard-library names to those sites' pages by their URL patterns
+# (https://docs.jax.dev/en/latest/_autosummary/jax.ffi.ffi_call.html). What it cannot place
+# (jaxlib's and scipy's internals, bare names from string annotations) stays plain text.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(jax|jaxlib|numpy|np|jnp|scipy)(\..*)?"),
-    (r"py:.*", r"(collections\.abc|typing|types|functools)\..*"),
+    (r"py:.*", r"(jaxlib|scipy)(\..*)?"),
     (r"py:class", r"(Callable|Sequence|Mapping|Any|Iterable|ShapeDtypeStruct|Array)"),
 ]
 

@@ -1,6 +1,7 @@
-"""The reference material stays complete: docs/reference.md names every
-public name, and the docstrings that list the ``reduce=`` ops list every op
-the entry points accept."""
+"""The reference material stays complete: docs/reference.md's summary names
+every public name, one of the docs/reference-*.md pages documents each, and
+the docstrings that list the ``reduce=`` ops list every op the entry points
+accept."""
 
 import pathlib
 import re
@@ -10,7 +11,10 @@ import pytest
 import batchpart as bp
 from batchpart._vocab.dims.reduced import ALL_OPS
 
-REFERENCE = pathlib.Path(__file__).parent.parent / "docs" / "reference.md"
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+REFERENCE = DOCS / "reference.md"
+# The pages the summary links to, one per group of names.
+REFERENCE_PAGES = sorted(DOCS.glob("reference-*.md"))
 
 # The entry points whose docstrings list the ops; the others say "as for" one
 # of these.
@@ -28,6 +32,21 @@ def test_docstrings_list_every_reduce_op(fn):
 
 
 @pytest.mark.parametrize("name", bp.__all__)
-def test_reference_page_documents_every_public_name(name):
+def test_reference_summary_lists_every_public_name(name):
   assert re.search(rf"batchpart\.{name}\b", REFERENCE.read_text()), (
-      f"docs/reference.md does not document batchpart.{name}")
+      f"docs/reference.md's summary does not list batchpart.{name}")
+
+
+@pytest.mark.parametrize("name", bp.__all__)
+def test_reference_pages_document_every_public_name(name):
+  entry = re.compile(rf"^\.\. auto(function|class|module):: batchpart\.{name}$", re.M)
+  pages = [p.name for p in REFERENCE_PAGES if entry.search(p.read_text())]
+  assert len(pages) == 1, (
+      f"batchpart.{name} has an entry on {pages or 'no page'} of docs/reference-*.md")
+
+
+@pytest.mark.parametrize("name", bp.linalg.__all__)
+def test_reference_documents_every_linalg_name(name):
+  assert re.search(rf"batchpart\.linalg\.{name}\b", REFERENCE.read_text())
+  assert any(re.search(rf"^\.\. autofunction:: batchpart\.linalg\.{name}$", p.read_text(), re.M)
+             for p in REFERENCE_PAGES), f"no docs/reference-*.md entry for batchpart.linalg.{name}"

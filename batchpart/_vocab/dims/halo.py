@@ -47,7 +47,15 @@ class Halo:
   elements one way and ``hi`` the other, and batchpart pads the true ends.
   Unstated (None), the windows at the ends are shifted inward instead, which
   is exact for any rule. ``periodic=True`` is ``ends="wrap"``; "zero" is
-  "constant" with ``cval=0``."""
+  "constant" with ``cval=0``.
+
+  Example:
+    A 4-point stencil whose result element ``i`` reads operand elements
+    ``i - 1 .. i + 2``, and reads zeros past the array's ends (docs/halos.md)::
+
+      bp.ffi_call("my_stencil", out, signature="(n)->(n)",
+                  halo={"n": bp.Halo(1, 2, ends="zero")})(x)
+  """
   lo: int
   hi: int
   periodic: bool = False
