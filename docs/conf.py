@@ -37,6 +37,9 @@ exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-*.json"]
 
 # Links between pages (`[x](callbacks.md#anchor)`) resolve to heading anchors, GitHub's slugs.
 myst_heading_anchors = 4
+# Formulas in prose are MyST math (`$\lceil n / p \rceil$`), rendered by MathJax; MyST-NB's
+# pages read the same setting.
+myst_enable_extensions = ["dollarmath"]
 
 # Execution: every run, every cell; an error fails the build.
 nb_execution_mode = "force"
