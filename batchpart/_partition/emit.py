@@ -116,6 +116,23 @@ def slice_along(value, dim: int, start, size: int) -> ir.Value:
   return hlo.dynamic_slice(value, starts, ir.DenseI64ArrayAttr.get(shape))
 
 
+def static_slice_along(value, dim: int, start: int, stop: int) -> ir.Value:
+  """``value``'s elements ``start .. stop`` along ``dim``."""
+  shape = list(ir.RankedTensorType(value.type).shape)
+  begin, end = [0] * len(shape), list(shape)
+  begin[dim], end[dim] = start, stop
+  return hlo.slice(value, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
+                   ir.DenseI64ArrayAttr.get([1] * len(shape)))
+
+
+def resized_type(value, dim: int, size: int) -> ir.Type:
+  """``value``'s type with ``size`` elements along ``dim``."""
+  t = ir.RankedTensorType(value.type)
+  shape = list(t.shape)
+  shape[dim] = size
+  return ir.RankedTensorType.get(shape, t.element_type)
+
+
 def update_along(value, update, dim: int, start) -> ir.Value:
   """``value`` with ``update`` written from the int64 scalar ``start`` along
   ``dim``."""

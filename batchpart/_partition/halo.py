@@ -166,7 +166,7 @@ def kept(value, dims, exchanges_):
         # array's end: what follows it in the result is padding.
         value = _concatenate([value, _filler(value, dim, size - x.last)], dim)
       if (keep == keep[0]).all():   # every part at one place: a static slice
-        value = _static_slice(value, dim, int(keep[0]), int(keep[0]) + size)
+        value = emit.static_slice_along(value, dim, int(keep[0]), int(keep[0]) + size)
       else:
         value = emit.slice_along(value, dim, emit.partition_scalar(keep), size)
   return value
@@ -178,14 +178,14 @@ def _window(value, dim: int, x: Exchange):
   up, down = x.slabs()
   below = above = None
   if up:
-    top = (_static_slice(value, dim, p - up, p) if not (h.periodic and x.uneven) else
+    top = (emit.static_slice_along(value, dim, p - up, p) if not (h.periodic and x.uneven) else
            emit.slice_along(value, dim, emit.partition_scalar(
                np.where(x.kind == LAST, last, p) - up), up))
     below = emit.collective_permute(top, x.up)
   if down:
-    above = emit.collective_permute(_static_slice(value, dim, 0, down), x.down)
-  cut = lambda v, a, b: None if v is None else _static_slice(v, dim, a, b)
-  mine = lambda: value if last == p else _static_slice(value, dim, 0, last)
+    above = emit.collective_permute(emit.static_slice_along(value, dim, 0, down), x.down)
+  cut = lambda v, a, b: None if v is None else emit.static_slice_along(v, dim, a, b)
+  mine = lambda: value if last == p else emit.static_slice_along(value, dim, 0, last)
   if h.ends is None:
     joins = {
         FIRST: lambda: [value, above],
@@ -206,10 +206,8 @@ def _window(value, dim: int, x: Exchange):
       joins = dict.fromkeys(joins, interior)
   if joins[FIRST] is joins[INTERIOR] is joins[LAST]:
     return _concatenate(joins[INTERIOR](), dim)
-  out = list(ir.RankedTensorType(value.type).shape)
-  out[dim] = p + h.width
-  element = ir.RankedTensorType(value.type).element_type
-  case = hlo.CaseOp([ir.RankedTensorType.get(out, element)], emit.partition_index(x.kind), 3)
+  case = hlo.CaseOp([emit.resized_type(value, dim, p + h.width)],
+                    emit.partition_index(x.kind), 3)
   for kind in (FIRST, INTERIOR, LAST):
     with ir.InsertionPoint(case.regions[kind].blocks.append()):
       hlo.return_([_concatenate(joins[kind](), dim)])
@@ -225,26 +223,23 @@ def _zeros_arrive(h: HaloDim, x: Exchange) -> bool:
 def _end(value, dim: int, h: HaloDim, size: int, *, top: bool):
   """``size`` elements past one end of ``value`` along ``dim`` (past its
   last element with ``top``, else before its first) by ``h``'s rule."""
-  shape = list(ir.RankedTensorType(value.type).shape)
-  n = shape[dim]
-  shape[dim] = size
-  to = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
+  n = ir.RankedTensorType(value.type).shape[dim]
+  to = emit.resized_type(value, dim, size)
   if h.ends == "constant":
     return emit.splat(h.cval, to)
   if h.ends == "nearest":
-    edge = _static_slice(value, dim, n - 1, n) if top else _static_slice(value, dim, 0, 1)
-    return hlo.broadcast_in_dim(to, edge, ir.DenseI64ArrayAttr.get(list(range(len(shape)))))
+    edge = emit.static_slice_along(value, dim, n - 1 if top else 0, n if top else 1)
+    rank = len(ir.RankedTensorType(to).shape)
+    return hlo.broadcast_in_dim(to, edge, ir.DenseI64ArrayAttr.get(list(range(rank))))
   skip = int(h.ends == "mirror")   # mirror leaves out the edge element itself
-  piece = (_static_slice(value, dim, n - size - skip, n - skip) if top else
-           _static_slice(value, dim, skip, size + skip))
+  piece = (emit.static_slice_along(value, dim, n - size - skip, n - skip) if top else
+           emit.static_slice_along(value, dim, skip, size + skip))
   return hlo.reverse(piece, ir.DenseI64ArrayAttr.get([dim]))
 
 
 def _filler(value, dim: int, size: int):
   """``size`` zeros shaped like ``value`` along ``dim``: padding."""
-  shape = list(ir.RankedTensorType(value.type).shape)
-  shape[dim] = size
-  return emit.splat(0, ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type))
+  return emit.splat(0, emit.resized_type(value, dim, size))
 
 
 def _concatenate(pieces, dim: int):
@@ -252,11 +247,3 @@ def _concatenate(pieces, dim: int):
   if len(pieces) == 1:
     return pieces[0]
   return hlo.concatenate(pieces, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim))
-
-
-def _static_slice(value, dim: int, start: int, stop: int):
-  shape = list(ir.RankedTensorType(value.type).shape)
-  begin, end = [0] * len(shape), list(shape)
-  begin[dim], end[dim] = start, stop
-  return hlo.slice(value, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
-                   ir.DenseI64ArrayAttr.get([1] * len(shape)))

@@ -260,7 +260,4 @@ def _from_last(c: Carry, state, last: int):
   device: one all-gather of the state-sized results along the dim."""
   shape = list(ir.RankedTensorType(state.type).shape)
   (gathered,) = emit.all_gather([emit.reshaped(state, [1, *shape])], 0, c.groups)
-  begin, end = [last] + [0] * len(shape), [last + 1] + shape
-  one = hlo.slice(gathered, ir.DenseI64ArrayAttr.get(begin), ir.DenseI64ArrayAttr.get(end),
-                  ir.DenseI64ArrayAttr.get([1] * (len(shape) + 1)))
-  return emit.reshaped(one, shape)
+  return emit.reshaped(emit.static_slice_along(gathered, 0, last, last + 1), shape)
