@@ -51,14 +51,20 @@ with _demo._without_xla_logs():
 """
 
 
-@pytest.mark.timeout(300)
-def test_the_combiner_and_halo_sections_print_and_equal_the_unsharded_call():
-  # A child process: the sections need 8 simulated devices, which jax takes
-  # only before its first use in a process.
+def _child(code: str) -> subprocess.CompletedProcess:
+  """``code`` run in a child process, which succeeded: the demo's sections
+  need 8 simulated devices, which jax takes only before its first use in a
+  process."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  done = subprocess.run([sys.executable, "-c", _SECTIONS], capture_output=True, text=True,
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         timeout=240, env=env)
   assert done.returncode == 0, done.stderr[-2000:]
+  return done
+
+
+@pytest.mark.timeout(300)
+def test_the_combiner_and_halo_sections_print_and_equal_the_unsharded_call():
+  done = _child(_SECTIONS)
   out = done.stdout
   assert "named combiner: attention" in out and "reduce={'n': 'logsumexp'}" in out
   assert "(o, lse) allclose to the unsharded call, all three: True" in out
@@ -101,11 +107,8 @@ with _demo._without_xla_logs():
 
 @pytest.mark.timeout(300)
 def test_the_reduction_table_has_a_header_and_one_byte_format():
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  done = subprocess.run([sys.executable, "-c", _REDUCTION_AND_CHOLESKY], capture_output=True,
-                        text=True, timeout=240, env=env)
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = done.stdout.splitlines()
+  out = _child(_REDUCTION_AND_CHOLESKY).stdout
+  lines = out.splitlines()
   # The shard_map baseline runs the kernel as batchpart does, with no relayout copies.
   assert "copies shard_map wrapper 0" in lines and "copies batchpart.linalg 0" in lines
   table = lines[[i for i, line in enumerate(lines) if line.startswith("reduction:")][0] + 1:]
@@ -115,4 +118,4 @@ def test_the_reduction_table_has_a_header_and_one_byte_format():
   assert "all-reduce 256 B" in rows["bp.ffi_call"]
   assert "all-gather 16.2 MiB" in rows["jax.ffi.ffi_call"]
   # One format for every size: a space before the unit, no bare KiB counts.
-  assert not re.search(r"\d(B|KiB|MiB)\b", done.stdout)
+  assert not re.search(r"\d(B|KiB|MiB)\b", out)
