@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchpart import _dtypes
+from batchpart._vocab.dims.halo import part_sizes
 from batchpart._vocab.dims.named_combiners import gathers, is_combiner, merge_text
 
 Shape = tuple[int, ...]
@@ -186,8 +187,7 @@ def _halo_text(call: Any) -> str:
     if h.parts is None:
       where = "split unknown"
     elif h.parts > 1:
-      part = -(-h.size // h.parts)
-      last = h.size - (h.parts - 1) * part
+      part, last = part_sizes(h.size, h.parts)
       where = (f"in {h.parts} parts of {part}" + (f" (the last {last})" if last != part else "")
                + f", each device's window {h.lo + part + h.hi} elements")
     else:
