@@ -31,6 +31,7 @@ extensions = [
     "sphinx.ext.viewcode",   # a [source] link on every entry, to the highlighted module
     "batchpart_refs",        # docs/_ext: jax/NumPy/Python links offline, the report classes
     "sphinx_copybutton",     # a copy button on every code block
+    "batchpart_wrap",        # docs/_ext: long inline code breaks after "_", ".", "/", not inside
 ]
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks-*.json"]
@@ -83,6 +84,8 @@ html_theme_options = {
     "toc_title": "On this page",
     "use_fullscreen_button": False,
     "use_download_button": False,
+    # One search box, the left sidebar's: none in the header bar as well.
+    "navbar_persistent": [],
 }
 copybutton_selector = "div:not(.output) > div.highlight pre"
 copybutton_prompt_text = r">>> |\.\.\. |\$ "

@@ -45,6 +45,12 @@ def put_each(mesh, arrays_specs) -> list:
   return [put(a, mesh, spec) for a, spec in arrays_specs]
 
 
+def flat(text: str) -> str:
+  """Text with every run of whitespace one space: a ``bp.explain`` report's phrase found
+  whatever line it wraps onto."""
+  return " ".join(text.split())
+
+
 def collective_lines(text: str, kind: str) -> list[str]:
   """The lines of compiled HLO ``text`` that run a ``kind`` collective
   (its async start included)."""

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import _compat as compat, testing as kernels
 
-from helpers import collective_kinds, local_shapes, put, the_custom_call
+from helpers import collective_kinds, flat, local_shapes, put, the_custom_call
 
 CORE_SUM = "batchpart_test_core_sum"
 AXPY = "batchpart_test_axpy"
@@ -289,8 +289,8 @@ def test_explain_reads_the_batch_dims_behind_the_leading_core_dims(partitioner, 
   assert call.leading_core_dims == ((2, 1), (2,))
   assert call.device_result_shapes == ((2, 3, 2, 4),)
   assert call.replication == 1     # read on dims 2 and 3, not the core dims 0 and 1
-  assert "after leading core dims (signature '...'): operands (2, 1), results (2)" in str(
-      report)
+  assert "after leading core dims (signature '...'): operands (2, 1), results (2)" in flat(
+      str(report))
   # Replicated input: every device computes everything.
   (call,) = bp.explain(mid, put(x, mesh8, P()), y).calls
   assert call.replication == 8

@@ -20,7 +20,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import batchpart as bp
 from batchpart import testing as kernels
 
-from helpers import collective_kinds, local_shapes, put, rng, the_custom_call
+from helpers import collective_kinds, flat, local_shapes, put, rng, the_custom_call
 
 STENCIL = "batchpart_test_stencil"
 LAPLACIAN = "batchpart_test_laplacian"
@@ -236,13 +236,13 @@ def test_explain_names_the_permutes_as_the_declared_halo(partitioner, mesh8):
   assert call.replication == 1
   text = str(report)
   assert "collective-permute 36 B (the declared halo)" in text
-  assert "in 8 parts of 8, each device's window 11 elements" in text
+  assert "in 8 parts of 8, each device's window 11 elements" in flat(text)
   # Parts of 8 are shorter than lo + hi = 9: 4 parts of 16, each on 2 devices.
   coarser = bp.explain(jax.jit(lambda x: stencil(x, 4, 5, "reflect")), xs)
-  assert "in 4 parts of 16, each device's window 25 elements" in str(coarser)
+  assert "in 4 parts of 16, each device's window 25 elements" in flat(str(coarser))
   assert coarser.calls[0].replication == 2
   whole = bp.explain(jax.jit(lambda x: stencil(x, 30, 30, "reflect")), xs)
-  assert "whole on every device (a halo dim stays split only where" in str(whole)
+  assert "whole on every device (a halo dim stays split only where" in flat(str(whole))
 
 
 def test_explain_counts_two_parts_whose_window_is_the_whole_dim(partitioner, mesh2x4):
@@ -252,7 +252,7 @@ def test_explain_counts_two_parts_whose_window_is_the_whole_dim(partitioner, mes
   f = jax.jit(lambda x: stencil(x, 1, 3, "reflect"))
   split = bp.explain(f, put(x, mesh2x4, P(None, "a")))
   assert [(h.size, h.parts) for h in split.calls[0].halo_dims] == [(8, 2)]
-  assert "in 2 parts of 4, each device's window 8 elements" in str(split)
+  assert "in 2 parts of 4, each device's window 8 elements" in flat(str(split))
   whole = bp.explain(f, put(x, mesh2x4, P()))
   assert [(h.size, h.parts) for h in whole.calls[0].halo_dims] == [(8, 1)]
 

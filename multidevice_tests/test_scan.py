@@ -16,7 +16,7 @@ import batchpart.testing as bt
 from batchpart._hlo import custom_calls
 from batchpart._partition import scan
 
-from helpers import assert_one_all_gather, collective_lines, put_each
+from helpers import assert_one_all_gather, collective_lines, flat, put_each
 
 S = jax.ShapeDtypeStruct
 pytestmark = pytest.mark.timeout(300)
@@ -253,7 +253,7 @@ def test_explain_names_the_scan_its_passes_and_bytes(partitioner, mesh8):
   g = tanh_rnn((3, 40), np.float32)
   report = bp.explain(lambda x, h: g(x, h, w=0.5, reverse=np.int64(0)),
                       *put_each(mesh8, [(x[:3, :40], P(None, "x")), (h0[:3], P())]))
-  assert "sequential: the state handed part to part" in str(report)
+  assert "sequential: the state handed part to part" in flat(str(report))
   # 7 hand-offs of the (3,) state and one all-gather of the 8 parts' final states.
   (seq,) = {c.scan_dims[0] for c in report.calls if c.scan_dims}
   assert (seq.parallel, seq.parts, seq.moved_bytes) == (False, 8, 7 * 3 * 4 + 8 * 3 * 4)

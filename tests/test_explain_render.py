@@ -1,6 +1,9 @@
 """The text of an ExplainReport."""
 
+import pytest
+
 from batchpart._explain import CallReport, Collective, ExplainReport
+from batchpart._explain.render import _where
 
 
 def test_render():
@@ -64,11 +67,13 @@ def test_render_a_call_on_one_device():
                      collectives_after=(back,), single_device=0,
                      op_name="jit(f)/pure_callback"))
   assert "[0] jax.pure_callback (xla_ffi_python_cpu_callback)" in text
-  assert ("runs on:     device 0 only: one call on the whole arrays, after all-gathering "
-          "4.0 KiB per device") in text
+  # Lines wider than the report wrap, each continuation under the field's value.
+  assert ("    runs on:     device 0 only: one call on the whole arrays, after all-gathering\n"
+          "                 4.0 KiB per device") in text   # a size stays with its unit
+  assert max(map(len, text.splitlines())) <= 88
   assert "collectives after:  all-reduce 4.0 KiB (device 0's results to the others)" in text
   assert ("replication: 1 (device 0 alone computes every element; the other 7 devices "
-          "compute none of it)") in text
+          "compute\n                 none of it)") in text
   assert "no redundant work" not in text
 
 
@@ -112,3 +117,21 @@ def test_render_does_not_import_report():
     elif isinstance(node, ast.Import):
       imported |= {a.name for a in node.names}
   assert not any(m.startswith("batchpart._explain") for m in imported), imported
+
+
+def test_a_call_typed_into_ipython_is_placed_by_its_cell():
+  """Code run in IPython or Jupyter lives in temporary files (``/tmp/ipykernel_7/
+  3712901551.py``): the report names the cell as IPython's tracebacks do."""
+  interactive = pytest.importorskip("IPython.core.interactiveshell")
+  shell = interactive.InteractiveShell.instance()
+  try:
+    shell.run_cell("import batchpart._explain.render as r", store_history=True)
+    result = shell.run_cell("def f():\n  pass\n\nfile = f.__code__.co_filename",
+                            store_history=True)
+    assert result.success
+    count = result.execution_count
+    where = shell.user_ns["r"]._where(shell.user_ns["file"] + ":4 (f)")
+  finally:
+    interactive.InteractiveShell.clear_instance()
+  assert where == f"Cell In[{count}], line 4 (f)"
+  assert _where("/home/user/f.py:12 (f)") == "f.py:12 (f)"

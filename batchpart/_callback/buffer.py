@@ -30,7 +30,7 @@ def buffer_callback(callback: Callable[..., None], result_shape_dtypes: Any, *,
                     has_side_effect: bool = False, vmap_method: str | None = None,
                     input_output_aliases: dict[int, int] | None = None,
                     with_index: bool = False) -> Callable[..., Any]:
-  """Like :func:`jax.experimental.buffer_callback`, per block of the batch.
+  """Like ``jax.experimental.buffer_callback``, per block of the batch.
 
   Returns a function of arrays (pytrees, keyword arguments allowed). Each
   call of it runs ``callback(ctx, out, *args, **kwargs)`` on blocks of the

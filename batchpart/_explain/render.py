@@ -8,6 +8,9 @@ this module for ``str(report)``: the dependency runs one way.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,12 +71,48 @@ def render(report: Any) -> str:
   lines = [head]
   for k, call in enumerate(report.calls):
     lines += ["", *_call_lines(k, call)]
-  return "\n".join(lines)
+  return "\n".join(wrapped for line in lines for wrapped in _wrap(line))
+
+
+#: the report's width: it reads line by line, in a terminal or a notebook's output box
+WIDTH = 88
+#: ``    collectives before: `` -> its length is where the value starts
+_FIELD = re.compile(r"^( +[a-z][a-z0-9 ]*: +)")
+#: a size and its unit (``4.0 KiB``), kept on one line
+_SIZE = re.compile(r"(?<=\d) (?=(?:B|KiB|MiB|GiB)\b)")
+
+
+def _wrap(line: str) -> list[str]:
+  """A line of the report in lines of at most ``WIDTH`` columns, each continuation indented
+  to where the line's value starts (a call's own line: to its fields), so that a long value
+  keeps the report's columns."""
+  if len(line) <= WIDTH:
+    return [line]
+  field = _FIELD.match(line)
+  indent = len(field[1]) if field else 4 + len(line) - len(line.lstrip())
+  glued = _SIZE.sub("\0", line)
+  return [part.replace("\0", " ") for part in textwrap.wrap(
+      glued, WIDTH, subsequent_indent=" " * indent, break_long_words=False,
+      break_on_hyphens=False)]
+
+
+def _where(source: str) -> str:
+  """A call site as its reader knows it: ``model.py:16 (f)``, or, for code run in IPython or
+  Jupyter (whose files are temporary, ``/tmp/ipykernel_7/3712901551.py``), the cell as
+  IPython's own tracebacks name it: ``Cell In[3], line 16 (f)``."""
+  place, _, function = source.partition(" ")
+  file, _, line = place.rpartition(":")
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  cell = getattr(getattr(shell, "compile", None), "format_code_name", lambda _: None)(file)
+  if cell is not None:
+    return f"{' '.join(cell)}, line {line} {function}".rstrip()
+  return f"{os.path.basename(file)}:{line} {function}".rstrip()
 
 
 def _call_lines(k: int, call: Any) -> list[str]:
   """The lines of one ``CallReport``."""
-  where = f"  at {os.path.basename(call.source)}" if call.source else ""
+  where = f"  at {_where(call.source)}" if call.source else ""
   label = call.target if call.callback is None else f"{call.callback} ({call.target})"
   lines = [f"[{k}] {label}{where}"]
   if call.removed:

@@ -4,8 +4,10 @@
   inventories to download), so a ``missing-reference`` handler writes those sites' URL patterns
   for the ``jax.*``, ``numpy.*`` and standard-library targets that autodoc leaves unresolved:
   ``jax.ffi.ffi_call`` -> https://docs.jax.dev/en/latest/_autosummary/jax.ffi.ffi_call.html.
-  The patterns are those of the sites' autosummary pages; a name they have no page for gets a
-  dead link, so cite jax's and NumPy's public API only.
+  The patterns are those of the sites' autosummary pages. jax names link only when listed in
+  ``JAX_PAGES`` (checked against the autosummary lists of jax's docs sources); any other jax
+  name stays plain text and, the build being nitpicky, fails it until checked and listed, so
+  no link goes nowhere.
 * ``.. report-class:: batchpart._explain.report.ExplainReport``: a class that users get (from
   ``bp.explain``) but cannot import, documented under its bare name (``ExplainReport``) with
   its docstring (Google style, through napoleon), never under its private module path. The
@@ -13,6 +15,10 @@
   and viewcode still finds its source.
 * Docstrings' plain-text guide references (``(docs/reductions.md)``, which ``help()`` shows as
   written) become links to those pages.
+* The guides' inline code that names a public entry (``bp.ffi_call``, ``bp.Halo(1, 2)``,
+  ``@bp.batch_partitionable``, ``batchpart.linalg.qr``) links to its reference entry, and a jax
+  name of ``JAX_PAGES`` (``jax.pure_callback``) to jax's page, so the guides need no link
+  markup; any other name stays plain code.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 
 from docutils import nodes
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.ext.napoleon import GoogleDocstring
 from sphinx.util.docutils import SphinxDirective
 
@@ -35,6 +42,19 @@ STDLIB = ("collections.abc", "typing", "types", "functools")
 #: jax's private homes of public names, as annotations resolve them -> the public names
 JAX_PUBLIC = {"jax._src.core.Primitive": "jax.extend.core.Primitive",
               "jax.jaxlib._jax.Array": "jax.Array", "jaxlib._jax.Array": "jax.Array"}
+#: jax's names that these pages cite and that have a page of their own on docs.jax.dev (in the
+#: autosummary lists of jax's docs/*.rst). jax.experimental.buffer_callback has none.
+JAX_PAGES = frozenset({
+    "jax.Array", "jax.pure_callback", "jax.experimental.io_callback", "jax.debug.callback",
+    "jax.extend.core.Primitive", "jax.ffi.ffi_call", "jax.ffi.ffi_lowering", "jax.jit",
+    "jax.shard_map", "jax.export.export",
+    "jax.lax.linalg.eigh", "jax.lax.linalg.lu", "jax.lax.linalg.qr", "jax.lax.linalg.svd",
+    "jax.lax.linalg.triangular_solve", "jax.lax.linalg.cholesky",
+    "jax.numpy.linalg.cholesky", "jax.numpy.linalg.eigh", "jax.numpy.linalg.qr",
+    "jax.numpy.linalg.solve", "jax.numpy.linalg.svd", "jax.scipy.linalg.solve",
+})
+#: jax's modules documented as a section of their parent's page (``.. automodule::`` there)
+JAX_MODULES = frozenset({"jax.lax.linalg", "jax.numpy.linalg", "jax.scipy.linalg"})
 #: NumPy's scalar types, documented together on one page
 NUMPY_SCALARS = {"generic", "number", "integer", "signedinteger", "unsignedinteger", "inexact",
                  "floating", "complexfloating", "bool", "bool_"}
@@ -49,13 +69,12 @@ def external_url(reftype: str, target: str) -> str | None:
   if head in ALIASES:
     target = ALIASES[head] + ("." + rest if rest else "")
   parts = target.split(".")
-  if parts[0] == "jax" and not any(p.startswith("_") for p in parts):
+  if parts[0] == "jax":
     if reftype == "mod":   # jax.lax.linalg: a section of jax.lax's page
-      page = ".".join(parts[:2])
-      return f"{JAX}{page}.html" + (f"#module-{target}" if len(parts) > 2 else "")
-    if reftype in ("meth", "attr") and len(parts) > 2:   # a member: its class's page
+      return f"{JAX}{'.'.join(parts[:-1])}.html#module-{target}" if target in JAX_MODULES else None
+    if reftype in ("meth", "attr") and ".".join(parts[:-1]) in JAX_PAGES:   # a class member
       return f"{JAX}_autosummary/{'.'.join(parts[:-1])}.html#{target}"
-    return f"{JAX}_autosummary/{target}.html"
+    return f"{JAX}_autosummary/{target}.html" if target in JAX_PAGES else None
   if parts[0] == "numpy":
     if reftype == "mod":
       return f"{NUMPY}index.html"
@@ -83,9 +102,46 @@ def on_missing_reference(app, env, node, contnode):
   return ref
 
 
+#: inline code that names an entry: ``bp.X``, ``batchpart.X.y``, ``jax.X``, a call of it, a
+#: decorator
+NAMED = re.compile(r"@?(bp|batchpart|jax)\.([A-Za-z_][\w.]*)(?:\(.*\))?")
+
+
+def link_named_code(app, doctree, docname):
+  """Inline code naming a documented ``batchpart`` entry -> a link to that entry; naming a jax
+  function with a page of its own (``JAX_PAGES``) -> a link to that page."""
+  objects = app.env.get_domain("py").objects
+  for literal in list(doctree.findall(nodes.literal)):
+    m = NAMED.fullmatch(literal.astext())
+    if m is None or _inside(literal, (nodes.reference, nodes.title, addnodes.desc_signature)):
+      continue
+    if m[1] == "jax":
+      name = f"jax.{m[2]}"
+      uri = external_url("func", name) if name in JAX_PAGES else None
+    else:
+      name = f"batchpart.{m[2]}"
+      entry = objects.get(name)
+      uri = (app.builder.get_relative_uri(docname, entry.docname) + "#" + entry.node_id
+             if entry is not None else None)
+    if uri is None:
+      continue
+    ref = nodes.reference("", "", internal=m[1] != "jax", refuri=uri, reftitle=name)
+    literal.replace_self(ref)
+    ref += literal
+
+
+def _inside(node, kinds) -> bool:
+  while node is not None:
+    if isinstance(node, kinds):
+      return True
+    node = node.parent
+  return False
+
+
 def on_doctree_resolved(app, doctree, docname):
   """A link's hover title names the public entry it goes to, not the private path that an
   annotation named (``batchpart._vocab.dims.halo.Halo`` -> ``batchpart.Halo``)."""
+  link_named_code(app, doctree, docname)
   for ref in doctree.findall(nodes.reference):
     title = ref.get("reftitle", "")
     uri = ref.get("refuri") or "#" + ref.get("refid", "")
