@@ -84,8 +84,6 @@ html_theme_options = {
     "toc_title": "On this page",
     "use_fullscreen_button": False,
     "use_download_button": False,
-    # One search box, the left sidebar's: none in the header bar as well.
-    "navbar_persistent": [],
 }
 copybutton_selector = "div:not(.output) > div.highlight pre"
 copybutton_prompt_text = r">>> |\.\.\. |\$ "

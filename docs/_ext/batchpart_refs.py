@@ -117,7 +117,7 @@ def link_named_code(app, doctree, docname):
       continue
     if m[1] == "jax":
       name = f"jax.{m[2]}"
-      uri = external_url("func", name) if name in JAX_PAGES else None
+      uri = external_url("func", name)
     else:
       name = f"batchpart.{m[2]}"
       entry = objects.get(name)
@@ -141,7 +141,6 @@ def _inside(node, kinds) -> bool:
 def on_doctree_resolved(app, doctree, docname):
   """A link's hover title names the public entry it goes to, not the private path that an
   annotation named (``batchpart._vocab.dims.halo.Halo`` -> ``batchpart.Halo``)."""
-  link_named_code(app, doctree, docname)
   for ref in doctree.findall(nodes.reference):
     title = ref.get("reftitle", "")
     uri = ref.get("refuri") or "#" + ref.get("refid", "")
@@ -198,6 +197,7 @@ def guide_link(app):
 def setup(app):
   app.connect("missing-reference", on_missing_reference)
   app.connect("autodoc-process-docstring", on_docstring)
+  app.connect("doctree-resolved", link_named_code)
   app.connect("doctree-resolved", on_doctree_resolved)
   app.connect("viewcode-follow-imported", on_follow_imported)
   app.add_directive("report-class", ReportClass)
